@@ -1,0 +1,26 @@
+"""rome: rotary position embedding as a matrix, ``out = x*cos + (x @ M)*sin``.
+
+Every RoPE variant (GPT-J interleave, NeoX/Llama half, multi-axis 2D/3D video RoPE with
+per-axis sections) is that one formula with M a D×D signed permutation, computed by one fused
+Triton kernel (forward and backward, q and k together).
+"""
+
+from . import reference
+from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
+from .ops import BACKENDS, apply, apply_qk
+from .tables import grid_positions, rope_angles, rope_cos_sin
+
+__all__ = [
+    "BACKENDS",
+    "MODES",
+    "apply",
+    "apply_qk",
+    "grid_positions",
+    "half_matrix",
+    "interleave_matrix",
+    "reference",
+    "rope_angles",
+    "rope_cos_sin",
+    "rotation_matrix",
+]
+__version__ = "0.1.0"
