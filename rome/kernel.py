@@ -12,7 +12,9 @@ the launch: every element of x is read once and written once, the rotation is on
 Precision: elementwise math in fp32, one rounding to x's dtype at the store. The dot takes x in
 its own dtype (bf16/fp16 operands on the tensor cores; exact, since with a signed permutation
 each output of x @ M is one ±x term in an fp32 accumulator). An fp32 operand that is not exact in
-that dtype (x*sin in the transpose) is fed as SPLIT pieces hi + lo. fp32 x, or a matrix whose
+that dtype (x*sin in the transpose) is fed as SPLIT pieces hi + mid + lo whose sum is exactly
+that fp32 value (bf16; fp16 pieces below 2**-24 underflow, an absolute error <= 2**-25), so
+the product is fp32-exact there too. fp32 x, or a matrix whose
 dtype differs from half-precision x, uses fp32 operands with IEEE (not TF32) precision.
 
 Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), and the
@@ -201,8 +203,9 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     block_r = 16 if INTERPRET else max(16, min(64, 4096 // block_d))
     fp32_dot = INTERPRET or uses_fp32_dot(x0.dtype, matrix.dtype)
     op_dtype = tl.float32 if uses_fp32_dot(x0.dtype, matrix.dtype) else _TL_DTYPE[x0.dtype]
-    # the transpose's dot operand x*sin is an fp32 product: hi + lo pieces keep ~16 more bits
-    split = 2 if transpose and op_dtype != tl.float32 else 1
+    # the transpose's dot operand x*sin is an fp32 product: three bf16 pieces hold its 24 bits
+    # exactly; fp16 pieces under 2**-24 flush to zero (an absolute error of at most 2**-25)
+    split = 3 if transpose and op_dtype != tl.float32 else 1
     sk, sn = matrix.stride()
     if transpose:
         sk, sn = sn, sk

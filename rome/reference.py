@@ -63,3 +63,34 @@ def merged_matrix(x, cos, sin, matrix) -> torch.Tensor:
     dt = _compute_dtype(x, cos)
     xc = x.to(dt)
     return (xc * cos + (xc @ matrix.to(dt)) * sin).to(x.dtype)
+
+
+def rotate_index(sections, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(index, sign)`` with ``rotate(x)[..., j] == sign[j] * x[..., index[j]]``, by arithmetic
+    on column numbers alone (independent of the matrices and of the einops rotations)."""
+    sections, mode = check_sections(sections), check_mode(mode)
+    index, sign, offset = [], [], 0
+    for d in sections:
+        for j in range(d):
+            if mode == "interleave":
+                partner, negative = j ^ 1, j % 2 == 0
+            else:
+                partner, negative = (j + d // 2) % d, j < d // 2
+            index.append(offset + partner)
+            sign.append(-1.0 if negative else 1.0)
+        offset += d
+    return torch.tensor(index), torch.tensor(sign, dtype=torch.float64)
+
+
+def exact(x, cos, sin, sections, mode: str, *, magnitude: bool = False) -> torch.Tensor:
+    """float64 oracle ``x*cos + rotate(x)*sin`` from x and the tables as given.
+
+    With ``magnitude=True``: ``|x*cos| + |rotate(x)*sin|``, the size of the two terms whose
+    cancellation fp32 arithmetic cannot resolve (see ``rome.precision.tolerance``).
+    """
+    index, sign = rotate_index(sections, mode)
+    x64, c64, s64 = x.double(), cos.double(), sin.double()
+    rot = x64[..., index.to(x.device)] * sign.to(x.device)
+    if magnitude:
+        return (x64 * c64).abs() + (rot * s64).abs()
+    return x64 * c64 + rot * s64

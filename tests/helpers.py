@@ -1,0 +1,34 @@
+"""Inputs and checks shared by the test modules."""
+
+import torch
+
+import rome
+from rome.precision import tolerance
+from rome.reference import exact
+
+from conftest import DEVICE
+
+
+def tables(sections, mode, s, *, dtype=torch.float32, scale=37, device=DEVICE):
+    """Real RoPE tables for S tokens of a grid (positions spread so angles are large)."""
+    n = len(sections)
+    pos = torch.arange(s * n, device=device).reshape(s, n) * scale % 997
+    return rome.rope_cos_sin(pos, sections, mode=mode, dtype=dtype, device=device)
+
+
+def random_tables(shape, *, dtype=torch.float32, device=DEVICE):
+    """Distinct random cos and sin: they catch swapped tables and wrong transposes."""
+    return torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device)
+
+
+def assert_rope_close(actual, x, cos, sin, sections, mode):
+    """actual == x*cos + rotate(x)*sin within the stated tolerance of rome.precision."""
+    assert actual.dtype == x.dtype and actual.shape == x.shape
+    expected = exact(x, cos, sin, sections, mode)
+    bound = tolerance(expected, exact(x, cos, sin, sections, mode, magnitude=True), x.dtype)
+    err = (actual.double() - expected).abs()
+    bad = err > bound
+    assert not bad.any(), (
+        f"{int(bad.sum())}/{err.numel()} elements out of tolerance; worst error "
+        f"{err.max().item():.3g}, e.g. got {actual[bad][:4].tolist()} want {expected[bad][:4].tolist()}"
+    )

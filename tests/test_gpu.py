@@ -1,0 +1,65 @@
+"""GPU-only: the seed's workload, offsets past 2**31 elements, real fp32 dots (TF32 would fail).
+
+Skipped without CUDA (conftest); on a GPU machine every other test module runs on CUDA too.
+"""
+
+import pytest
+import torch
+
+import rome
+from rome.precision import tolerance
+from rome.reference import exact
+from helpers import assert_rope_close, tables
+
+pytestmark = pytest.mark.gpu
+SEED_SHAPE = (1, 24, 28800, 128)
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+def test_seed_workload(mode):
+    sections = (44, 44, 40)
+    q = torch.randn(SEED_SHAPE, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(SEED_SHAPE, device="cuda", dtype=torch.bfloat16)
+    pos = rome.grid_positions([20, 36, 40]).cuda()  # 28800 tokens of a t*h*w latent
+    cos, sin = rome.rope_cos_sin(pos, sections, mode=mode, device="cuda")
+    m = rome.rotation_matrix(sections, mode, dtype=torch.bfloat16, device="cuda")
+    q_out, k_out = rome.apply_qk(q, k, cos, sin, m)
+    for x, out in ((q, q_out), (k, k_out)):
+        for h in (0, 11, 23):  # the float64 oracle per head keeps memory small
+            assert_rope_close(out[:, h], x[:, h], cos, sin, sections, mode)
+
+
+def test_fp32_uses_ieee_dots():
+    """TF32 keeps 10 mantissa bits: fp32 x would be off by ~1e-3 relative, far past the bound."""
+    sections, mode = (44, 44, 40), "half"
+    x = torch.randn(4, 8, 333, 128, device="cuda")
+    cos, sin = tables(sections, mode, 333)
+    m = rome.rotation_matrix(sections, mode, device="cuda")
+    assert_rope_close(rome.apply(x, cos, sin, m, backend="triton"), x, cos, sin, sections, mode)
+
+
+def test_offsets_past_2_pow_31_elements():
+    sections, mode = (64,), "half"
+    rows = 2**31 // 64 + 4096  # 2**31 + 262144 elements, 4 GiB in bf16
+    x = torch.randn(rows, 64, device="cuda", dtype=torch.bfloat16)
+    cos, sin = tables(sections, mode, 1, device="cuda")
+    m = rome.rotation_matrix(sections, mode, dtype=torch.bfloat16, device="cuda")
+    out = rome.apply(x, cos, sin, m, backend="triton")
+    for part in (slice(0, 4096), slice(rows - 8192, rows)):
+        assert_rope_close(out[part], x[part], cos, sin, sections, mode)
+    del out, x
+    torch.cuda.empty_cache()
+
+
+def test_large_strides_in_a_transposed_view():
+    """Row strides past 2**31 elements: BSND storage read as BNSD."""
+    sections, mode = (44, 44, 40), "half"
+    b, s, n = 2, 2**31 // (4 * 128) + 64, 4  # batch stride s*n*128 = 2**31 + 2**15 elements
+    x = torch.randn(b, s, n, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = tables(sections, mode, s, device="cuda")
+    m = rome.rotation_matrix(sections, mode, dtype=torch.bfloat16, device="cuda")
+    out = rome.apply(x, cos, sin, m)
+    last = (slice(b - 1, b), slice(None), slice(s - 64, s))
+    want = exact(x[last], cos[s - 64 :], sin[s - 64 :], sections, mode)
+    bound = tolerance(want, exact(x[last], cos[s - 64 :], sin[s - 64 :], sections, mode, magnitude=True), x.dtype)
+    assert ((out[last].double() - want).abs() <= bound).all()
