@@ -1,0 +1,1 @@
+"""rome's measurements: speed, kernels per call, memory and precision reports (``make report``)."""

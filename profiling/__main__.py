@@ -1,0 +1,35 @@
+"""``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR]``."""
+
+import argparse
+import os
+
+import torch
+
+# Without a GPU the Triton kernel runs through Triton's interpreter (for its precision); the
+# variable must be set before rome's kernel module is first imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from .report import report  # noqa: E402
+from .workloads import WORKLOADS  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m profiling", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("report", help="speed + precision report for one workload")
+    p.add_argument("--workload", default="default", choices=sorted(WORKLOADS))
+    p.add_argument("--shape", help="B,N,S,D or B,Nq,Nk,S,D (S at most the workload's grid)")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="q/k dtype for the speed part")
+    p.add_argument("--out", help="output folder (default reports/<workload>-<timestamp>/)")
+    p.add_argument("--precision-tokens", type=int, default=256,
+                   help="CPU only: tokens sampled across the sequence for precision (default 256)")
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--skip-precision", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "report":
+        report(args)
+
+
+if __name__ == "__main__":
+    main()

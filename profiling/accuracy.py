@@ -1,0 +1,94 @@
+"""Precision of every variant against the float64 oracle, per dtype, mode and table dtype.
+
+Two errors are kept apart:
+- the op's: its output against ``exact(x, cos, sin)`` computed from the tables it was given;
+- the tables': ``exact`` with the quantised tables against ``exact`` with float64 tables
+  (``table_error`` records, the same for every variant).
+``total_max_ulp`` is a variant's output against the float64-table oracle: both together.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import rome
+from rome.precision import error_stats, ulp_error
+from rome.reference import exact
+
+from .variants import Setup, Unavailable, Unsupported
+from .workloads import Workload, qk, tables
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+ULP_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def ulp_histogram(ulps: torch.Tensor) -> dict[str, int]:
+    """Element counts per ulp-error bin: <=0.5, (0.5,1], (1,2], (2,4], (4,8], >8."""
+    u = ulps.flatten().double()
+    counts, lo = {}, None
+    for hi in ULP_EDGES:
+        inside = u <= hi if lo is None else (u > lo) & (u <= hi)
+        counts[f"<={hi:g}" if lo is None else f"({lo:g},{hi:g}]"] = int(inside.sum())
+        lo = hi
+    counts[f">{lo:g}"] = int((u > lo).sum() + u.isnan().sum())
+    return counts
+
+
+def sample_tokens(w: Workload, n: int | None) -> torch.Tensor | None:
+    """``n`` token indices spread over the whole sequence (all angles, small and large)."""
+    if n is None or w.decode or w.seq <= n:
+        return None
+    return torch.linspace(0, w.seq - 1, n).round().long().unique()
+
+
+def _flat(a, b):
+    return torch.cat([a.reshape(-1), b.reshape(-1)])
+
+
+def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, on_step=None):
+    """Records for every variant x dtype x mode x table dtype; skips listed with reasons."""
+    records, table_records, skipped = [], [], []
+    seq = w.seq if tokens is None else len(tokens)
+    for dtype in DTYPES:
+        q, k = qk(w, dtype=dtype, device=device, seq=seq, seed=1)
+        for mode in rome.MODES:
+            t64 = tables(w, mode=mode, dtype=torch.float64, device=device, tokens=tokens)
+            true = _flat(exact(q, t64.cos, t64.sin, w.sections, mode), exact(k, t64.cos, t64.sin, w.sections, mode))
+            matrix = rome.rotation_matrix(w.sections, mode, dtype=dtype, device=device)
+            for table_dtype in dict.fromkeys((torch.float32, dtype)):
+                cos, sin = t64.cos.to(table_dtype), t64.sin.to(table_dtype)
+                key = {"dtype": dtype_name(dtype), "mode": mode, "table_dtype": dtype_name(table_dtype)}
+                oracle = _flat(exact(q, cos, sin, w.sections, mode), exact(k, cos, sin, w.sections, mode))
+                magnitude = _flat(exact(q, cos, sin, w.sections, mode, magnitude=True),
+                                  exact(k, cos, sin, w.sections, mode, magnitude=True))
+                table_records.append({**key, "max_abs": (oracle - true).abs().max().item(),
+                                      "max_ulp": ulp_error(oracle, true, dtype).max().item()})
+                setup = Setup(w, mode, cos, sin, t64.angles, matrix, backend)
+                for v in variants:
+                    if on_step:
+                        on_step(f"precision {v.name} {key['dtype']} {mode} tables {key['table_dtype']}")
+                    try:
+                        run = v.build(setup)
+                        q_out, k_out = run(v.prepare(q), v.prepare(k))
+                    except (Unsupported, Unavailable) as e:
+                        skipped.append({"variant": v.name, **key, "status": type(e).__name__.lower(), "reason": str(e)})
+                        continue
+                    except Exception as e:  # a broken adapter is reported, not fatal
+                        skipped.append({"variant": v.name, **key, "status": "error", "reason": f"{type(e).__name__}: {e}"})
+                        continue
+                    out = _flat(q_out, k_out)
+                    stats = error_stats(out, oracle, magnitude, dtype)
+                    ulps = ulp_error(out, oracle, dtype)
+                    records.append({
+                        "variant": v.name, **key,
+                        "backend": backend if v.kind == "rome" else v.kind,
+                        **stats,
+                        "total_max_ulp": ulp_error(out, true, dtype).max().item(),
+                        "ulp_hist": ulp_histogram(ulps),
+                        "elements": out.numel(),
+                    })
+    return records, table_records, skipped

@@ -1,0 +1,396 @@
+"""``make report``: speed, kernels per call, memory and precision of every variant, written to
+``reports/<workload>-<timestamp>/`` as report.md, results.json, CSV, PNG plots and traces."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+import rome
+
+from . import accuracy, speed
+from .variants import VARIANTS, Setup, Unavailable, Unsupported
+from .workloads import WORKLOADS, Workload, qk, scaled_for_cpu, tables
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_LINE = "GPU speed needs a GPU: the timings here are CPU timings of a scaled-down shape."
+
+
+# --- environment -------------------------------------------------------------------------
+
+
+def _run(cmd) -> str | None:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT, timeout=20).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def environment(device: torch.device) -> dict:
+    import triton
+
+    env = {
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        "dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
+        "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env |= {"device": props.name, "sms": props.multi_processor_count, "cuda": torch.version.cuda,
+                "driver": _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) or "unknown"}
+    else:
+        env |= {"device": f"CPU: {env['cpu']}", "driver": None}
+    return env
+
+
+# --- the two parts ------------------------------------------------------------------------
+
+
+def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
+    """Speed, memory and kernels of every variant on ``w`` (the workload as run)."""
+    backend = "triton" if device.type == "cuda" else "torch"
+    q, k = qk(w, device=device)
+    t = tables(w, device=device)
+    matrix = rome.rotation_matrix(w.sections, w.mode, dtype=w.dtype, device=device)
+    setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend)
+    graphs = device.type == "cuda" and w.decode
+    copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
+    moved = speed.io_bytes(q, k, t.cos, t.sin)
+    statuses, records = [], []
+    for v in VARIANTS.values():
+        status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
+        statuses.append(status)
+        try:
+            run = v.build(setup)
+            passes = speed.Passes(run, v.prepare(q), v.prepare(k), differentiable=v.differentiable)
+        except (Unsupported, Unavailable) as e:
+            status |= {"status": type(e).__name__.lower(), "reason": str(e)}
+            continue
+        if not v.differentiable:
+            status["reason"] = "no backward: bwd and fwd+bwd not timed"
+        for name, fn in passes.passes.items():
+            if on_step:
+                on_step(f"speed {v.name} {name}")
+            try:
+                method = "do_bench_cudagraph" if graphs else ("do_bench" if device.type == "cuda" else "perf_counter (CPU)")
+                try:
+                    timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=passes.leaves())
+                except Exception:
+                    if not graphs:
+                        raise
+                    method = "do_bench (CUDA graph capture failed)"
+                    timing = speed.bench(fn, device, grad_to_none=passes.leaves())
+                mem = speed.peak_memory(fn, device)
+                kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
+            except Exception as e:  # one broken variant must not sink the report
+                status |= {"status": "error", "reason": f"{name}: {type(e).__name__}: {e}"}
+                continue
+            nbytes = moved * (2 if name == "fwd+bwd" else 1)
+            gbps = nbytes / (timing["median_ms"] * 1e-3) / 1e9
+            records.append({
+                "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
+                **timing, "method": method, "bytes": nbytes, "gbps": gbps,
+                "pct_copy_bw": 100 * gbps / copy["gbps"], "peak_mem_bytes": mem, **kern,
+            })
+    for r in records:
+        for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):
+            base = next((b for b in records if b["variant"] == ref and b["pass"] == r["pass"]), None)
+            r[field] = base["median_ms"] / r["median_ms"] if base else None
+    return records, statuses, copy
+
+
+# --- writing ------------------------------------------------------------------------------
+
+
+def _fmt(v, spec=".3g"):
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return format(v, spec)
+    return str(v)
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str, str]]) -> str:
+    """Markdown table of ``rows``; cols are (header, key, format spec)."""
+    lines = ["| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(k), f) for _, k, f in cols) + " |")
+    return "\n".join(lines)
+
+
+def _write_csv(path: Path, rows: list[dict]):
+    if not rows:
+        return
+    flat = [{k: (json.dumps(v) if isinstance(v, dict) else v) for k, v in r.items()} for r in rows]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(flat[0]))
+        writer.writeheader()
+        writer.writerows(flat)
+
+
+def _plots(out: Path, results: dict):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    speed_rows = results["speed"]
+    if speed_rows:
+        names = list(dict.fromkeys(r["variant"] for r in speed_rows))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        width = 0.8 / len(speed.PASSES)
+        for i, p in enumerate(speed.PASSES):
+            vals = [next((r["gbps"] for r in speed_rows if r["variant"] == n and r["pass"] == p), 0) for n in names]
+            ax.bar([j + i * width for j in range(len(names))], vals, width, label=p)
+        ax.axhline(results["copy_bandwidth"]["gbps"], color="k", ls="--", label="copy bandwidth")
+        ax.set_xticks([j + width for j in range(len(names))], names, rotation=20, ha="right")
+        ax.set_ylabel("GB/s (bytes the op must move / median time)")
+        shape = results["speed_shape"]
+        ax.set_title(f"{results['workload']['name']}: q {shape['q']}, k {shape['k']} on {results['environment']['device']}",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "gbps.png", dpi=120)
+        plt.close(fig)
+
+    w = results["workload"]
+    rows = [r for r in results["precision"] if r["dtype"] == w["dtype"] and r["mode"] == w["mode"]]
+    if rows:
+        table_dtypes = list(dict.fromkeys(r["table_dtype"] for r in rows))
+        fig, axes = plt.subplots(1, len(table_dtypes), figsize=(6 * len(table_dtypes), 4), squeeze=False)
+        for ax, tdt in zip(axes[0], table_dtypes):
+            sub = [r for r in rows if r["table_dtype"] == tdt]
+            bins = list(sub[0]["ulp_hist"])
+            width = 0.8 / len(sub)
+            for i, r in enumerate(sub):
+                total = max(1, r["elements"])
+                ax.bar([j + i * width for j in range(len(bins))], [r["ulp_hist"][b] / total for b in bins], width, label=r["variant"])
+            ax.set_xticks([j + 0.4 for j in range(len(bins))], bins)
+            ax.set_yscale("log")
+            ax.set_xlabel(f"ulp error of {w['dtype']} output vs float64 oracle")
+            ax.set_ylabel("fraction of elements")
+            ax.set_title(f"{w['mode']} mode, {tdt} tables", fontsize=9)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "ulp_hist.png", dpi=120)
+        plt.close(fig)
+
+
+def write_report(out: Path, results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    _write_csv(out / "speed.csv", results["speed"])
+    _write_csv(out / "precision.csv", results["precision"])
+    _plots(out, results)
+    (out / "report.md").write_text(markdown(results))
+
+
+def markdown(r: dict) -> str:
+    env, w = r["environment"], r["workload"]
+    cpu = env["driver"] is None
+    lines = [f"# rome report: {w['name']}", ""]
+    if cpu:
+        lines += [f"**{GPU_LINE}**", ""]
+    lines += [
+        f"{w['description']}. q {w['q_shape']}, k {w['k_shape']} ({w['dtype']}, BNSD), sections "
+        f"{w['sections']} {w['mode']}, theta {w['theta']}.",
+        "",
+        "## Environment",
+        "",
+        _table([env], [("device", "device", ""), ("driver", "driver", ""), ("torch", "torch", ""),
+                       ("triton", "triton", ""), ("python", "python", ""), ("commit", "commit", ""),
+                       ("dirty tree", "dirty", ""), ("when (UTC)", "timestamp", "")]),
+        "",
+        "## Speed",
+        "",
+        f"Shape timed: q {r['speed_shape']['q']}, k {r['speed_shape']['k']}. Method: {r['method']['speed']}",
+        "",
+        f"Copy bandwidth, measured in this run: {r['copy_bandwidth']['gbps']:.1f} GB/s "
+        f"(a device-to-device copy of q's and k's bytes, {r['copy_bandwidth']['median_ms']:.4g} ms median).",
+        "",
+    ]
+    if r["speed"]:
+        lines += [_table(r["speed"], [
+            ("variant", "variant", ""), ("pass", "pass", ""), ("backend", "backend", ""),
+            ("median ms", "median_ms", ".4g"), ("min ms", "min_ms", ".4g"), ("max ms", "max_ms", ".4g"),
+            ("GB/s", "gbps", ".1f"), ("% copy BW", "pct_copy_bw", ".1f"), ("x v1", "speedup_vs_v1", ".2f"),
+            ("x compiled", "speedup_vs_compiled", ".2f"), ("kernels/call", "kernels_per_call", ".3g"),
+            ("kernel µs/call", "kernel_time_us", ".4g"), ("peak mem B", "peak_mem_bytes", ""),
+        ]), ""]
+        kinds = sorted({s["kernel_kind"] for s in r["speed"]})
+        lines += [f"kernels/call counts {' and '.join(kinds)} seen by torch.profiler per call "
+                  "(CPU: aten ops with no aten op above them, each one pass over memory).", ""]
+    lines += ["## Variants", "", _table(r["variants"], [("variant", "variant", ""), ("kind", "kind", ""),
+              ("status", "status", ""), ("reason", "reason", ""), ("what", "description", "")]), ""]
+    lines += [
+        "## Precision",
+        "",
+        f"Against a float64 oracle (index-gather formula) on {r['precision_shape']}, tables from "
+        "float64 angles rounded once to the table dtype. " + r["method"]["precision"],
+        "",
+        "Tolerance (`ok`): |out - exact| <= 1 ulp(exact) in the output dtype + 4·2⁻²⁴·(|x·cos| + "
+        "|rot(x)·sin|), i.e. fp32 math rounded once. `seed metric` is seed 004's max(min(abs, rel)) "
+        "of |out| vs |exact| (sign-blind, as the seed wrote it) and `seed count` its elements > 0. "
+        "`max ulp` is the op's error with the tables it was given; `total ulp` adds the tables' own "
+        "quantisation (against float64 tables).",
+        "",
+        _table(r["precision"], [
+            ("variant", "variant", ""), ("dtype", "dtype", ""), ("mode", "mode", ""), ("tables", "table_dtype", ""),
+            ("backend", "backend", ""), ("max abs", "max_abs", ".3g"), ("max rel", "max_rel", ".3g"),
+            ("seed metric", "seed_metric", ".3g"), ("seed count", "seed_count", ""), ("max ulp", "max_ulp", ".3g"),
+            ("total ulp", "total_max_ulp", ".3g"), ("ok", "ok", ""),
+        ]),
+        "",
+        "### Error of the quantised tables alone",
+        "",
+        _table(r["table_error"], [("dtype", "dtype", ""), ("mode", "mode", ""), ("tables", "table_dtype", ""),
+                                  ("max abs", "max_abs", ".3g"), ("max ulp of output", "max_ulp", ".3g")]),
+        "",
+    ]
+    if r["precision_skipped"]:
+        reasons = {}
+        for s in r["precision_skipped"]:
+            reasons.setdefault((s["variant"], s["status"], s["reason"]), []).append(f"{s['dtype']}/{s['mode']}")
+        lines += ["### Not measured", ""]
+        lines += [f"- {v}: {st}: {why} ({', '.join(dict.fromkeys(c))})" for (v, st, why), c in reasons.items()]
+        lines += [""]
+    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, gbps.png, ulp_hist.png, traces/ "
+              "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
+    return "\n".join(lines)
+
+
+# --- driver -------------------------------------------------------------------------------
+
+
+def build(args) -> tuple[Workload, Workload]:
+    w = WORKLOADS[args.workload]
+    if args.dtype:
+        w = w.replace(dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype])
+    if args.shape:
+        dims = [int(v) for v in args.shape.split(",")]
+        if len(dims) not in (4, 5):
+            raise SystemExit(f"--shape takes B,N,S,D or B,Nq,Nk,S,D, got {args.shape}")
+        b, nq, nk, s, d = dims if len(dims) == 5 else (dims[0], dims[1], dims[1], dims[2], dims[3])
+        if d != w.head_dim:
+            raise SystemExit(f"--shape D={d} must be the workload's head_dim {w.head_dim} (sections {w.sections})")
+        grid_len = None if w.grid is None else len(rome.grid_positions(w.grid))
+        if grid_len is not None and s > grid_len:
+            raise SystemExit(f"--shape S={s} exceeds the {w.name} grid {w.grid} ({grid_len} tokens)")
+        w = w.replace(batch=b, q_heads=nq, kv_heads=nk, seq=s if not w.decode else 1)
+    run_w = w if torch.cuda.is_available() else scaled_for_cpu(w)
+    return w, run_w
+
+
+def report(args) -> Path:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    w, run_w = build(args)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out) if args.out else ROOT / "reports" / f"{w.name}-{stamp}"
+    if device.type == "cpu":
+        console.print(f"[bold yellow]{GPU_LINE}[/]")
+    tokens = accuracy.sample_tokens(w, None if device.type == "cuda" else args.precision_tokens)
+    prec_w = w.replace(batch=min(w.batch, 2 if not w.decode else 8), q_heads=min(w.q_heads, 4 if device.type == "cuda" else 2),
+                       kv_heads=min(w.kv_heads, 2 if device.type == "cuda" else 1))
+    prec_backend = "triton"  # the kernel itself: on a GPU, or through the interpreter on the CPU
+    n_speed = 0 if args.skip_speed else 3 * len(VARIANTS)
+    n_prec = 0 if args.skip_precision else 10 * len(VARIANTS)
+    with Progress(TextColumn("{task.description:<58}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("starting", total=n_speed + n_prec)
+
+        def step(text):
+            progress.update(task, description=text[:58], advance=1)
+
+        speed_rows, statuses, copy = ([], [], {"gbps": float("nan"), "median_ms": float("nan")})
+        if not args.skip_speed:
+            speed_rows, statuses, copy = run_speed(run_w, device, out / "traces", step)
+        prec, table_err, skipped = ([], [], [])
+        if not args.skip_precision:
+            prec, table_err, skipped = accuracy.run_precision(VARIANTS.values(), prec_w, device, backend=prec_backend,
+                                                              tokens=tokens, on_step=step)
+        progress.update(task, completed=n_speed + n_prec, description="done")
+
+    seq_p = prec_w.seq if tokens is None else len(tokens)
+    results = {
+        "environment": environment(device),
+        "workload": {"name": w.name, "description": w.description, "q_shape": list(w.shape(w.q_heads)),
+                     "k_shape": list(w.shape(w.kv_heads)), "sections": list(w.sections), "mode": w.mode,
+                     "theta": w.theta, "grid": list(w.grid) if w.grid else None,
+                     "dtype": accuracy.dtype_name(w.dtype)},
+        "speed_shape": {"q": list(run_w.shape(run_w.q_heads)), "k": list(run_w.shape(run_w.kv_heads)),
+                        "scaled_for_cpu": run_w != w},
+        "precision_shape": f"q [{prec_w.batch}, {prec_w.q_heads}, {seq_p}, {w.head_dim}], k [{prec_w.batch}, "
+                           f"{prec_w.kv_heads}, {seq_p}, {w.head_dim}]"
+                           + (f" ({seq_p} tokens spread over all {w.seq})" if tokens is not None else ""),
+        "method": {
+            "speed": ("triton.testing.do_bench (CUDA events, L2 flushed), min/median/max; GB/s = bytes the op "
+                      "must move (q, k read and written once, cos, sin read once; twice that for fwd+bwd) / "
+                      "median; % copy BW against the copy in this run." if device.type == "cuda" else
+                      f"{GPU_LINE} time.perf_counter around repeated calls for 0.5 s after 0.25 s of warm-up; "
+                      "rome variants on the torch backend (the Triton kernel on the CPU would be timing Triton's "
+                      "interpreter). On a CPU the scaled-down q and k fit in cache, so 'copy bandwidth' is cache "
+                      "bandwidth, and a shared machine makes these timings noisy: they say nothing about the GPU "
+                      "kernel."),
+            "precision": (f"rome variants run the Triton kernel ({'on the GPU' if device.type == 'cuda' else 'through TRITON_INTERPRET=1 on the CPU'}); "
+                          "each q and k element counts once."),
+        },
+        "copy_bandwidth": copy,
+        "variants": statuses,
+        "speed": speed_rows,
+        "precision": prec,
+        "table_error": table_err,
+        "precision_skipped": skipped,
+    }
+    write_report(out, results)
+
+    summary = Table(title=f"rome report: {w.name} on {results['environment']['device']}")
+    for col in ("variant", "pass", "median ms", "GB/s", "% copy", "x v1", "x compiled", "kernels/call"):
+        summary.add_column(col)
+    for row in speed_rows:
+        summary.add_row(row["variant"], row["pass"], _fmt(row["median_ms"], ".4g"), _fmt(row["gbps"], ".1f"),
+                        _fmt(row["pct_copy_bw"], ".1f"), _fmt(row["speedup_vs_v1"], ".2f"),
+                        _fmt(row["speedup_vs_compiled"], ".2f"), _fmt(row["kernels_per_call"], ".3g"))
+    console.print(summary)
+    ptab = Table(title=f"precision, {w.dtype} {w.mode} (max ulp vs float64 oracle, per table dtype)")
+    for col in ("variant", "backend", "fp32 tables", "ok", f"{accuracy.dtype_name(w.dtype)} tables", "ok "):
+        ptab.add_column(col)
+    for name in dict.fromkeys(r["variant"] for r in prec):
+        rows = {r["table_dtype"]: r for r in prec if r["variant"] == name and r["dtype"] == accuracy.dtype_name(w.dtype) and r["mode"] == w.mode}
+        f32, own = rows.get("float32"), rows.get(accuracy.dtype_name(w.dtype))
+        ptab.add_row(name, (f32 or own or {}).get("backend", ""), _fmt(f32 and f32["max_ulp"]), _fmt(f32 and f32["ok"]),
+                     _fmt(own and own["max_ulp"]), _fmt(own and own["ok"]))
+    console.print(ptab)
+    if device.type == "cpu":
+        console.print(f"[bold yellow]{GPU_LINE}[/]")
+    console.print(f"report: {out / 'report.md'}")
+    return out

@@ -1,0 +1,180 @@
+"""Timing, bytes moved, copy bandwidth, peak memory, and the profiler's kernels per call.
+
+GPU: ``triton.testing.do_bench`` (CUDA events, L2 flushed before every run) or
+``do_bench_cudagraph`` (for launch-bound shapes such as decode), min/median/max.
+CPU: ``time.perf_counter`` around repeated calls, after warm-up; labelled CPU in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+PASSES = ("fwd", "bwd", "fwd+bwd")
+_PROFILE_STEPS = 3
+CPU_WARMUP_S, CPU_MEASURE_S = 0.25, 0.5
+
+
+def bench(fn, device: torch.device, *, cudagraph=False, grad_to_none=None) -> dict:
+    """min / median / max milliseconds of ``fn()``."""
+    if device.type == "cuda":
+        import triton.testing
+
+        q = [0.0, 0.5, 1.0]
+        if cudagraph:
+            ms = triton.testing.do_bench_cudagraph(fn, grad_to_none=grad_to_none, quantiles=q)
+        else:
+            ms = triton.testing.do_bench(fn, grad_to_none=grad_to_none, quantiles=q)
+        return dict(zip(("min_ms", "median_ms", "max_ms"), ms))
+    # CPU: warm up for 0.25 s (allocator, thread pool, caches settle), then time for 0.5 s
+    start = time.perf_counter()
+    for i in range(1000):
+        fn()
+        if i >= 2 and time.perf_counter() - start > CPU_WARMUP_S:
+            break
+    times, start = [], time.perf_counter()
+    while len(times) < 10 or (time.perf_counter() - start < CPU_MEASURE_S and len(times) < 200):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return {"min_ms": min(times), "median_ms": statistics.median(times), "max_ms": max(times)}
+
+
+def io_bytes(q, k, cos, sin) -> int:
+    """Bytes one pass must move: q and k read and written once, cos and sin read once."""
+    qk = 2 * (q.numel() * q.element_size() + k.numel() * k.element_size())
+    return qk + cos.numel() * cos.element_size() + sin.numel() * sin.element_size()
+
+
+def copy_bandwidth(q, k, device, *, cudagraph=False) -> dict:
+    """GB/s of a device-to-device copy of q's and k's bytes (read + write counted)."""
+    src = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=device)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), device, cudagraph=cudagraph)
+    moved = 2 * src.numel() * src.element_size()
+    return {**t, "bytes": moved, "gbps": moved / (t["median_ms"] * 1e-3) / 1e9}
+
+
+class Passes:
+    """The three timed passes of one variant: fn() callables on prepared leaf tensors."""
+
+    def __init__(self, run, q, k, *, differentiable: bool):
+        self.run, self.q, self.k = run, q, k
+        self.passes = {"fwd": self._fwd}
+        if differentiable:
+            self.ql = q.detach().requires_grad_()
+            self.kl = k.detach().requires_grad_()
+            self.grads = None
+            self.outs = None
+            self.passes |= {"bwd": self._bwd, "fwd+bwd": self._fwd_bwd}
+
+    def _fwd(self):
+        with torch.no_grad():
+            return self.run(self.q, self.k)
+
+    def _graph(self):
+        outs = self.run(self.ql, self.kl)
+        if self.grads is None:
+            self.grads = [torch.randn_like(o) for o in outs]
+        return outs
+
+    def _bwd(self):
+        if self.outs is None:
+            self.outs = self._graph()
+        self.ql.grad = self.kl.grad = None  # no accumulate op in what is timed
+        torch.autograd.backward(self.outs, self.grads, retain_graph=True)
+
+    def _fwd_bwd(self):
+        self.ql.grad = self.kl.grad = None
+        torch.autograd.backward(self._graph(), self.grads)
+
+    def leaves(self):
+        return [self.ql, self.kl] if "bwd" in self.passes else None
+
+
+def peak_memory(fn, device) -> int | None:
+    """Bytes allocated at the peak of one call, above what was allocated before it (GPU)."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """Send file descriptor 2 (kineto's C++ logging) to ``path`` for the block."""
+    if path != Path(os.devnull):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "a") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+
+
+def kernels_per_call(fn, device, label: str, trace_dir: Path | None) -> dict:
+    """Profile ``fn`` for a few steps: device kernels per call and their device time.
+
+    On a GPU these are the CUDA kernels the call launched. On the CPU there are no device
+    kernels; the count is of the aten ops the call ran at top level (each one pass over memory).
+    """
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+
+    def export(prof):
+        if trace_dir is not None:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace_dir / f"{_slug(label)}.json"))
+
+    sched = schedule(wait=1, warmup=1, active=_PROFILE_STEPS, repeat=1)
+    log = trace_dir / "profiler.log" if trace_dir is not None else Path(os.devnull)
+    with _stderr_to(log), profile(activities=activities, schedule=sched, on_trace_ready=export) as prof:
+        for _ in range(2 + _PROFILE_STEPS):
+            with record_function(label):
+                fn()
+            if cuda:
+                torch.cuda.synchronize()
+            prof.step()
+    events = prof.events()
+    if cuda:
+        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        time_us = sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in kernels)
+        return {"kernels_per_call": len(kernels) / _PROFILE_STEPS,
+                "kernel_time_us": time_us / _PROFILE_STEPS, "kernel_kind": "cuda kernels"}
+    ranges = [e for e in events if e.name == label]
+    ops = [e for e in events if e.name.startswith("aten::") and _outermost_aten_in(e, label)]
+    per_call = len(ops) / max(1, len(ranges))
+    return {"kernels_per_call": per_call, "kernel_time_us": None, "kernel_kind": "cpu aten ops"}
+
+
+def _outermost_aten_in(event, label: str) -> bool:
+    """No aten op above ``event``, and the ``label`` range somewhere above it."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return False
+        if parent.name == label:
+            return True
+        parent = parent.cpu_parent
+    return False

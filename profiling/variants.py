@@ -1,0 +1,206 @@
+"""Every way of applying RoPE to q and k that the report compares, in one registry.
+
+A variant is built for a ``Setup`` (tables, matrix, workload) and returns ``run(q, k) ->
+(q_out, k_out)``. ``prepare`` puts q/k in the layout the variant wants (outside the timed
+region): the seed's BNSD for rome and the references, BSND storage for kernels written for it.
+Outputs are always BNSD-shaped (views are fine). A variant that cannot express a workload
+raises ``Unsupported`` with the reason; one that is not installed here raises ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import rome
+from rome.reference import merged_matrix, per_section_matrices, slice_concat
+
+from .workloads import Workload
+
+
+class Unsupported(Exception):
+    """The variant cannot express this workload (the message says why)."""
+
+
+class Unavailable(Exception):
+    """The variant's library is not installed, or needs a device this run does not have."""
+
+
+@dataclass
+class Setup:
+    workload: Workload
+    mode: str
+    cos: torch.Tensor
+    sin: torch.Tensor
+    angles: torch.Tensor  # float64, shape of cos
+    matrix: torch.Tensor  # rotation_matrix in q's dtype
+    backend: str  # rome's backend: "triton" (CUDA or interpreter) or "torch"
+
+    @property
+    def sections(self):
+        return self.workload.sections
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    description: str
+    kind: str  # reference | compiled | rome | anchor
+    build: Callable[[Setup], Callable]
+    layout: str = "bnsd"  # what prepare() hands to run()
+    differentiable: bool = True
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).contiguous() if self.layout == "bsnd" else x
+
+
+def _pair(f):
+    return lambda q, k: (f(q), f(k))
+
+
+def _v1(s: Setup):
+    return _pair(lambda x: slice_concat(x, s.cos, s.sin, s.sections, s.mode))
+
+
+def _v2(s: Setup):
+    return _pair(lambda x: per_section_matrices(x, s.cos, s.sin, s.sections, s.mode))
+
+
+def _v3(s: Setup):
+    return _pair(lambda x: merged_matrix(x, s.cos, s.sin, s.matrix))
+
+
+def _v3_pair(q, k, cos, sin, m):
+    return merged_matrix(q, cos, sin, m), merged_matrix(k, cos, sin, m)
+
+
+def _v3_compiled(s: Setup):
+    f = torch.compile(_v3_pair, dynamic=False)
+    return lambda q, k: f(q, k, s.cos, s.sin, s.matrix)
+
+
+def _rome_apply(s: Setup):
+    return _pair(lambda x: rome.apply(x, s.cos, s.sin, s.matrix, backend=s.backend))
+
+
+def _rome_apply_qk(s: Setup):
+    return lambda q, k: rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend)
+
+
+# --- kernels users would otherwise pick (GPU only, when installed) ------------------------
+
+
+def _needs_cuda(s: Setup):
+    if not s.cos.is_cuda:
+        raise Unavailable("needs CUDA tensors")
+
+
+def _one_rotation_over_head(s: Setup, who: str):
+    """Interleave pairs never cross a section, so multi-axis interleave RoPE is 1D interleave
+    RoPE with per-token tables; half-mode sections rotate (j, j + d_i/2), which a kernel that
+    rotates the halves of the whole head (j, j + D/2) cannot express."""
+    if s.mode == "half" and len(s.sections) > 1:
+        raise Unsupported(f"{who} rotates the halves of the whole head; per-section half "
+                          f"rotation ({'/'.join(map(str, s.sections))}) needs a split per section")
+
+
+def _half_table(t: torch.Tensor, mode: str) -> torch.Tensor:
+    """[..., D] table -> the [..., D/2] angle-per-pair table kernels like flash-attn take."""
+    return t[..., ::2] if mode == "interleave" else t[..., : t.shape[-1] // 2]
+
+
+def _liger(s: Setup):
+    _needs_cuda(s)
+    if s.mode != "half" or len(s.sections) > 1:
+        raise Unsupported("liger-kernel implements 1D half (NeoX/Llama) RoPE only")
+    try:
+        from liger_kernel.transformers.rope import liger_rotary_pos_emb
+    except ImportError as e:
+        raise Unavailable(f"liger-kernel not installed ({e})") from e
+    # liger takes BNSD views of BSND storage and rotates them in place; tables [1|B, S, D]
+    cos = s.cos.reshape(-1, s.cos.shape[-2], s.cos.shape[-1]) if s.cos.ndim == 2 else s.cos[:, 0]
+    sin = s.sin.reshape(-1, s.sin.shape[-2], s.sin.shape[-1]) if s.sin.ndim == 2 else s.sin[:, 0]
+    return lambda q, k: liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+
+
+def _flash_attn(s: Setup):
+    _needs_cuda(s)
+    _one_rotation_over_head(s, "flash-attn's rotary")
+    try:
+        from flash_attn.layers.rotary import apply_rotary_emb
+    except ImportError as e:
+        raise Unavailable(f"flash-attn not installed ({e})") from e
+    cos, sin = _half_table(s.cos, s.mode), _half_table(s.sin, s.mode)
+    offsets = 0
+    if cos.ndim == 4:  # decode: a [B, D/2] table used as a cache, batch b reads row b
+        cos, sin = cos[:, 0, 0].contiguous(), sin[:, 0, 0].contiguous()
+        offsets = torch.arange(cos.shape[0], device=cos.device, dtype=torch.int32)
+    inter = s.mode == "interleave"
+
+    def run(q, k):  # q, k: [B, S, N, D]
+        f = lambda x: apply_rotary_emb(x, cos, sin, interleaved=inter, seqlen_offsets=offsets)  # noqa: E731
+        return f(q).transpose(1, 2), f(k).transpose(1, 2)
+
+    return run
+
+
+def _flashinfer(s: Setup):
+    _needs_cuda(s)
+    _one_rotation_over_head(s, "flashinfer's rope")
+    try:
+        from flashinfer.rope import apply_rope_with_cos_sin_cache
+    except ImportError as e:
+        raise Unavailable(f"flashinfer not installed ({e})") from e
+    # a cos|sin cache with one row per token (per batch for decode), indexed by token number
+    cos, sin = _half_table(s.cos, s.mode), _half_table(s.sin, s.mode)
+    cache = torch.cat([cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])], -1).float()
+
+    def run(q, k):  # q, k: [B, S, N, D]
+        b, sq, n, d = q.shape
+        pos = torch.arange(cache.shape[0], device=q.device).repeat(b * sq // cache.shape[0])
+        qo, ko = apply_rope_with_cos_sin_cache(pos, q.reshape(b * sq, -1), k.reshape(b * sq, -1), d,
+                                               cache, is_neox=s.mode == "half")
+        return qo.view(b, sq, n, d).transpose(1, 2), ko.view(b, sq, -1, d).transpose(1, 2)
+
+    return run
+
+
+def _transformer_engine(s: Setup):
+    _needs_cuda(s)
+    _one_rotation_over_head(s, "TransformerEngine's fused rope")
+    if s.angles.ndim == 4:
+        raise Unsupported("TransformerEngine's rope takes one angle row per position, not per batch")
+    try:
+        try:
+            from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+        except ImportError:
+            from transformer_engine.pytorch.attention import apply_rotary_pos_emb
+    except ImportError as e:
+        raise Unavailable(f"transformer-engine not installed ({e})") from e
+    freqs = s.angles.float()[:, None, None, :]  # [S, 1, 1, D], laid out as our tables
+    inter = s.mode == "interleave"
+
+    def run(q, k):  # q, k: [B, S, N, D]
+        f = lambda x: apply_rotary_pos_emb(x, freqs, tensor_format="bshd", interleaved=inter, fused=True)  # noqa: E731
+        return f(q).transpose(1, 2), f(k).transpose(1, 2)
+
+    return run
+
+
+VARIANTS = {
+    v.name: v
+    for v in [
+        Variant("v1 slice+concat", "seed v1: split per section, rotate_half / rotate_every_two, concat", "reference", _v1),
+        Variant("v2 per-section matrix", "seed v2: one matrix per section, then concat", "reference", _v2),
+        Variant("v3 merged matrix", "seed v3: x*cos + (x@M)*sin with one matrix, eager torch", "reference", _v3),
+        Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
+        Variant("rome.apply", "rome.apply on q, then on k", "rome", _rome_apply),
+        Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch", "rome", _rome_apply_qk),
+        Variant("liger-kernel", "liger_kernel.transformers.rope.liger_rotary_pos_emb (in place)", "anchor", _liger, "bsnd"),
+        Variant("flash-attn", "flash_attn.layers.rotary.apply_rotary_emb on q and k", "anchor", _flash_attn, "bsnd"),
+        Variant("flashinfer", "flashinfer.rope.apply_rope_with_cos_sin_cache (inference only)", "anchor", _flashinfer, "bsnd", False),
+        Variant("transformer-engine", "transformer_engine apply_rotary_pos_emb(fused=True, bshd)", "anchor", _transformer_engine, "bsnd"),
+    ]
+}

@@ -1,0 +1,99 @@
+"""Named RoPE workloads, and the inputs (q, k, tables, matrix) they are measured on."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+import rome
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    batch: int
+    q_heads: int
+    kv_heads: int
+    seq: int
+    sections: tuple[int, ...]
+    mode: str
+    theta: float = 10000.0
+    grid: tuple[int, ...] | None = None  # (t, h, w) token grid of a video latent, C order
+    decode: bool = False  # one new token per sequence, each at its own position
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def head_dim(self) -> int:
+        return sum(self.sections)
+
+    def shape(self, heads: int) -> tuple[int, int, int, int]:
+        return (self.batch, heads, self.seq, self.head_dim)
+
+    def replace(self, **changes) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+    def positions(self) -> torch.Tensor:
+        """int64 positions: [S, n_axes] for a grid, [S] for 1D, [B] (one token each) for decode."""
+        if self.decode:
+            return 1000 + 37 * torch.arange(self.batch)  # a batch at different decode steps
+        if self.grid is not None:
+            return rome.grid_positions(self.grid)[: self.seq]
+        return torch.arange(self.seq)
+
+
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload("default", "seed 004's 3D video RoPE: 44/44/40 half of 128, a 20x36x40 latent",
+                 1, 24, 24, 28800, (44, 44, 40), "half", grid=(20, 36, 40)),
+        Workload("llama-1d", "Llama-3 8B prefill: 1D half RoPE, 32 q / 8 kv heads, theta 5e5",
+                 1, 32, 8, 8192, (128,), "half", theta=500000.0),
+        Workload("hunyuan-video", "HunyuanVideo 544x960x129f: 16/56/56 interleave, theta 256, 33x34x60",
+                 1, 24, 24, 33 * 34 * 60, (16, 56, 56), "interleave", theta=256.0, grid=(33, 34, 60)),
+        Workload("wan", "Wan2.1 14B 480p 81f: 44/42/42 interleave, 40 heads, 21x30x52",
+                 1, 40, 40, 21 * 30 * 52, (44, 42, 42), "interleave", grid=(21, 30, 52)),
+        Workload("cogvideox", "CogVideoX-5B: 16/24/24 interleave of D=64, 48 heads, 13x30x45",
+                 1, 48, 48, 13 * 30 * 45, (16, 24, 24), "interleave", grid=(13, 30, 45)),
+        Workload("decode", "batched decode: 64 sequences, one token each at its own position, 32/8 heads",
+                 64, 32, 8, 1, (128,), "half", theta=500000.0, decode=True),
+    ]
+}
+
+
+def scaled_for_cpu(w: Workload) -> Workload:
+    """The same RoPE on fewer heads and tokens, so the CPU run ends in seconds."""
+    q_heads = min(w.q_heads, 4)
+    kv_heads = max(1, w.kv_heads * q_heads // w.q_heads)
+    return w.replace(batch=min(w.batch, 8), q_heads=q_heads, kv_heads=kv_heads, seq=min(w.seq, 2048))
+
+
+@dataclass
+class Tables:
+    cos: torch.Tensor  # broadcasts to BNSD q: [S, D], or [B, 1, 1, D] for decode
+    sin: torch.Tensor
+    angles: torch.Tensor  # float64, same shape: the exact tables are cos/sin of these
+
+
+def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=None, tokens=None) -> Tables:
+    """Tables of ``w`` (optionally in the other mode, or for a subset of token indices)."""
+    mode = mode or w.mode
+    pos = w.positions()
+    if tokens is not None and not w.decode:
+        pos = pos[tokens]
+    angles = rome.rope_angles(pos.to(device), w.sections, mode=mode, theta=w.theta)
+    if w.decode:
+        angles = angles[:, None, None, :]
+    return Tables(angles.cos().to(dtype), angles.sin().to(dtype), angles)
+
+
+def qk(w: Workload, *, dtype=None, device=None, seed=0, seq=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random BNSD q and k of the workload's shape (``seq`` tokens if given)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    dtype = dtype or w.dtype
+    s = w.seq if seq is None else seq
+    q = torch.randn(w.batch, w.q_heads, s, w.head_dim, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(w.batch, w.kv_heads, s, w.head_dim, generator=g).to(device=device, dtype=dtype)
+    return q, k
