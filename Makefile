@@ -1,12 +1,13 @@
 # `make test` and `make report` build their own virtual environment on first use.
 #
-# TORCH is the pip requirement for PyTorch. The default keeps whatever torch the machine's
-# python already has (the venv then sees the system site-packages) or installs the newest one.
-# On a CPU-only machine with a local CPU wheel, pin it: `make test TORCH=torch==2.13.0`
-# (.ci/run does this).
+# TORCH is the pip requirement for PyTorch. With an NVIDIA GPU (nvidia-smi on the PATH) the
+# default keeps the torch the machine's python already has (the venv then sees the system
+# site-packages) or installs the newest. Without one it pins torch==2.13.0, which on the
+# project's CPU machines is a CPU wheel on disk rather than a multi-GB CUDA download.
 PYTHON ?= python3
 VENV   ?= .venv
-TORCH  ?= torch>=2.6
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+TORCH  ?= $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 ARGS   ?=
 PY     := $(VENV)/bin/python
 
