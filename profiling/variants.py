@@ -9,6 +9,7 @@ raises ``Unsupported`` with the reason; one that is not installed here raises ``
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,9 +93,17 @@ def _rome_apply_qk(s: Setup):
 # --- kernels users would otherwise pick (GPU only, when installed) ------------------------
 
 
-def _needs_cuda(s: Setup):
+def _anchor(s: Setup, package: str, attr: str, *modules: str):
+    """``attr`` from the first of ``modules`` that imports (CUDA tensors only), else Unavailable."""
     if not s.cos.is_cuda:
         raise Unavailable("needs CUDA tensors")
+    errors = []
+    for module in modules:
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            errors.append(str(e))
+    raise Unavailable(f"{package} not installed ({'; '.join(errors)})")
 
 
 def _one_rotation_over_head(s: Setup, who: str):
@@ -112,26 +121,17 @@ def _half_table(t: torch.Tensor, mode: str) -> torch.Tensor:
 
 
 def _liger(s: Setup):
-    _needs_cuda(s)
     if s.mode != "half" or len(s.sections) > 1:
         raise Unsupported("liger-kernel implements 1D half (NeoX/Llama) RoPE only")
-    try:
-        from liger_kernel.transformers.rope import liger_rotary_pos_emb
-    except ImportError as e:
-        raise Unavailable(f"liger-kernel not installed ({e})") from e
+    rope = _anchor(s, "liger-kernel", "liger_rotary_pos_emb", "liger_kernel.transformers.rope")
     # liger takes BNSD views of BSND storage and rotates them in place; tables [1|B, S, D]
-    cos = s.cos.reshape(-1, s.cos.shape[-2], s.cos.shape[-1]) if s.cos.ndim == 2 else s.cos[:, 0]
-    sin = s.sin.reshape(-1, s.sin.shape[-2], s.sin.shape[-1]) if s.sin.ndim == 2 else s.sin[:, 0]
-    return lambda q, k: liger_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    cos, sin = (t[None] if t.ndim == 2 else t[:, 0] for t in (s.cos, s.sin))
+    return lambda q, k: rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
 
 
 def _flash_attn(s: Setup):
-    _needs_cuda(s)
     _one_rotation_over_head(s, "flash-attn's rotary")
-    try:
-        from flash_attn.layers.rotary import apply_rotary_emb
-    except ImportError as e:
-        raise Unavailable(f"flash-attn not installed ({e})") from e
+    apply_rotary_emb = _anchor(s, "flash-attn", "apply_rotary_emb", "flash_attn.layers.rotary")
     cos, sin = _half_table(s.cos, s.mode), _half_table(s.sin, s.mode)
     offsets = 0
     if cos.ndim == 4:  # decode: a [B, D/2] table used as a cache, batch b reads row b
@@ -147,12 +147,8 @@ def _flash_attn(s: Setup):
 
 
 def _flashinfer(s: Setup):
-    _needs_cuda(s)
     _one_rotation_over_head(s, "flashinfer's rope")
-    try:
-        from flashinfer.rope import apply_rope_with_cos_sin_cache
-    except ImportError as e:
-        raise Unavailable(f"flashinfer not installed ({e})") from e
+    apply_rope_with_cos_sin_cache = _anchor(s, "flashinfer", "apply_rope_with_cos_sin_cache", "flashinfer.rope")
     # a cos|sin cache with one row per token (per batch for decode), indexed by token number
     cos, sin = _half_table(s.cos, s.mode), _half_table(s.sin, s.mode)
     cache = torch.cat([cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1])], -1).float()
@@ -168,17 +164,11 @@ def _flashinfer(s: Setup):
 
 
 def _transformer_engine(s: Setup):
-    _needs_cuda(s)
     _one_rotation_over_head(s, "TransformerEngine's fused rope")
     if s.angles.ndim == 4:
         raise Unsupported("TransformerEngine's rope takes one angle row per position, not per batch")
-    try:
-        try:
-            from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
-        except ImportError:
-            from transformer_engine.pytorch.attention import apply_rotary_pos_emb
-    except ImportError as e:
-        raise Unavailable(f"transformer-engine not installed ({e})") from e
+    apply_rotary_pos_emb = _anchor(s, "transformer-engine", "apply_rotary_pos_emb",
+                                   "transformer_engine.pytorch.attention.rope", "transformer_engine.pytorch.attention")
     freqs = s.angles.float()[:, None, None, :]  # [S, 1, 1, D], laid out as our tables
     inter = s.mode == "interleave"
 

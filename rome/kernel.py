@@ -5,17 +5,19 @@
 
 x, out: [..., D] with unit last stride, any other strides; cos, sin: broadcast to x (stride 0 on
 broadcast dims); M: [D, D]. The row dims of x are collapsed to at most three ``(R0, R1, R2)``,
-so a row r sits at ``i0*s0 + i1*s1 + i2*s2``. Each program loads M once, then walks row tiles
+so a row r sits at ``i0*s0 + i1*s1 + i2*s2``. Each program loads M once (D <= 128; a 256×256 M
+would not fit beside the tile, so there it is re-read per tile from cache), then walks row tiles
 ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked) of x, and of k too when q and k share
 the launch: every element of x is read once and written once, the rotation is one ``tl.dot``.
+Tile sizes and programs per SM are first guesses, not yet tuned on a GPU.
 
 Precision: elementwise math in fp32, one rounding to x's dtype at the store. The dot takes x in
 its own dtype (bf16/fp16 operands on the tensor cores; exact, since with a signed permutation
 each output of x @ M is one ±x term in an fp32 accumulator). An fp32 operand that is not exact in
 that dtype (x*sin in the transpose) is fed as SPLIT pieces hi + mid + lo whose sum is exactly
 that fp32 value (bf16; fp16 pieces below 2**-24 underflow, an absolute error <= 2**-25), so
-the product is fp32-exact there too. fp32 x, or a matrix whose
-dtype differs from half-precision x, uses fp32 operands with IEEE (not TF32) precision.
+the product is fp32-exact there too. fp32 x, or a matrix whose dtype differs from half-precision
+x, uses fp32 operands with IEEE (not TF32) precision.
 
 Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), and the
 fp32 -> bf16 cast truncates instead of rounding to nearest even; there the dot gets fp32

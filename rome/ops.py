@@ -197,26 +197,17 @@ def _apply_qk_t(
     return q_out, k_out
 
 
-@_apply.register_fake
-def _(x, cos, sin, matrix, backend="auto"):
+def _fake_one(x, cos, sin, matrix, backend="auto"):
     return _fake([x], cos, sin, matrix, backend)[0]
 
 
-@_apply_t.register_fake
-def _(x, cos, sin, matrix, backend="auto"):
-    return _fake([x], cos, sin, matrix, backend)[0]
-
-
-@_apply_qk.register_fake
-def _(q, k, cos, sin, matrix, backend="auto"):
+def _fake_two(q, k, cos, sin, matrix, backend="auto"):
     q_out, k_out = _fake([q, k], cos, sin, matrix, backend)
     return q_out, k_out
 
 
-@_apply_qk_t.register_fake
-def _(q, k, cos, sin, matrix, backend="auto"):
-    q_out, k_out = _fake([q, k], cos, sin, matrix, backend)
-    return q_out, k_out
+for _op, _fake_impl in ((_apply, _fake_one), (_apply_t, _fake_one), (_apply_qk, _fake_two), (_apply_qk_t, _fake_two)):
+    _op.register_fake(_fake_impl)
 
 
 # --- autograd -----------------------------------------------------------------------------
