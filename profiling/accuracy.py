@@ -62,9 +62,8 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
             for table_dtype in dict.fromkeys((torch.float32, dtype)):
                 cos, sin = t64.cos.to(table_dtype), t64.sin.to(table_dtype)
                 key = {"dtype": dtype_name(dtype), "mode": mode, "table_dtype": dtype_name(table_dtype)}
-                oracle = _flat(exact(q, cos, sin, w.sections, mode), exact(k, cos, sin, w.sections, mode))
-                magnitude = _flat(exact(q, cos, sin, w.sections, mode, magnitude=True),
-                                  exact(k, cos, sin, w.sections, mode, magnitude=True))
+                (eq, mq), (ek, mk) = (exact(x, cos, sin, w.sections, mode, magnitude=True) for x in (q, k))
+                oracle, magnitude = _flat(eq, ek), _flat(mq, mk)
                 table_records.append({**key, "max_abs": (oracle - true).abs().max().item(),
                                       "max_ulp": ulp_error(oracle, true, dtype).max().item()})
                 setup = Setup(w, mode, cos, sin, t64.angles, matrix, backend)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import json
+import math
 import os
 import platform
 import subprocess
@@ -80,6 +81,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
     moved = speed.io_bytes(q, k, t.cos, t.sin)
     statuses, records = [], []
+    default_method = "do_bench_cudagraph" if graphs else ("do_bench" if device.type == "cuda" else "perf_counter (CPU)")
     for v in VARIANTS.values():
         status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
         statuses.append(status)
@@ -95,7 +97,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
             if on_step:
                 on_step(f"speed {v.name} {name}")
             try:
-                method = "do_bench_cudagraph" if graphs else ("do_bench" if device.type == "cuda" else "perf_counter (CPU)")
+                method = default_method
                 try:
                     timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=passes.leaves())
                 except Exception:
@@ -298,7 +300,7 @@ def build(args) -> tuple[Workload, Workload]:
         b, nq, nk, s, d = dims if len(dims) == 5 else (dims[0], dims[1], dims[1], dims[2], dims[3])
         if d != w.head_dim:
             raise SystemExit(f"--shape D={d} must be the workload's head_dim {w.head_dim} (sections {w.sections})")
-        grid_len = None if w.grid is None else len(rome.grid_positions(w.grid))
+        grid_len = None if w.grid is None else math.prod(w.grid)
         if grid_len is not None and s > grid_len:
             raise SystemExit(f"--shape S={s} exceeds the {w.name} grid {w.grid} ({grid_len} tokens)")
         w = w.replace(batch=b, q_heads=nq, kv_heads=nk, seq=s if not w.decode else 1)

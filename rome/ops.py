@@ -240,7 +240,7 @@ def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
         return None, None, None
     dt = _compute_dtype(pairs[0][0])
     pairs = [(x.to(dt), h.to(dt)) for x, h in pairs]
-    c, s, m = cos.to(dt), sin.to(dt), matrix.to(dt)
+    s, m = sin.to(dt), matrix.to(dt)
     need_cos, need_sin, need_m = needs
     dcos = _reduce_sum([h * x for x, h in pairs], cos) if need_cos else None
     dsin = dm = None

@@ -82,15 +82,15 @@ def rotate_index(sections, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(index), torch.tensor(sign, dtype=torch.float64)
 
 
-def exact(x, cos, sin, sections, mode: str, *, magnitude: bool = False) -> torch.Tensor:
+def exact(x, cos, sin, sections, mode: str, *, magnitude: bool = False):
     """float64 oracle ``x*cos + rotate(x)*sin`` from x and the tables as given.
 
-    With ``magnitude=True``: ``|x*cos| + |rotate(x)*sin|``, the size of the two terms whose
-    cancellation fp32 arithmetic cannot resolve (see ``rome.precision.tolerance``).
+    With ``magnitude=True``: ``(value, |x*cos| + |rotate(x)*sin|)``, the second the size of the
+    two terms whose cancellation fp32 arithmetic cannot resolve (``rome.precision.tolerance``).
     """
     index, sign = rotate_index(sections, mode)
     x64, c64, s64 = x.double(), cos.double(), sin.double()
-    rot = x64[..., index.to(x.device)] * sign.to(x.device)
+    first, second = x64 * c64, x64[..., index.to(x.device)] * sign.to(x.device) * s64
     if magnitude:
-        return (x64 * c64).abs() + (rot * s64).abs()
-    return x64 * c64 + rot * s64
+        return first + second, first.abs() + second.abs()
+    return first + second

@@ -6,7 +6,7 @@ import torch
 import rome
 from rome.precision import tolerance, ulp_error
 from rome.reference import rotate_index, slice_concat
-from helpers import random_tables, tables
+from helpers import random_tables
 
 from conftest import BACKENDS, DEVICE, DTYPES, MODES, SECTIONS
 
