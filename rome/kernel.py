@@ -3,154 +3,231 @@
     forward     out = x*cos + (x @ M) * sin
     transpose   out = x*cos + (x*sin) @ Mᵀ        (the backward: dx from dy)
 
-x, out: [..., D] with unit last stride, any other strides; cos, sin: broadcast to x (stride 0 on
-broadcast dims); M: [D, D]. The row dims of x are collapsed to at most three ``(R0, R1, R2)``,
-so a row r sits at ``i0*s0 + i1*s1 + i2*s2``. Each program loads M once (D <= 128; a 256×256 M
-would not fit beside the tile, so there it is re-read per tile from cache), then walks row tiles
-``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked) of x, and of k too when q and k share
-the launch: every element of x is read once and written once, the rotation is one ``tl.dot``.
-Tile sizes and programs per SM are first guesses, not yet tuned on a GPU.
+Shapes: x, out ``[..., D]`` with unit last stride, any other strides; cos, sin broadcast to x
+(stride 0 on broadcast dims); M ``[D, D]``. The row dims of x are collapsed to at most three
+``(R0, R1, R2)``, so row r sits at ``i0*s0 + i1*s1 + i2*s2``. q and k share one launch.
 
-Precision: elementwise math in fp32, one rounding to x's dtype at the store. The dot takes x in
-its own dtype (bf16/fp16 operands on the tensor cores; exact, since with a signed permutation
-each output of x @ M is one ±x term in an fp32 accumulator). An fp32 operand that is not exact in
-that dtype (x*sin in the transpose) is fed as SPLIT pieces hi + mid + lo whose sum is exactly
-that fp32 value (bf16; fp16 pieces below 2**-24 underflow, an absolute error <= 2**-25), so
-the product is fp32-exact there too. fp32 x, or a matrix whose dtype differs from half-precision
-x, uses fp32 operands with IEEE (not TF32) precision.
+Tiling (``rome.launch`` chooses the sizes; the inspection tool compiles the same choices). A
+program walks row tiles ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked), persistent
+over tiles. The product is cut into ``BLOCK_N``-wide column panels: output panel n is
+``Σ_k x[:, panel k] @ M[panel k, panel n]`` over the blocks of M that are nonzero (``NZ``, a
+bitmask found once per matrix on the host: a rotation matrix of D=128 in 64-panels has 2 to 4
+of its 4 blocks, a dense matrix all). An M block is 64×64 (8 KB in bf16) and is re-read per
+tile from L1/L2; nothing D×D is held, so registers and shared memory stay small for every D up
+to 256 (``python -m profiling kernels`` shows the numbers).
 
-Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), and the
-fp32 -> bf16 cast truncates instead of rounding to nearest even; there the dot gets fp32
-operands holding the same values and the final bf16 rounding is done by hand.
+Exactness of the product. Half-precision x is a tensor-core operand as it is: with a signed
+permutation each output of x @ M is one ±x term in the fp32 accumulator, so exact. fp32 x with
+a matrix exact in bf16 (every rotation matrix) is fed as SPLIT=3 bf16 pieces hi + mid + lo whose
+sum is x exactly: three tensor-core dots, still exact. A general matrix with fp32 x uses IEEE
+fp32 dots (correct, not exact). The backward of a signed permutation needs no split:
+``((dy*sin) @ Mᵀ)[j] == (dy @ Mᵀ)[j] * sin[src[j]]`` with src[j] the row of Mᵀ's nonzero in column j,
+so it is the forward's one dot on dy plus a gathered sin (``GATHER_SIN``). A general matrix's
+backward feeds the fp32 product dy*sin as three bf16 pieces (bf16 x), or as IEEE fp32 (fp16
+and fp32 x: fp16 pieces would overflow where |dy*sin| > 65504).
+
+Exactness of the sum: ``x*cos + r*sin`` is computed with error-free products (fma) and a
+TwoSum, so the cancellation of the two terms costs nothing: the fp32 result is within 1 ulp
+of the exact value (faithful except where the terms cancel past 2**-20 of their size), and one
+more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. The launch disables the
+compiler's mul+add fusion so the TwoSum is computed as written.
+
+Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), the
+interpreter converts bf16 subnormals wrongly and casts fp32 -> bf16 by truncation; there bf16 is
+loaded and stored as raw bits (exact), the dot gets fp32 operands holding the same values, the
+final rounding to bf16 is done by hand, and the error-free product uses float64 (triton 3.2's
+interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 """
 
 from __future__ import annotations
 
-import functools
-import math
+import threading
 
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from . import launch
 
-@triton.jit
-def _round_bf16_rne(y):
-    # fp32 -> bf16 bits rounded to nearest even (the interpreter's own cast truncates)
-    bits = y.to(tl.uint32, bitcast=True)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return tl.where(y != y, y, bits.to(tl.float32, bitcast=True))
+
+# --- element helpers ----------------------------------------------------------------------
 
 
 @triton.jit
-def _dot(v, m, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-         OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
-    # fp32 v [BLOCK_R, BLOCK_D] @ m [BLOCK_D, BLOCK_D], v fed as SPLIT pieces in OP_DTYPE
-    acc = tl.zeros((BLOCK_R, BLOCK_D), dtype=tl.float32)
+def _load(ptr, offsets, mask, RAW_BF16: tl.constexpr):
+    # any float dtype -> fp32; RAW_BF16: bf16 read as its 16 bits and widened exactly
+    if RAW_BF16:
+        bits = tl.load(ptr.to(tl.pointer_type(tl.int16)) + offsets, mask=mask, other=0)
+        return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _store(ptr, offsets, y, mask, RAW_BF16: tl.constexpr):
+    # fp32 -> out dtype; RAW_BF16: rounded to nearest even by hand and written as 16 bits
+    if RAW_BF16:
+        bits = y.to(tl.uint32, bitcast=True)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        bits = tl.where(y != y, bits >> 16, rounded)  # NaN keeps its payload
+        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offsets, bits.to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offsets, y.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _two_prod(a, b, F64: tl.constexpr):
+    # a*b == p + e exactly (fp32); F64: the error from a float64 product (exact for fp32 a, b)
+    p = a * b
+    if F64:
+        e = (a.to(tl.float64) * b.to(tl.float64) - p.to(tl.float64)).to(tl.float32)
+    else:
+        e = tl.fma(a, b, -p)
+    return p, e
+
+
+@triton.jit
+def _dot2(x, c, r, s, F64: tl.constexpr):
+    # x*c + r*s: error-free products, TwoSum of their leading parts, the small terms added last
+    p, ep = _two_prod(x, c, F64)
+    q, eq = _two_prod(r, s, F64)
+    t = p + q
+    z = t - p
+    err = (p - (t - z)) + (q - z)
+    return t + (err + (ep + eq))
+
+
+@triton.jit
+def _add2(x, c, a, F64: tl.constexpr):
+    # x*c + a, the same way with a exact product term a
+    p, ep = _two_prod(x, c, F64)
+    t = p + a
+    z = t - p
+    err = (p - (t - z)) + (a - z)
+    return t + (err + ep)
+
+
+@triton.jit
+def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
+    # acc += v @ w, fp32 v fed as SPLIT pieces in OP_DTYPE whose sum is v (exact for SPLIT=3 bf16)
     rem = v
     for _ in tl.static_range(SPLIT):
         piece = rem.to(OP_DTYPE)
         rem = rem - piece.to(tl.float32)
         if FP32_DOT:
-            acc = tl.dot(piece.to(tl.float32), m, acc, input_precision="ieee")
+            acc = tl.dot(piece.to(tl.float32), w, acc, input_precision="ieee")
         else:
-            acc = tl.dot(piece, m, acc)
+            acc = tl.dot(piece, w, acc)
     return acc
 
 
-@triton.jit
-def _load_matrix(m_ptr, stride_mk, stride_mn, D, BLOCK_D: tl.constexpr,
-                 OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
-    k = tl.arange(0, BLOCK_D)
-    mask = (k[:, None] < D) & (k[None, :] < D)
-    m = tl.load(m_ptr + k[:, None] * stride_mk + k[None, :] * stride_mn, mask=mask, other=0.0)
-    if FP32_DOT:
-        return m.to(tl.float32)
-    return m.to(OP_DTYPE)
+# --- one tensor's rows --------------------------------------------------------------------
 
 
 @triton.jit
-def _rotate_rows(pid, nprog, m, m_ptr, stride_mk, stride_mn,
+def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                  x_ptr, o_ptr, c_ptr, s_ptr, n_rows, R1, R2,
                  sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, D,
-                 TRANSPOSE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                 TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                 HOIST_M: tl.constexpr, RNE_BF16: tl.constexpr):
-    cols = tl.arange(0, BLOCK_D)
-    col_ok = cols < D
+                 RAW_X: tl.constexpr, RAW_T: tl.constexpr, F64: tl.constexpr):
+    NP: tl.constexpr = BLOCK_D // BLOCK_N  # column panels
+    pcols = tl.arange(0, BLOCK_N)
+    wk = tl.arange(0, BLOCK_N)
     n_tiles = tl.cdiv(n_rows, BLOCK_R)
     for tile in range(pid, n_tiles, nprog):
         r = tl.full((BLOCK_R,), tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # int64 rows
         i2 = r % R2
         i1 = (r // R2) % R1
         i0 = r // R2 // R1
-        mask = (r < n_rows)[:, None] & col_ok[None, :]
-        x = tl.load(x_ptr + ((i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None] + cols[None, :]),
-                    mask=mask, other=0.0).to(tl.float32)
-        c = tl.load(c_ptr + ((i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None] + cols[None, :]),
-                    mask=mask, other=0.0).to(tl.float32)
-        s = tl.load(s_ptr + ((i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None] + cols[None, :]),
-                    mask=mask, other=0.0).to(tl.float32)
-        if not HOIST_M:
-            # D > 128: M does not fit in registers next to the tile; re-read it (L1/L2-resident)
-            m = _load_matrix(m_ptr, stride_mk, stride_mn, D, BLOCK_D, OP_DTYPE, FP32_DOT)
-        if TRANSPOSE:
-            y = x * c + _dot(x * s, m, BLOCK_R, BLOCK_D, SPLIT, OP_DTYPE, FP32_DOT)
-        else:
-            y = x * c + _dot(x, m, BLOCK_R, BLOCK_D, SPLIT, OP_DTYPE, FP32_DOT) * s
-        if RNE_BF16:
-            y = _round_bf16_rne(y)
-        tl.store(o_ptr + ((i0 * so0 + i1 * so1 + i2 * so2)[:, None] + cols[None, :]),
-                 y.to(o_ptr.dtype.element_ty), mask=mask)
+        row_ok = (r < n_rows)[:, None]
+        xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
+        orow = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
+        cr = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
+        sr = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
+        for n in tl.static_range(NP):
+            cols = n * BLOCK_N + pcols
+            mask = row_ok & (cols < D)[None, :]
+            x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
+            c = _load(c_ptr, cr + cols[None, :], mask, RAW_T)
+            s = _load(s_ptr, sr + cols[None, :], mask, RAW_T)
+            acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+            for k in tl.static_range(NP):
+                if (NZ >> (k * NP + n)) & 1:
+                    kcols = k * BLOCK_N + wk
+                    kmask = row_ok & (kcols < D)[None, :]
+                    if k == n:
+                        v = x
+                    else:
+                        v = _load(x_ptr, xr + kcols[None, :], kmask, RAW_X)
+                    if TRANSPOSE and not GATHER_SIN:
+                        if k == n:
+                            v = v * s
+                        else:
+                            v = v * _load(s_ptr, sr + kcols[None, :], kmask, RAW_T)
+                    wmask = (kcols < D)[:, None] & (cols < D)[None, :]
+                    w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
+                                mask=wmask, other=0.0)
+                    w = w.to(tl.float32) if FP32_DOT else w.to(OP_DTYPE)
+                    acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT)
+            if TRANSPOSE and not GATHER_SIN:
+                y = _add2(x, c, acc, F64)  # acc already holds (x*sin) @ Mᵀ
+            else:
+                if GATHER_SIN:
+                    src = tl.load(src_ptr + cols, mask=cols < D, other=0)
+                    s = _load(s_ptr, sr + src[None, :], mask, RAW_T)
+                y = _dot2(x, c, acc, s, F64)
+            _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
 
 @triton.jit
-def _rome_kernel(m_ptr, stride_mk, stride_mn,
-                 a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
-                 a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2,
-                 b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
-                 b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2,
-                 D,
-                 HAS_B: tl.constexpr, TRANSPOSE: tl.constexpr,
-                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-                 OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, HOIST_M: tl.constexpr,
-                 RNE_BF16: tl.constexpr):
-    # Persistent: program p does row tiles p, p + P, ... of a (q), then of b (k), M loaded once.
+def _rome_kernel(
+    # the dot's matrix W ([D, D]: M forward, Mᵀ backward, by strides) and, with GATHER_SIN, src:
+    # int32 [D], the row of W's nonzero in each column (where sin is read in the transpose)
+    w_ptr, stride_wk, stride_wn, src_ptr,
+    # tensor a (q): x, out, cos, sin; rows = R0*R1*R2 with strides per row dim for each tensor
+    a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
+    a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
+    a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2,
+    # tensor b (k), the same; ignored unless HAS_B
+    b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+    b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
+    b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2,
+    D,  # head_dim
+    HAS_B: tl.constexpr,  # q and k in one launch
+    TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
+    GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
+    NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,  # tile rows, padded D, panel
+    SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,  # the dot's operand: SPLIT pieces in OP_DTYPE
+    FP32_DOT: tl.constexpr,  # fp32 operands, IEEE (general matrices; the interpreter)
+    RAW_X: tl.constexpr, RAW_T: tl.constexpr,  # interpreter: x / tables are bf16 read as raw bits
+    F64: tl.constexpr,  # interpreter: error-free products through float64
+):
+    # Persistent: program p does row tiles p, p + P, ... of a (q), then of b (k).
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    m = _load_matrix(m_ptr, stride_mk, stride_mn, D, BLOCK_D, OP_DTYPE, FP32_DOT)
-    _rotate_rows(pid, nprog, m, m_ptr, stride_mk, stride_mn,
+    _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                  a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
                  a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
                  a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, D,
-                 TRANSPOSE, BLOCK_R, BLOCK_D, SPLIT, OP_DTYPE, FP32_DOT, HOIST_M, RNE_BF16)
+                 TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
+                 RAW_X, RAW_T, F64)
     if HAS_B:
-        _rotate_rows(pid, nprog, m, m_ptr, stride_mk, stride_mn,
+        _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                      b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
                      b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
                      b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, D,
-                     TRANSPOSE, BLOCK_R, BLOCK_D, SPLIT, OP_DTYPE, FP32_DOT, HOIST_M, RNE_BF16)
+                     TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
+                     RAW_X, RAW_T, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)
-MAX_HEAD_DIM = 256
-_TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
-SUPPORTED_DTYPES = tuple(_TL_DTYPE)
-_PROGRAMS_PER_SM = 8  # untuned first guess; GPU tuning is its own piece of work
-_INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def uses_fp32_dot(x_dtype: torch.dtype, matrix_dtype: torch.dtype) -> bool:
-    """True where the kernel feeds the dot fp32 operands (IEEE) rather than x's half dtype."""
-    return x_dtype == torch.float32 or matrix_dtype != x_dtype
+MAX_HEAD_DIM = launch.MAX_HEAD_DIM
+SUPPORTED_DTYPES = tuple(launch.TL_DTYPE)
+# the interpreter's launches share global state and are not thread-safe: serialise them
+_INTERPRET_LOCK = threading.Lock()
 
 
 def _row_layout(shape, tensors):
@@ -188,7 +265,6 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x and have a unit last stride; matrix is [D, D].
     """
-    d = matrix.shape[0]
     x0 = xs[0]
     if not INTERPRET and not x0.is_cuda:
         raise RuntimeError(
@@ -201,28 +277,27 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
             blocks += _launch_args(x, out, cos.expand(x.shape), sin.expand(x.shape))
     if not blocks:
         return
-    block_d = max(16, triton.next_power_of_2(d))
-    block_r = 16 if INTERPRET else max(16, min(64, 4096 // block_d))
-    fp32_dot = INTERPRET or uses_fp32_dot(x0.dtype, matrix.dtype)
-    op_dtype = tl.float32 if uses_fp32_dot(x0.dtype, matrix.dtype) else _TL_DTYPE[x0.dtype]
-    # the transpose's dot operand x*sin is an fp32 product: three bf16 pieces hold its 24 bits
-    # exactly; fp16 pieces under 2**-24 flush to zero (an absolute error of at most 2**-25)
-    split = 3 if transpose and op_dtype != tl.float32 else 1
-    sk, sn = matrix.stride()
+    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET)
+    cfg = plan.config
+    w = matrix  # converted to the operand dtype as it is loaded (exact: plan checked it)
+    swk, swn = w.stride()
     if transpose:
-        sk, sn = sn, sk
-    if INTERPRET:
-        max_programs = _INTERPRET_PROGRAMS
-    else:
-        max_programs = _num_sms(x0.device.index or 0) * _PROGRAMS_PER_SM
+        swk, swn = swn, swk
+    max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a, b = group[0], group[-1]
-        tiles = max(math.ceil(a[4] / block_r), math.ceil(b[4] / block_r))
-        _rome_kernel[(min(tiles, max_programs),)](
-            matrix, sk, sn, *a, *b, d,
-            HAS_B=len(group) == 2, TRANSPOSE=transpose,
-            BLOCK_R=block_r, BLOCK_D=block_d, SPLIT=split,
-            OP_DTYPE=op_dtype, FP32_DOT=fp32_dot, HOIST_M=block_d <= 128,
-            RNE_BF16=INTERPRET and x0.dtype == torch.bfloat16,
-            num_warps=4,
+        tiles = max(triton.cdiv(a[4], cfg.block_r), triton.cdiv(b[4], cfg.block_r))
+        kwargs = dict(
+            HAS_B=len(group) == 2, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
+            BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
+            SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
+            RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+        args = (w, swk, swn, plan.src, *a, *b, x0.shape[-1])
+        grid = (min(tiles, max_programs),)
+        if INTERPRET:
+            with _INTERPRET_LOCK:
+                _rome_kernel[grid](*args, **kwargs)
+        else:
+            _rome_kernel[grid](*args, **kwargs, enable_fp_fusion=False)

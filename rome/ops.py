@@ -144,11 +144,10 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]
     if backend == "triton":
         kernel = _kernel()
         x0 = xs[0]
-        if x0.is_cuda and x0.dtype != torch.float32 and kernel.uses_fp32_dot(x0.dtype, matrix.dtype):
+        if x0.is_cuda and x0.dtype != torch.float32 and kernel.launch.uses_fp32_dot(x0.dtype, matrix):
             warnings.warn(
-                f"rome: matrix is {matrix.dtype} while x is {x0.dtype}, so the kernel multiplies "
-                f"in fp32; build the matrix in {x0.dtype} (a signed permutation is exact in it) "
-                "to use the tensor cores",
+                f"rome: the matrix's values are not exact in {x0.dtype} (nor bf16), so the kernel "
+                "multiplies in IEEE fp32 rather than on the tensor cores",
                 stacklevel=2,
             )
         kernel.rotate(

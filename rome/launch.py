@@ -1,0 +1,168 @@
+"""How the kernel is launched: its specialisation, chosen apart from launching it.
+
+``plan(matrix, x_dtype, table_dtype, transpose=...)`` gives the ``Config`` (a small frozen record
+of the constexprs and tile sizes) and the per-matrix facts the launch needs (the nonzero block
+mask, the gather index of the transpose); ``kernel_configs()`` enumerates every ``Config`` the
+launcher can choose, with the exact Triton signature of a real launch, so that
+``python -m profiling kernels`` compiles and inspects precisely what runs.
+
+Tile sizes (GPU): rows per tile ``BLOCK_R`` = 32 keeps the fp32 panel accumulator, x, cos, sin
+and the error-free-sum temporaries of a [32, 64] panel in ~16 registers each at 4 warps, with
+room to spare for fp32's three-piece split; the panel width 64 bounds the matrix block a dot
+reads (8 KB bf16, 16 KB fp32) whatever D is, so D=256 fits as well as D=64. Programs per SM
+come from the compiled kernel's registers and shared memory (``max_programs``). Untuned on a
+GPU so far; the inspection tool's table shows what each choice costs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .structure import describe
+
+MAX_HEAD_DIM = 256
+TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+PANEL = 64
+_PROGRAMS_PER_SM = 8
+_INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
+_INTERPRET_BLOCK_R = 16
+
+
+@dataclass(frozen=True)
+class Config:
+    """One specialisation of the kernel (everything but the matrix's block mask)."""
+
+    x_dtype: torch.dtype
+    table_dtype: torch.dtype
+    head_dim: int
+    transpose: bool
+    gather_sin: bool  # transpose of a signed permutation: one dot, sin read at src
+    split: int  # pieces of the dot operand
+    op_dtype: object  # tl dtype of the pieces
+    fp32_dot: bool  # fp32 operands, IEEE
+    block_r: int
+    block_d: int
+    block_n: int
+    raw_x: bool
+    raw_t: bool
+    num_warps: int = 4
+    num_stages: int = 1
+
+    @property
+    def name(self) -> str:
+        kind = "ieee" if self.fp32_dot else f"{self.split}x{str(self.op_dtype).split('.')[-1]}"
+        gather = " gather-sin" if self.gather_sin else ""
+        return (f"{_NAME[self.x_dtype]} {'bwd' if self.transpose else 'fwd'} D={self.head_dim} "
+                f"tables={_NAME[self.table_dtype]} dot={kind}{gather}")
+
+
+def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
+    return bool((m.to(dtype).to(m.dtype) == m).all()) if m.dtype != dtype else True
+
+
+def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
+           exact_in_bf16: bool, interpret: bool = False) -> Config:
+    """The kernel specialisation for these inputs (see the module docstring)."""
+    half = x_dtype != torch.float32
+    gather_sin = transpose and gather
+    if half and exact_in_x and (not transpose or gather_sin):
+        split, op, ieee = 1, TL_DTYPE[x_dtype], False  # x (or dy) as it is: exact products
+    elif x_dtype == torch.bfloat16 and exact_in_bf16:
+        split, op, ieee = 3, tl.bfloat16, False  # general matrix's dy*sin, three bf16 pieces
+    elif x_dtype == torch.float32 and exact_in_bf16:
+        split, op, ieee = 3, tl.bfloat16, False  # fp32 x as hi + mid + lo
+    else:
+        split, op, ieee = 1, tl.float32, True
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    return Config(
+        x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
+        gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
+        block_r=_INTERPRET_BLOCK_R if interpret else 32, block_d=block_d,
+        block_n=min(PANEL, block_d),
+        raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    config: Config
+    nz: int  # bit k*NP + n set where block (k, n) of the dot's matrix is nonzero
+    src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
+
+
+def _block_mask(nonzero: torch.Tensor, block: int) -> int:
+    """Bitmask of the nonzero [block, block] blocks of a boolean [D, D] (bit k*NP + n)."""
+    d = nonzero.shape[0]
+    np_ = math.ceil(d / block)
+    pad = torch.zeros(np_ * block, np_ * block, dtype=torch.bool)
+    pad[:d, :d] = nonzero
+    blocks = pad.reshape(np_, block, np_, block).any(3).any(1)
+    return sum(1 << (k * np_ + n) for k in range(np_) for n in range(np_) if blocks[k, n])
+
+
+@functools.lru_cache(maxsize=256)
+def _matrix_facts(info, matrix_ref, dtype_key):
+    """Per (matrix, x dtype): exactness, nonzero pattern and the transpose's gather index."""
+    m = matrix_ref.detach().to("cpu")
+    exact_in_x = _exact_in(m, dtype_key)
+    nonzero = m != 0
+    src_t = None
+    if info.gather:
+        # column j of Mᵀ is row j of M; its nonzero sits at the column c with index[c] == j
+        src_t = torch.arange(m.shape[0])
+        live = info.sign != 0
+        src_t[info.index[live]] = torch.arange(m.shape[0])[live]
+        src_t = src_t.to(torch.int32)
+    return exact_in_x, nonzero, src_t
+
+
+def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool) -> Plan:
+    """Config, block mask and gather index for one launch (host work cached per matrix)."""
+    info = describe(matrix)
+    exact_in_x, nonzero, src_t = _matrix_facts(info, matrix, x_dtype)
+    cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
+                 exact_in_x=exact_in_x, exact_in_bf16=info.bf16_exact, interpret=interpret)
+    nz = _block_mask(nonzero.T if transpose else nonzero, cfg.block_n)
+    if cfg.gather_sin:
+        src = _device_src(info, src_t, matrix.device)
+    else:
+        src = _dummy(matrix.device)
+    return Plan(cfg, nz, src)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_src(info, src_t, device):
+    return src_t.to(device)
+
+
+@functools.lru_cache(maxsize=16)
+def _dummy(device):
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def uses_fp32_dot(x_dtype, matrix: torch.Tensor) -> bool:
+    """True where half-precision x would multiply in IEEE fp32 (the matrix is not exact in x's
+    dtype, or bf16): slower than the tensor-core path; ops.py warns once."""
+    info = describe(matrix)
+    exact_in_x, _, _ = _matrix_facts(info, matrix, x_dtype)
+    cfg = choose(x_dtype, x_dtype, matrix.shape[0], transpose=False, gather=info.gather,
+                 exact_in_x=exact_in_x, exact_in_bf16=info.bf16_exact)
+    return cfg.fp32_dot
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def max_programs(device, *, interpret: bool) -> int:
+    if interpret:
+        return _INTERPRET_PROGRAMS
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) * _PROGRAMS_PER_SM
