@@ -241,6 +241,8 @@ def rope_frequencies(
         raise ValueError(f"scaling must be a dict of rope parameters or None, got {scaling!r}")
     params = dict(scaling)
     rope_type = params.get("rope_type", params.get("type")) or "default"
+    if not isinstance(rope_type, str):
+        raise ValueError(f"rope_type must be a string, got {rope_type!r}")
     rope_type = _ALIASES.get(rope_type, rope_type)
     if rope_type == "dynamic" and params.get("alpha") is not None:
         rope_type = "ntk_alpha"  # HunYuan's checkpoints label fixed-alpha NTK "dynamic"

@@ -268,6 +268,7 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [
     "kwargs,match",
     [
         (dict(scaling={"rope_type": "ntk-by-parts"}), r"unknown rope_type 'ntk-by-parts'; known types"),
+        (dict(scaling={"rope_type": ["yarn"]}), r"rope_type must be a string, got \['yarn'\]"),
         (dict(scaling={"rope_type": "yarn", "original_max_position_embeddings": 512}),
          r"rope_type='yarn' needs scaling\['factor'\]"),
         (dict(scaling={k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}),
