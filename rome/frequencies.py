@@ -8,8 +8,10 @@ of a rotary dimension d are ``inv_freq[k] = theta ** (-2k / d)``, k < d/2 (the c
 - ``default``: the base frequencies.
 - ``linear``: ``inv_freq / factor`` (position interpolation).
 - ``dynamic`` (NTK): ``theta' = theta * (factor * L / max_pos - (factor - 1)) ** (d / (d - 2))``
-  with ``L = max(seq_len, max_pos)``: a function of the current sequence length.
-- ``ntk_alpha`` (HunYuan; a ``dynamic`` config with ``alpha``): ``theta' = theta * alpha ** (d / (d - 2))``.
+  with ``L = max(seq_len, max_pos)``: a function of the current sequence length (what a fresh
+  transformers module computes; a module that has seen a longer input keeps that one's).
+- ``ntk_alpha`` (HunYuan: a ``dynamic`` config with ``alpha``):
+  ``theta' = theta * alpha ** (d / (d - 2))``, independent of the length.
 - ``yarn``: interpolated ``inv_freq / factor`` and extrapolated ``inv_freq`` blended by a linear
   ramp over the correction range of ``beta_fast``/``beta_slow`` rotations in
   ``original_max_position_embeddings``; attention factor ``0.1 ln(factor) + 1`` (or the
@@ -36,9 +38,6 @@ from typing import Any
 
 import torch
 
-ROPE_TYPES = (
-    "default", "linear", "dynamic", "ntk_alpha", "yarn", "longrope", "llama3", "proportional",
-)
 _ALIASES = {"mrope": "default"}  # Qwen2-VL's config.json says "mrope" for default frequencies
 
 
@@ -76,7 +75,7 @@ class Frequencies:
 
     @property
     def rotary_dim(self) -> int:
-        """Columns the frequencies cover, ``2 * len(inv_freq)``; the rest of the head passes through."""
+        """Columns covered, ``2 * len(inv_freq)``; the rest of the head passes through."""
         return 2 * self.inv_freq.numel()
 
     def __repr__(self) -> str:
@@ -114,10 +113,13 @@ def _factors(v, name: str, n: int) -> torch.Tensor:
     """A sequence (or 1-D tensor) of n positive finite numbers, as float64."""
     if isinstance(v, torch.Tensor):
         if v.ndim != 1 or v.dtype == torch.bool or v.is_complex():
-            raise ValueError(f"{name} must be a 1-D real sequence of length {n}, got {_describe(v)}")
+            raise ValueError(
+                f"{name} must be a 1-D real sequence of length {n}, got {_describe(v)}"
+            )
         values = v.detach().to("cpu", torch.float64)
     elif isinstance(v, Sequence) and not isinstance(v, str):
-        values = torch.tensor([_number(x, f"{name}[{i}]") for i, x in enumerate(v)], dtype=torch.float64)
+        values = [_number(x, f"{name}[{i}]") for i, x in enumerate(v)]
+        values = torch.tensor(values, dtype=torch.float64)
     else:
         raise ValueError(f"{name} must be a sequence of {n} positive numbers, got {v!r}")
     if values.numel() != n:
@@ -140,12 +142,18 @@ def base_inv_freq(dim: int, theta: float) -> torch.Tensor:
 
 def _require(params: Mapping, key: str, rope_type: str):
     if params.get(key) is None:
-        raise ValueError(f"rope_type={rope_type!r} needs scaling[{key!r}], got scaling={dict(params)}")
+        raise ValueError(
+            f"rope_type={rope_type!r} needs scaling[{key!r}], got scaling={dict(params)}"
+        )
     return params[key]
 
 
-def _original_max(params: Mapping, rope_type: str, max_position_embeddings) -> int:
-    value = params.get("original_max_position_embeddings", max_position_embeddings)
+def _factor(params: Mapping, rope_type: str) -> float:
+    return _number(_require(params, "factor", rope_type), "factor", positive=True)
+
+
+def _original_max(params: Mapping, rope_type: str, max_pos) -> int:
+    value = params.get("original_max_position_embeddings", max_pos)
     if value is None:
         raise ValueError(
             f"rope_type={rope_type!r} needs scaling['original_max_position_embeddings'] (or "
@@ -154,14 +162,47 @@ def _original_max(params: Mapping, rope_type: str, max_position_embeddings) -> i
     return _positive_int(value, "original_max_position_embeddings")
 
 
+# One function per rope_type: (dim, theta, params, max_pos, seq_len, turning) -> (inv, attention),
+# dim the rotary dimension of the exponents. Each validates its own keys before computing.
+
+
+def _default(dim, theta, params, max_pos, seq_len, turning):
+    return base_inv_freq(dim, theta), 1.0
+
+
+def _linear(dim, theta, params, max_pos, seq_len, turning):
+    return base_inv_freq(dim, theta) / _factor(params, "linear"), 1.0
+
+
+def _ntk(dim: int, theta: float, stretch: float, rope_type: str) -> torch.Tensor:
+    if dim <= 2:
+        raise ValueError(
+            f"rope_type={rope_type!r} needs rotary_dim > 2 (exponent d/(d-2)), got {dim}"
+        )
+    return base_inv_freq(dim, theta * stretch ** (dim / (dim - 2)))
+
+
+def _dynamic(dim, theta, params, max_pos, seq_len, turning):
+    factor = _factor(params, "dynamic")
+    if max_pos is None:
+        raise ValueError("rope_type='dynamic' needs max_position_embeddings, got None")
+    length = max(seq_len or 0, max_pos)
+    return _ntk(dim, theta, factor * length / max_pos - (factor - 1), "dynamic"), 1.0
+
+
+def _ntk_alpha(dim, theta, params, max_pos, seq_len, turning):
+    alpha = _number(_require(params, "alpha", "ntk_alpha"), "alpha", positive=True)
+    return _ntk(dim, theta, alpha, "ntk_alpha"), 1.0
+
+
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def _yarn(inv: torch.Tensor, dim: int, theta: float, params: Mapping, original: int):
-    factor = _number(_require(params, "factor", "yarn"), "factor", positive=True)
-    mscale = params.get("mscale")
-    mscale_all_dim = params.get("mscale_all_dim")
+def _yarn(dim, theta, params, max_pos, seq_len, turning):
+    factor = _factor(params, "yarn")
+    original = _original_max(params, "yarn", max_pos)
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
     if mscale is not None:
         mscale = _number(mscale, "mscale")
     if mscale_all_dim is not None:
@@ -177,12 +218,14 @@ def _yarn(inv: torch.Tensor, dim: int, theta: float, params: Mapping, original: 
     beta_fast = _number(params.get("beta_fast") or 32, "beta_fast", positive=True)
     beta_slow = _number(params.get("beta_slow") or 1, "beta_slow", positive=True)
     if beta_fast <= beta_slow:
-        raise ValueError(f"yarn needs beta_fast > beta_slow, got beta_fast={beta_fast}, beta_slow={beta_slow}")
+        raise ValueError(
+            f"yarn needs beta_fast > beta_slow, got beta_fast={beta_fast}, beta_slow={beta_slow}"
+        )
     truncate = params.get("truncate", True)
     if not isinstance(truncate, bool):
         raise ValueError(f"truncate must be a bool, got {truncate!r}")
 
-    def correction_dim(rotations: float) -> float:  # the dimension that turns `rotations` times
+    def correction_dim(rotations: float) -> float:  # the dimension turning `rotations` times
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = correction_dim(beta_fast), correction_dim(beta_slow)
@@ -192,25 +235,68 @@ def _yarn(inv: torch.Tensor, dim: int, theta: float, params: Mapping, original: 
     if low == high:
         high += 0.001  # transformers' guard against a zero-width ramp
     ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    inv = base_inv_freq(dim, theta)
     # ramp 0: extrapolate (keep inv), ramp 1: interpolate (inv / factor)
     return (inv / factor) * ramp + inv * (1 - ramp), attention
 
 
-def _llama3(inv: torch.Tensor, params: Mapping, original: int) -> torch.Tensor:
-    factor = _number(_require(params, "factor", "llama3"), "factor", positive=True)
-    low = _number(_require(params, "low_freq_factor", "llama3"), "low_freq_factor", positive=True)
-    high = _number(_require(params, "high_freq_factor", "llama3"), "high_freq_factor", positive=True)
+def _llama3(dim, theta, params, max_pos, seq_len, turning):
+    factor = _factor(params, "llama3")
+    low, high = (
+        _number(_require(params, key, "llama3"), key, positive=True)
+        for key in ("low_freq_factor", "high_freq_factor")
+    )
     if high <= low:
         raise ValueError(
             f"llama3 needs high_freq_factor > low_freq_factor, got high_freq_factor={high}, "
             f"low_freq_factor={low}"
         )
+    original = _original_max(params, "llama3", max_pos)
+    inv = base_inv_freq(dim, theta)
     wavelen = 2 * math.pi / inv
     smooth = (original / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * inv / factor + smooth * inv
     out = torch.where(wavelen > original / low, inv / factor, inv)
     medium = (wavelen >= original / high) & (wavelen <= original / low)
-    return torch.where(medium, smoothed, out)
+    return torch.where(medium, smoothed, out), 1.0
+
+
+def _longrope(dim, theta, params, max_pos, seq_len, turning):
+    original = _original_max(params, "longrope", max_pos)
+    short, long = (
+        _factors(_require(params, key, "longrope"), key, dim // 2)
+        for key in ("short_factor", "long_factor")
+    )
+    factor = params.get("factor")
+    if factor is None:
+        if max_pos is None:
+            raise ValueError(
+                "rope_type='longrope' needs scaling['factor'] or max_position_embeddings (factor "
+                f"= max_position_embeddings / original_max_position_embeddings), got "
+                f"scaling={dict(params)}"
+            )
+        factor = max_pos / original
+    factor = _number(factor, "factor", positive=True)
+    attention = params.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+    attention = _number(attention, "attention_factor", positive=True)
+    ext = long if seq_len is not None and seq_len > original else short
+    return base_inv_freq(dim, theta) / ext, attention
+
+
+def _proportional(dim, theta, params, max_pos, seq_len, turning):
+    factor = _number(params.get("factor", 1.0), "factor", positive=True)
+    inv = base_inv_freq(dim, theta)
+    inv[turning:] = 0.0
+    return inv / factor, 1.0
+
+
+_SCALINGS = {
+    "default": _default, "linear": _linear, "dynamic": _dynamic, "ntk_alpha": _ntk_alpha,
+    "yarn": _yarn, "longrope": _longrope, "llama3": _llama3, "proportional": _proportional,
+}
+ROPE_TYPES = tuple(_SCALINGS)
 
 
 def rope_frequencies(
@@ -261,14 +347,17 @@ def rope_frequencies(
             f"pass rotary_dim or partial_rotary_factor, not both (got rotary_dim={rotary_dim}, "
             f"partial_rotary_factor={partial})"
         )
-    if max_position_embeddings is not None:
-        max_position_embeddings = _positive_int(max_position_embeddings, "max_position_embeddings")
+    max_pos = max_position_embeddings
+    if max_pos is not None:
+        max_pos = _positive_int(max_pos, "max_position_embeddings")
     if seq_len is not None:
         seq_len = _positive_int(seq_len, "seq_len")
 
     if rope_type == "proportional":
         if rotary_dim is not None:
-            raise ValueError(f"rope_type='proportional' takes partial_rotary_factor, not rotary_dim={rotary_dim}")
+            raise ValueError(
+                f"rope_type='proportional' takes partial_rotary_factor, not rotary_dim={rotary_dim}"
+            )
         if head_dim % 2:
             raise ValueError(f"rope_type='proportional' needs an even head_dim, got {head_dim}")
         # exponents over the whole head; only the first `turning` pairs rotate
@@ -281,61 +370,14 @@ def rope_frequencies(
             rotary_dim = _positive_int(rotary_dim, "rotary_dim")
             name = "rotary_dim"
         if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
-            raise ValueError(f"{name} must be a positive even int <= head_dim={head_dim}, got {rotary_dim}")
+            raise ValueError(
+                f"{name} must be a positive even int <= head_dim={head_dim}, got {rotary_dim}"
+            )
         dim, turning = rotary_dim, rotary_dim // 2
     if freq_factors is not None:
         freq_factors = _factors(freq_factors, "freq_factors", dim // 2)
 
-    attention = 1.0
-    if rope_type == "default":
-        inv = base_inv_freq(dim, theta)
-    elif rope_type == "linear":
-        factor = _number(_require(params, "factor", rope_type), "factor", positive=True)
-        inv = base_inv_freq(dim, theta) / factor
-    elif rope_type in ("dynamic", "ntk_alpha"):
-        if dim <= 2:
-            raise ValueError(f"rope_type={rope_type!r} needs rotary_dim > 2 (exponent d/(d-2)), got {dim}")
-        if rope_type == "ntk_alpha":
-            alpha = _number(_require(params, "alpha", rope_type), "alpha", positive=True)
-            stretch = alpha
-        else:
-            factor = _number(_require(params, "factor", rope_type), "factor", positive=True)
-            if max_position_embeddings is None:
-                raise ValueError("rope_type='dynamic' needs max_position_embeddings, got None")
-            length = max(seq_len or 0, max_position_embeddings)
-            stretch = factor * length / max_position_embeddings - (factor - 1)
-        inv = base_inv_freq(dim, theta * stretch ** (dim / (dim - 2)))
-    elif rope_type == "yarn":
-        original = _original_max(params, rope_type, max_position_embeddings)
-        inv, attention = _yarn(base_inv_freq(dim, theta), dim, theta, params, original)
-    elif rope_type == "llama3":
-        original = _original_max(params, rope_type, max_position_embeddings)
-        inv = _llama3(base_inv_freq(dim, theta), params, original)
-    elif rope_type == "longrope":
-        original = _original_max(params, rope_type, max_position_embeddings)
-        short = _factors(_require(params, "short_factor", rope_type), "short_factor", dim // 2)
-        long = _factors(_require(params, "long_factor", rope_type), "long_factor", dim // 2)
-        factor = params.get("factor")
-        if factor is None:
-            if max_position_embeddings is None:
-                raise ValueError(
-                    "rope_type='longrope' needs scaling['factor'] or max_position_embeddings "
-                    f"(factor = max_position_embeddings / original_max_position_embeddings), got "
-                    f"scaling={params}"
-                )
-            factor = max_position_embeddings / original
-        factor = _number(factor, "factor", positive=True)
-        attention = params.get("attention_factor")
-        if attention is None:
-            attention = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
-        attention = _number(attention, "attention_factor", positive=True)
-        ext = long if seq_len is not None and seq_len > original else short
-        inv = base_inv_freq(dim, theta) / ext
-    else:  # proportional
-        factor = _number(params.get("factor", 1.0), "factor", positive=True)
-        inv = base_inv_freq(dim, theta)
-        inv[turning:] = 0.0
-        inv = inv / factor
+    inv, attention = _SCALINGS[rope_type](dim, theta, params, max_pos, seq_len, turning)
     if freq_factors is not None:
         inv = inv / freq_factors
     return Frequencies(inv, head_dim, attention, rope_type)
@@ -360,7 +402,11 @@ def _get(config, *names):
 
 
 def frequencies_from_hf(
-    config, *, head_dim: int | None = None, seq_len: int | None = None, layer_type: str | None = None
+    config,
+    *,
+    head_dim: int | None = None,
+    seq_len: int | None = None,
+    layer_type: str | None = None,
 ) -> Frequencies:
     """``Frequencies`` of a transformers config (a ``PretrainedConfig`` or a config.json dict).
 
@@ -386,9 +432,12 @@ def frequencies_from_hf(
             )
         params = params[layer_type]
     elif layer_type is not None:
-        raise ValueError(f"config's rope_parameters are not per layer type, got layer_type={layer_type!r}")
+        raise ValueError(
+            f"config's rope_parameters are not per layer type, got layer_type={layer_type!r}"
+        )
     params = dict(params)
-    rope_type = params.get("rope_type", params.get("type")) or _get(config, "default_rope_type") or "default"
+    rope_type = params.get("rope_type", params.get("type"))
+    rope_type = rope_type or _get(config, "default_rope_type") or "default"
     params["rope_type"] = rope_type
     params.pop("type", None)
     if params.get("rope_theta") is None:
@@ -411,7 +460,8 @@ def frequencies_from_hf(
         heads = _get(config, "num_attention_heads", "num_heads", "n_head")
         if width is None or heads is None:
             raise ValueError(
-                "config has no head_dim and no hidden_size/num_attention_heads to derive it; pass head_dim="
+                "config has no head_dim and no hidden_size/num_attention_heads to derive it; "
+                "pass head_dim="
             )
         head_dim = width // heads
     max_pos = _get(config, "max_position_embeddings", "n_positions")
@@ -423,5 +473,6 @@ def frequencies_from_hf(
         f = rope_frequencies(head_dim // 2, scaling=params, max_position_embeddings=max_pos)
         return Frequencies(f.inv_freq, f.head_dim, f.attention_scaling, "axial")
     return rope_frequencies(
-        head_dim, scaling=params, rotary_dim=rotary_dim, max_position_embeddings=max_pos, seq_len=seq_len
+        head_dim, scaling=params, rotary_dim=rotary_dim, max_position_embeddings=max_pos,
+        seq_len=seq_len,
     )

@@ -16,7 +16,6 @@ Tables: ``cos_sin_cache`` (``[P, D]``, one row per position value) and ``tables_
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 from collections.abc import Sequence
@@ -25,18 +24,12 @@ from dataclasses import dataclass
 import torch
 from einops import repeat
 
-from .frequencies import Frequencies, base_inv_freq
+from .frequencies import Frequencies, _describe, _number, _positive_int, base_inv_freq
 from .matrices import check_mode, check_sections, rotation_matrix
 from .tables import _thetas
 
 BLOCK_MODES = ("half", "interleave", "none")
 _LAYOUT = {"interleave": "j -> (j r)", "half": "j -> (r j)"}
-
-
-def _describe(v) -> str:
-    if isinstance(v, torch.Tensor):
-        return f"tensor of dtype {v.dtype} and shape {list(v.shape)}"
-    return repr(v)
 
 
 def _partners(blocks) -> torch.Tensor:
@@ -72,17 +65,23 @@ class RopeLayout:
         inv, axis = self.inv_freq, self.axis
         if not isinstance(inv, torch.Tensor) or inv.dtype != torch.float64 or inv.ndim != 1:
             raise TypeError(f"inv_freq must be a 1-D float64 tensor, got {_describe(inv)}")
-        if not isinstance(axis, torch.Tensor) or axis.dtype != torch.int64 or axis.shape != inv.shape:
-            raise TypeError(f"axis must be an int64 tensor of inv_freq's shape {list(inv.shape)}, got {_describe(axis)}")
+        if (
+            not isinstance(axis, torch.Tensor)
+            or axis.dtype != torch.int64
+            or axis.shape != inv.shape
+        ):
+            raise TypeError(
+                f"axis must be an int64 tensor of inv_freq's shape {list(inv.shape)}, got "
+                f"{_describe(axis)}"
+            )
         inv, axis = inv.detach().to("cpu", copy=True), axis.detach().to("cpu", copy=True)
         if not bool(torch.isfinite(inv).all()) or bool((inv < 0).any()):
             raise ValueError(f"inv_freq must be finite and >= 0, got {inv.tolist()}")
-        n_axes = self.n_axes
-        if isinstance(n_axes, bool) or not isinstance(n_axes, numbers.Integral) or n_axes <= 0:
-            raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
-        n_axes = operator.index(n_axes)
+        n_axes = _positive_int(self.n_axes, "n_axes")
         if axis.numel() and (int(axis.min()) < 0 or int(axis.max()) >= n_axes):
-            raise ValueError(f"axis values must be in [0, {n_axes}), got {sorted(set(axis.tolist()))}")
+            raise ValueError(
+                f"axis values must be in [0, {n_axes}), got {sorted(set(axis.tolist()))}"
+            )
         try:
             blocks = tuple((m, operator.index(d)) for m, d in self.blocks)
         except (TypeError, ValueError):
@@ -90,8 +89,8 @@ class RopeLayout:
         for i, (m, d) in enumerate(blocks):
             if m not in BLOCK_MODES or d <= 0 or (m != "none" and d % 2):
                 raise ValueError(
-                    f"blocks[{i}] must be (mode in {BLOCK_MODES}, positive size, even unless 'none'), "
-                    f"got {(m, d)}"
+                    f"blocks[{i}] must be (mode in {BLOCK_MODES}, positive size, even unless "
+                    f"'none'), got {(m, d)}"
                 )
         if sum(d for _, d in blocks) != inv.numel():
             raise ValueError(f"block sizes {[d for _, d in blocks]} must sum to D = {inv.numel()}")
@@ -107,14 +106,12 @@ class RopeLayout:
             )
         if bool((rotated & (partner == torch.arange(inv.numel()))).any()):
             raise ValueError("columns of a 'none' block must have inv_freq 0")
-        scaling = self.attention_scaling
-        if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real) or not math.isfinite(scaling) or scaling <= 0:
-            raise ValueError(f"attention_scaling must be a finite number > 0, got {scaling!r}")
+        scaling = _number(self.attention_scaling, "attention_scaling", positive=True)
         object.__setattr__(self, "inv_freq", inv)
         object.__setattr__(self, "axis", axis)
         object.__setattr__(self, "n_axes", n_axes)
         object.__setattr__(self, "blocks", blocks)
-        object.__setattr__(self, "attention_scaling", float(scaling))
+        object.__setattr__(self, "attention_scaling", scaling)
 
     @property
     def head_dim(self) -> int:
@@ -133,18 +130,18 @@ class RopeLayout:
             for m, d in self.blocks
         ]
         out = torch.block_diag(*parts)
-        keep = (~self.passthrough).to(device=out.device, dtype=dtype)
-        return out * keep[:, None] * keep[None, :]
+        still = self.passthrough.to(out.device)
+        return out.masked_fill_(still[:, None] | still[None, :], 0)
 
     def __repr__(self) -> str:
         return (
-            f"RopeLayout(head_dim={self.head_dim}, n_axes={self.n_axes}, blocks={list(self.blocks)}, "
-            f"attention_scaling={self.attention_scaling})"
+            f"RopeLayout(head_dim={self.head_dim}, n_axes={self.n_axes}, "
+            f"blocks={list(self.blocks)}, attention_scaling={self.attention_scaling})"
         )
 
 
 def _columns(inv: torch.Tensor, mode: str) -> torch.Tensor:
-    """Pair frequencies ``[d/2]`` laid out over d columns: ``[f, f]`` (half) or ``[f0, f0, f1, ...]``."""
+    """Pair values ``[d/2]`` over d columns: ``[f, f]`` (half) or ``[f0, f0, f1, ...]``."""
     return repeat(inv, _LAYOUT[mode], r=2)
 
 
@@ -181,9 +178,8 @@ def rope_layout(freqs: Frequencies, *, mode: str = "half") -> RopeLayout:
     freqs = _check_frequencies(freqs)
     check_mode(mode)
     columns = _columns(freqs.inv_freq, mode)
-    columns, axis, blocks = _pad(
-        columns, torch.zeros(columns.numel(), dtype=torch.int64), [(mode, freqs.rotary_dim)], freqs.head_dim
-    )
+    axis = torch.zeros(columns.numel(), dtype=torch.int64)
+    columns, axis, blocks = _pad(columns, axis, [(mode, freqs.rotary_dim)], freqs.head_dim)
     return RopeLayout(columns, axis, 1, blocks, freqs.attention_scaling)
 
 
@@ -194,8 +190,14 @@ def mrope_axes(mrope_section: Sequence[int], *, interleaved: bool = False) -> to
     Interleaved (Qwen3-VL, transformers' ``recomposition_frequencies``): index i reads axis
     ``a = i % A`` when ``a > 0`` and ``i < A * mrope_section[a]``, else axis 0 (t).
     """
-    if isinstance(mrope_section, (str, torch.Tensor)) or not isinstance(mrope_section, Sequence) or not mrope_section:
-        raise ValueError(f"mrope_section must be a non-empty sequence of ints, got {mrope_section!r}")
+    if (
+        isinstance(mrope_section, (str, torch.Tensor))
+        or not isinstance(mrope_section, Sequence)
+        or not mrope_section
+    ):
+        raise ValueError(
+            f"mrope_section must be a non-empty sequence of ints, got {mrope_section!r}"
+        )
     for i, s in enumerate(mrope_section):
         if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 0:
             raise ValueError(f"mrope_section[{i}] must be a non-negative int, got {s!r}")
@@ -215,22 +217,24 @@ def mrope_axes(mrope_section: Sequence[int], *, interleaved: bool = False) -> to
     return axis
 
 
-def mrope_layout(freqs: Frequencies, mrope_section: Sequence[int], *, interleaved: bool = False) -> RopeLayout:
+def mrope_layout(
+    freqs: Frequencies, mrope_section: Sequence[int], *, interleaved: bool = False
+) -> RopeLayout:
     """Multimodal RoPE (Qwen2-VL): one frequency set over the rotary columns, one global half
     rotation (columns k and k + rotary_dim/2 share frequency k), frequency k reading the axis
     ``mrope_axes(mrope_section, interleaved=...)[k]``; ``sum(mrope_section) == rotary_dim / 2``.
     Columns past ``freqs.rotary_dim`` pass through (Qwen3.5's partial rotary)."""
     freqs = _check_frequencies(freqs)
     n = freqs.inv_freq.numel()
-    if isinstance(mrope_section, Sequence) and not isinstance(mrope_section, str):
-        total = sum(s for s in mrope_section if isinstance(s, numbers.Integral))
-        if total != n:
-            raise ValueError(
-                f"mrope_section={list(mrope_section)} must sum to rotary_dim/2 = {n} (sum is {total})"
-            )
     axis = mrope_axes(mrope_section, interleaved=interleaved)
+    if axis.numel() != n:
+        raise ValueError(
+            f"mrope_section={list(mrope_section)} must sum to rotary_dim/2 = {n} (sum is "
+            f"{axis.numel()})"
+        )
+    axis = _columns(axis, "half")
     columns, axis, blocks = _pad(
-        _columns(freqs.inv_freq, "half"), _columns(axis, "half"), [("half", freqs.rotary_dim)], freqs.head_dim
+        _columns(freqs.inv_freq, "half"), axis, [("half", freqs.rotary_dim)], freqs.head_dim
     )
     return RopeLayout(columns, axis, len(mrope_section), blocks, freqs.attention_scaling)
 
@@ -241,8 +245,7 @@ def axial_layout(freqs: Frequencies, *, n_axes: int = 2) -> RopeLayout:
     ``[f(pos_0), f(pos_1), ...]`` and the head ``cat(half, half)``; D = 2 * n_axes * len(inv_freq).
     For Qwen2-VL's vision tower: ``rope_frequencies(head_dim // 2, theta=10000.0)``."""
     freqs = _check_frequencies(freqs)
-    if isinstance(n_axes, bool) or not isinstance(n_axes, numbers.Integral) or n_axes <= 0:
-        raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
+    n_axes = _positive_int(n_axes, "n_axes")
     if freqs.rotary_dim != freqs.head_dim:
         raise ValueError(
             f"axial_layout needs frequencies without pass-through columns, got rotary_dim="
@@ -251,8 +254,9 @@ def axial_layout(freqs: Frequencies, *, n_axes: int = 2) -> RopeLayout:
     n = freqs.inv_freq.numel()
     half = freqs.inv_freq.repeat(n_axes)
     axis = torch.arange(n_axes).repeat_interleave(n)
+    blocks = (("half", 2 * n * n_axes),)
     return RopeLayout(
-        _columns(half, "half"), _columns(axis, "half"), n_axes, (("half", 2 * n * n_axes),), freqs.attention_scaling
+        _columns(half, "half"), _columns(axis, "half"), n_axes, blocks, freqs.attention_scaling
     )
 
 
@@ -278,9 +282,8 @@ def cos_sin_cache(
     """``(cos, sin)``, each ``[max_positions, D]``: row p holds every column at position value p,
     ``cache[p, j] = s * cos(p * inv_freq[j])`` (float64 angles, rounded once to ``dtype``)."""
     _check_layout(layout)
-    if isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral) or max_positions <= 0:
-        raise ValueError(f"max_positions must be a positive int, got {max_positions!r}")
-    p = torch.arange(operator.index(max_positions), dtype=torch.float64, device=device)
+    max_positions = _positive_int(max_positions, "max_positions")
+    p = torch.arange(max_positions, dtype=torch.float64, device=device)
     angles = p[:, None] * layout.inv_freq.to(p.device)
     return _cos_sin(angles, layout, dtype)
 
@@ -297,21 +300,31 @@ def _positions(layout: RopeLayout, positions, axes_dim) -> torch.Tensor:
     if axes_dim is None:
         if a == 1:
             if positions.ndim not in (1, 2):
-                raise ValueError(f"positions for a 1-axis layout must be [S] or [B, S], got {shape}")
+                raise ValueError(
+                    f"positions for a 1-axis layout must be [S] or [B, S], got {shape}"
+                )
             return positions[..., None]
         if positions.ndim not in (2, 3) or shape[-1] != a:
             raise ValueError(
-                f"positions for a {a}-axis layout must be [S, {a}] or [B, S, {a}] (or pass axes_dim), "
-                f"got {shape}"
+                f"positions for a {a}-axis layout must be [S, {a}] or [B, S, {a}] (or pass "
+                f"axes_dim), got {shape}"
             )
         return positions
-    if isinstance(axes_dim, bool) or not isinstance(axes_dim, numbers.Integral) or not -positions.ndim <= axes_dim < positions.ndim:
+    if (
+        isinstance(axes_dim, bool)
+        or not isinstance(axes_dim, numbers.Integral)
+        or not -positions.ndim <= axes_dim < positions.ndim
+    ):
         raise ValueError(f"axes_dim must be a dimension of positions {shape}, got {axes_dim!r}")
     if shape[axes_dim] != a:
-        raise ValueError(f"positions {shape} must have {a} axes (the layout's n_axes) at axes_dim={axes_dim}")
+        raise ValueError(
+            f"positions {shape} must have {a} axes (the layout's n_axes) at axes_dim={axes_dim}"
+        )
     positions = positions.movedim(axes_dim, -1)
     if positions.ndim not in (2, 3):
-        raise ValueError(f"positions must be [S, A] or [B, S, A] once axes_dim is moved last, got {shape}")
+        raise ValueError(
+            f"positions must be [S, A] or [B, S, A] once axes_dim is moved last, got {shape}"
+        )
     return positions
 
 
@@ -325,10 +338,22 @@ def tables_for_positions(
     with the axes at ``axes_dim`` (transformers' mRoPE ``[3, B, S]``: ``axes_dim=0``).
     """
     _check_layout(layout)
-    if not isinstance(cache, (tuple, list)) or len(cache) != 2 or not all(isinstance(t, torch.Tensor) for t in cache):
-        raise TypeError(f"cache must be a (cos, sin) pair of tensors from cos_sin_cache, got {type(cache).__name__}")
+    if (
+        not isinstance(cache, (tuple, list))
+        or len(cache) != 2
+        or not all(isinstance(t, torch.Tensor) for t in cache)
+    ):
+        raise TypeError(
+            f"cache must be a (cos, sin) pair of tensors from cos_sin_cache, got "
+            f"{type(cache).__name__}"
+        )
     cos, sin = cache
-    if cos.ndim != 2 or cos.shape != sin.shape or cos.shape[1] != layout.head_dim or cos.device != sin.device:
+    if (
+        cos.ndim != 2
+        or cos.shape != sin.shape
+        or cos.shape[1] != layout.head_dim
+        or cos.device != sin.device
+    ):
         raise ValueError(
             f"cache must be (cos, sin) of shape [P, {layout.head_dim}] on one device, got "
             f"{list(cos.shape)} and {list(sin.shape)}"
@@ -348,7 +373,9 @@ def tables_for_positions(
     return cos[index, columns], sin[index, columns]
 
 
-def angles_for_positions(layout: RopeLayout, positions: torch.Tensor, *, axes_dim: int | None = None) -> torch.Tensor:
+def angles_for_positions(
+    layout: RopeLayout, positions: torch.Tensor, *, axes_dim: int | None = None
+) -> torch.Tensor:
     """float64 oracle ``[..., S, D]``: ``positions[..., s, axis[j]] * inv_freq[j]`` (float
     positions allowed; shapes as in ``tables_for_positions``)."""
     _check_layout(layout)
