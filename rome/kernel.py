@@ -190,12 +190,11 @@ def _rome_kernel(
     a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
     a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
     a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2,
-    # tensor b (k), the same; ignored unless HAS_B
+    # tensor b (k), the same (b_rows = 0 when there is no k)
     b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
     b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
     b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2,
     D,  # head_dim
-    HAS_B: tl.constexpr,  # q and k in one launch
     TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
     GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
     NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
@@ -214,13 +213,12 @@ def _rome_kernel(
                  a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, D,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
-    if HAS_B:
-        _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                     b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
-                     b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                     b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, D,
-                     TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
-                     RAW_X, RAW_T, F64)
+    _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
+                 b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+                 b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
+                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, D,
+                 TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
+                 RAW_X, RAW_T, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)
@@ -279,16 +277,17 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
         return
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET)
     cfg = plan.config
-    w = matrix  # converted to the operand dtype as it is loaded (exact: plan checked it)
+    w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
     swk, swn = w.stride()
     if transpose:
         swk, swn = swn, swk
     max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
-        a, b = group[0], group[-1]
+        a = group[0]
+        b = group[1] if len(group) == 2 else (*a[:4], 0, *a[5:])  # no k: zero rows
         tiles = max(triton.cdiv(a[4], cfg.block_r), triton.cdiv(b[4], cfg.block_r))
         kwargs = dict(
-            HAS_B=len(group) == 2, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
+            TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
             BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
             SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
             RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,

@@ -81,18 +81,29 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     else:
         split, op, ieee = 1, tl.float32, True
     block_d = max(16, triton.next_power_of_2(head_dim))
+    # rows per tile, panel width and warps, read off the compiled kernels (python -m profiling
+    # kernels): one-piece half-precision dots hold a [32, 64] panel in ~180 registers (D <= 128);
+    # four panels (D=256) or three pieces need half the rows; three pieces at D=256 take 8 warps.
+    if ieee:  # FMA dots: [16, 32] panels over 8 warps (4 warps spilled 8 bytes at D=128)
+        block_r, block_n, num_warps = 16, 32, 8
+    elif split == 1:
+        block_r, block_n, num_warps = (32 if block_d <= 128 else 16), PANEL, 4
+    else:
+        block_r, block_n, num_warps = 16, PANEL, (4 if block_d <= 128 else 8)
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
-        block_r=_INTERPRET_BLOCK_R if interpret else 32, block_d=block_d,
-        block_n=min(PANEL, block_d),
+        block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
+        block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
+        num_warps=num_warps,
     )
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
     config: Config
+    operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
     nz: int  # bit k*NP + n set where block (k, n) of the dot's matrix is nonzero
     src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
 
@@ -130,16 +141,25 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=exact_in_x, exact_in_bf16=info.bf16_exact, interpret=interpret)
     nz = _block_mask(nonzero.T if transpose else nonzero, cfg.block_n)
-    if cfg.gather_sin:
-        src = _device_src(info, src_t, matrix.device)
-    else:
-        src = _dummy(matrix.device)
-    return Plan(cfg, nz, src)
+    src = _on_device(info, src_t, matrix.device) if cfg.gather_sin else _dummy(matrix.device)
+    op = operand_dtype(cfg)
+    operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
+    return Plan(cfg, operand, nz, src)
+
+
+def operand_dtype(cfg: Config) -> torch.dtype:
+    """The torch dtype the matrix is handed to the kernel in: the dot's operand dtype."""
+    return {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[cfg.op_dtype]
 
 
 @functools.lru_cache(maxsize=256)
-def _device_src(info, src_t, device):
+def _on_device(info, src_t, device):
     return src_t.to(device)
+
+
+@functools.lru_cache(maxsize=256)
+def _converted(info, matrix, dtype):
+    return matrix.detach().to(dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -166,3 +186,93 @@ def max_programs(device, *, interpret: bool) -> int:
     if interpret:
         return _INTERPRET_PROGRAMS
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) * _PROGRAMS_PER_SM
+
+
+# --- every configuration, for the ahead-of-time inspection (python -m profiling kernels) ---------
+
+HEAD_DIMS = (64, 80, 96, 128, 256)
+_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16"}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """A launch as Triton's JIT would specialise it, for compiling ahead of time."""
+
+    name: str
+    fn: object  # the @triton.jit kernel
+    signature: dict  # non-constexpr arg -> triton type
+    constexprs: dict  # constexpr args and ints specialised to 1 -> value
+    divisible_by_16: tuple  # args a real launch marks tt.divisibility=16
+    num_warps: int
+    num_stages: int
+    meta: dict
+    options: dict  # extra compile options of the launch (enable_fp_fusion=False)
+
+
+def _matrix_kinds(x_dtype, transpose):
+    """(label, gather, exact_in_x, exact_in_bf16, nz) of the matrices a launch can see: a rotation
+    matrix (dense block mask, the worst case) and, where it changes the code, a general one."""
+    kinds = [("rotation", True, True, True)]
+    if transpose and x_dtype == torch.bfloat16:
+        kinds.append(("general bf16-exact", False, True, True))
+    kinds.append(("general", False, False, False))
+    return kinds
+
+
+def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
+    """Every specialisation ``rotate`` can launch on a GPU: x dtype × head_dim × pass × fp32 or
+    x-dtype tables × matrix kind, with every block of M nonzero (the most work; a rotation
+    matrix's mask only removes dots). One tensor or q+k is the same kernel (a lone x launches with
+    an empty second tensor), so it is not a dimension. ``arch`` does not change the choice today."""
+    from . import kernel  # the kernel module imports this one
+
+    if kernel.INTERPRET:
+        raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
+                           "TRITON_INTERPRET=1 (the kernel is then a JITFunction)")
+    fn = kernel._rome_kernel
+    out = []
+    for x_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for d in HEAD_DIMS:
+            for transpose in (False, True):
+                for label, gather, exact_x, exact_bf16 in _matrix_kinds(x_dtype, transpose):
+                    for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
+                        cfg = choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
+                                     exact_in_x=exact_x, exact_in_bf16=exact_bf16)
+                        out.append(_kernel_config(fn, cfg, label))
+    return out
+
+
+def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
+    np_ = cfg.block_d // cfg.block_n
+    constexprs = dict(
+        TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
+        BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
+        OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_T=False, F64=False,
+    )
+    # a forward launch passes M with strides (D, 1), the backward Mᵀ as (1, D): the unit stride
+    # is specialised to the constant 1 either way
+    unit = "stride_wk" if cfg.transpose else "stride_wn"
+    constexprs[unit] = 1
+    ptr_type = {"w_ptr": _PTR[operand_dtype(cfg)], "src_ptr": "*i32"}
+    for t in "ab":
+        ptr_type |= {f"{t}_x": _PTR[cfg.x_dtype], f"{t}_o": _PTR[cfg.x_dtype],
+                     f"{t}_c": _PTR[cfg.table_dtype], f"{t}_s": _PTR[cfg.table_dtype]}
+    signature, divisible = {}, []
+    for name in fn.arg_names:
+        if name in constexprs:
+            continue
+        signature[name] = ptr_type.get(name, "i32")
+        # pointers are 16-byte aligned; strides of BNSD/BSND tensors with D % 16 == 0 are
+        # multiples of 16, as are D itself and the matrix's other stride; row counts are not
+        if name in ptr_type or (cfg.head_dim % 16 == 0 and not name.endswith(("rows", "R1", "R2"))):
+            divisible.append(name)
+    xb, tb = cfg.x_dtype.itemsize, cfg.table_dtype.itemsize
+    name = f"{cfg.name} M={matrix_kind}"
+    meta = dict(x_dtype=_NAME[cfg.x_dtype], head_dim=cfg.head_dim, pass_="bwd" if cfg.transpose else "fwd",
+                table_dtype=_NAME[cfg.table_dtype], matrix=matrix_kind,
+                block_r=cfg.block_r, block_d=cfg.block_d, block_n=cfg.block_n, split=cfg.split,
+                fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin,
+                # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
+                bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
+    return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,
+                        meta, {"enable_fp_fusion": False})

@@ -215,3 +215,36 @@ def test_auto_backend_on_cpu_is_torch(monkeypatch):
     monkeypatch.setattr(ops, "_kernel", lambda: pytest.fail("auto must not run the kernel on CPU"))
     x = torch.randn(2, 8)
     rome.apply(x, *random_tables((2, 8), device="cpu"), rome.half_matrix(8))
+
+
+def _cancelling(d, rows, dtype):
+    """x with x*cos + rotate(x)*sin ~ 0 in its first half (half mode, one section): each x[j] for
+    j >= D/2 is the value that cancels its partner's term, rounded to dtype, so the two terms
+    cancel to many bits — where plain fp32 loses thousands of ulp."""
+    h = d // 2
+    angles = torch.rand(rows, d, dtype=torch.float64) * 6.28
+    angles[:, h:] = angles[:, :h]
+    cos, sin = angles.cos().float(), angles.sin().float()
+    x = torch.randn(rows, d, dtype=torch.float64)
+    # out[j] = x[j]*cos[j] - x[j+h]*sin[j]  (j < h): choose x[j+h] = x[j]*cos[j]/sin[j]
+    x[:, h:] = x[:, :h] * cos[:, :h].double() / sin[:, :h].double()
+    return x.to(dtype).to(DEVICE), cos.to(DEVICE), sin.to(DEVICE)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_within_one_ulp_where_terms_cancel(backend, dtype):
+    """Issue 6 item 4: the cancellation of x*cos and rot(x)*sin costs nothing — every output is
+    within 1 ulp of the exact value (error-free products and a compensated sum)."""
+    from rome.precision import ulp_error
+    from rome.reference import exact
+
+    x, cos, sin = _cancelling(64, 48, dtype)
+    m = rome.half_matrix(64, dtype=dtype, device=DEVICE)
+    out = rome.apply(x, cos, sin, m, backend=backend)
+    want = exact(x, cos, sin, (64,), "half")
+    err = ulp_error(out, want, dtype)
+    assert err.max().item() <= 1.0, f"max {err.max().item():.3g} ulp"
+    naive = ((x.double() * cos.double()).float() + (x @ m).float() * sin).to(dtype)  # fp32 math
+    if dtype == torch.float32:  # the inputs really do cancel: plain fp32 is far off
+        assert ulp_error(naive, want, dtype).max().item() > 16
