@@ -109,9 +109,15 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
 
 
 def _out_like(x: Tensor) -> Tensor:
-    """The output buffer: x's layout where x is dense with unit last stride, else contiguous."""
+    """The output buffer, always with a unit last stride (the kernel writes rows of D).
+
+    x's layout (``torch.empty_like``) where that has one, else contiguous. empty_like of an
+    overlapping x orders the dims by stride, so e.g. strides (1, 0, 1) give a last stride of 5.
+    """
     if x.shape[-1] <= 1 or x.stride(-1) == 1:
-        return torch.empty_like(x)
+        out = torch.empty_like(x)
+        if x.shape[-1] <= 1 or out.stride(-1) == 1:
+            return out
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
