@@ -44,6 +44,16 @@ def _check_types(xs: dict[str, Tensor], cos, sin, matrix, backend) -> None:
     for name, t in (*xs.items(), ("cos", cos), ("sin", sin), ("matrix", matrix)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:
+            raise TypeError(
+                f"{name} must be a dense tensor, got a nested tensor (pad it, or call rome on "
+                "each sequence / on the packed values)"
+            )
+        if t.layout != torch.strided:
+            raise TypeError(
+                f"{name} must be a dense (strided) tensor, got layout {t.layout} "
+                f"(use {name}.to_dense())"
+            )
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} must be a float16/bfloat16/float32/float64 tensor, got {t.dtype}")
     if not isinstance(backend, str) or backend not in BACKENDS:

@@ -97,3 +97,68 @@ def test_stride_zero_and_odd_strided_tables_and_matrix(backend):
             torch.testing.assert_close(out.double(), rope64(x, c, s, m), **TOL, msg=name)
             dx = torch.ops.rome.apply_transposed(x, c, s, m, backend)
             torch.testing.assert_close(dx.double(), rope64(x, c, s, m, transpose=True), **TOL, msg=name)
+
+
+# --- item 7: sparse, nested, complex and integer tensors are refused by name --------------------
+
+
+def sparse_layouts(t):
+    return {
+        "sparse_coo": t.to_sparse(),
+        "sparse_csr": t.to_sparse_csr(),
+        "sparse_csc": t.to_sparse_csc(),
+        "sparse_bsr": t.to_sparse_bsr((2, 2)),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["x", "cos", "sin", "matrix"])
+def test_sparse_arguments(backend, name):
+    args = dict(x=torch.randn(4, 8), cos=torch.randn(4, 8), sin=torch.randn(4, 8), matrix=rome.half_matrix(8))
+    for layout, t in sparse_layouts(args[name]).items():
+        bad = args | {name: t}
+        with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor, got layout torch\.{layout}"):
+            rome.apply(**bad, backend=backend)
+        qk = dict(q=bad.pop("x"), k=args["x"], **bad)
+        qname = "q" if name == "x" else name
+        with pytest.raises(TypeError, match=rf"^{qname} must be a dense \(strided\) tensor"):
+            rome.apply_qk(**qk, backend=backend)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype:UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=str)
+def test_nested_arguments(backend, layout):
+    nt = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(4, 8)], layout=layout)
+    cos, sin, m = torch.randn(8), torch.randn(8), rome.half_matrix(8)
+    with pytest.raises(TypeError, match=r"^x must be a dense tensor, got a nested tensor"):
+        rome.apply(nt, cos, sin, m, backend=backend)
+    with pytest.raises(TypeError, match=r"^k must be a dense tensor, got a nested tensor"):
+        rome.apply_qk(torch.randn(2, 8), nt, cos, sin, m, backend=backend)
+    with pytest.raises(TypeError, match=r"^cos must be a dense tensor, got a nested tensor"):
+        rome.apply(torch.randn(2, 8), nt, sin, m, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int32, torch.int64, torch.bool, torch.uint8], ids=str)
+@pytest.mark.parametrize("name", ["q", "k", "cos", "sin", "matrix"])
+def test_complex_and_integer_arguments(dtype, name):
+    args = dict(q=torch.randn(4, 8), k=torch.randn(4, 8), cos=torch.randn(4, 8), sin=torch.randn(4, 8),
+                matrix=rome.half_matrix(8))
+    args[name] = args[name].to(dtype)
+    match = rf"^{name} must be a float16/bfloat16/float32/float64 tensor, got {dtype}"
+    with pytest.raises(TypeError, match=match):
+        rome.apply_qk(**args)
+    if name != "k":
+        single = dict(args)
+        single["x"] = single.pop("q")
+        del single["k"]
+        with pytest.raises(TypeError, match=match.replace("^q", "^x")):
+            rome.apply(**single)
+
+
+def test_meta_tensors_still_work():
+    x = torch.randn(2, 5, 8, device="meta")
+    out = rome.apply(x, torch.randn(5, 8, device="meta"), torch.randn(5, 8, device="meta"),
+                     rome.half_matrix(8, device="meta"), backend="torch")
+    assert out.device.type == "meta" and out.shape == x.shape
