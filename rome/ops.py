@@ -15,7 +15,9 @@ transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
 
 import torch
@@ -23,6 +25,10 @@ from torch import Tensor
 
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Triton's interpreter patches triton.language globally while it runs a kernel, so two threads
+# interpreting at once fail (InterpreterError); launches under TRITON_INTERPRET take this lock.
+# Compiled (GPU) launches are thread-safe and never take it.
+_INTERPRET_LOCK = threading.Lock()
 _BROADCAST_HINT = "e.g. [S, D] or [B, 1, S, D] for BNSD x, [S, 1, D] for BSND x, [N, S, D] per head"
 
 
@@ -167,10 +173,11 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]
                 "to use the tensor cores",
                 stacklevel=2,
             )
-        kernel.rotate(
-            [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-            transpose=transpose,
-        )
+        with _INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
+            kernel.rotate(
+                [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
+                transpose=transpose,
+            )
     else:
         for x, out in zip(xs, outs):
             if x.numel():

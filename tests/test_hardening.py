@@ -5,11 +5,14 @@ Every check compares against the float64 formula ``x*cos + (x @ M)*sin`` written
 single rounding, a result is within ``TOL`` (a few fp32 ulps of |x||M| sums of size ~10) of it.
 """
 
+import threading
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import rome
+import rome.ops as ops
 
 from conftest import BACKENDS, DEVICE
 
@@ -97,6 +100,47 @@ def test_stride_zero_and_odd_strided_tables_and_matrix(backend):
             torch.testing.assert_close(out.double(), rope64(x, c, s, m), **TOL, msg=name)
             dx = torch.ops.rome.apply_transposed(x, c, s, m, backend)
             torch.testing.assert_close(dx.double(), rope64(x, c, s, m, transpose=True), **TOL, msg=name)
+
+
+# --- item 6: threads under the interpreter -----------------------------------------------------
+
+
+def test_threads_under_interpreter():
+    """Two threads launching the kernel at once get the single-thread results, no error."""
+    m = rome.rotation_matrix([4, 4], "half", device=DEVICE)
+    cos, sin = tables((5, 8))
+    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(2)]
+    want = [rome.apply(x, cos, sin, m, backend="triton") for x in xs]
+    errors, results = [], {}
+    start = threading.Barrier(2)
+
+    def work(i):
+        start.wait()
+        for j in range(20):
+            try:
+                results[i, j] = rome.apply(xs[i], cos, sin, m, backend="triton")
+            except Exception as e:  # noqa: BLE001 - collected and reported below
+                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"{len(errors)}/40 calls failed, e.g. {errors[0]}"
+    assert all(torch.equal(results[i, j], want[i]) for i in range(2) for j in range(20))
+
+
+@pytest.mark.parametrize("interpret", [True, False])
+def test_interpreter_lock_only_when_interpreting(monkeypatch, interpret):
+    """Launches are serialised under TRITON_INTERPRET only; the compiled GPU path takes no lock."""
+    kernel = ops._kernel()
+    seen = []
+    monkeypatch.setattr(kernel, "INTERPRET", interpret)
+    monkeypatch.setattr(kernel, "rotate", lambda *a, **k: seen.append(ops._INTERPRET_LOCK.locked()))
+    x = torch.randn(2, 8, device=DEVICE)
+    rome.apply(x, torch.ones(8), torch.zeros(8), rome.half_matrix(8), backend="triton")
+    assert seen == [interpret]
 
 
 # --- item 7: sparse, nested, complex and integer tensors are refused by name --------------------
