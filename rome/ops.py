@@ -15,7 +15,9 @@ transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 import warnings
 
 import torch
@@ -23,6 +25,10 @@ from torch import Tensor
 
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# Triton's interpreter patches triton.language globally while it runs a kernel, so two threads
+# interpreting at once fail (InterpreterError); launches under TRITON_INTERPRET take this lock.
+# Compiled (GPU) launches are thread-safe and never take it.
+_INTERPRET_LOCK = threading.Lock()
 _BROADCAST_HINT = "e.g. [S, D] or [B, 1, S, D] for BNSD x, [S, 1, D] for BSND x, [N, S, D] per head"
 
 
@@ -44,6 +50,16 @@ def _check_types(xs: dict[str, Tensor], cos, sin, matrix, backend) -> None:
     for name, t in (*xs.items(), ("cos", cos), ("sin", sin), ("matrix", matrix)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.is_nested:
+            raise TypeError(
+                f"{name} must be a dense tensor, got a nested tensor (pad it, or call rome on "
+                "each sequence / on the packed values)"
+            )
+        if t.layout != torch.strided:
+            raise TypeError(
+                f"{name} must be a dense (strided) tensor, got layout {t.layout} "
+                f"(use {name}.to_dense())"
+            )
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} must be a float16/bfloat16/float32/float64 tensor, got {t.dtype}")
     if not isinstance(backend, str) or backend not in BACKENDS:
@@ -109,9 +125,15 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
 
 
 def _out_like(x: Tensor) -> Tensor:
-    """The output buffer: x's layout where x is dense with unit last stride, else contiguous."""
+    """The output buffer, always with a unit last stride (the kernel writes rows of D).
+
+    x's layout (``torch.empty_like``) where that has one, else contiguous. empty_like of an
+    overlapping x orders the dims by stride, so e.g. strides (1, 0, 1) give a last stride of 5.
+    """
     if x.shape[-1] <= 1 or x.stride(-1) == 1:
-        return torch.empty_like(x)
+        out = torch.empty_like(x)
+        if x.shape[-1] <= 1 or out.stride(-1) == 1:
+            return out
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -150,10 +172,11 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]
                 "multiplies in IEEE fp32 rather than on the tensor cores",
                 stacklevel=2,
             )
-        kernel.rotate(
-            [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-            transpose=transpose,
-        )
+        with _INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
+            kernel.rotate(
+                [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
+                transpose=transpose,
+            )
     else:
         for x, out in zip(xs, outs):
             if x.numel():

@@ -1,0 +1,208 @@
+"""Issue 9 (hardening): overlapping layouts, function transforms, threads, non-dense inputs.
+
+Every check compares against the float64 formula ``x*cos + (x @ M)*sin`` written here
+(``rope64``), or its transpose ``x*cos + (x*sin) @ Mᵀ``; with fp32 inputs, fp32 math and a
+single rounding, a result is within ``TOL`` (a few fp32 ulps of |x||M| sums of size ~10) of it.
+"""
+
+import threading
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import rome
+import rome.ops as ops
+
+from conftest import BACKENDS, DEVICE
+
+TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 math on O(1) values with D <= 16 terms: ~1e-6 abs
+
+
+def rope64(x, cos, sin, m, *, transpose=False):
+    x, cos, sin, m = (t.double() for t in (x, cos, sin, m))
+    if transpose:
+        return x * cos + torch.einsum("...j,ij->...i", x * sin, m)
+    return x * cos + torch.einsum("...i,ij->...j", x, m) * sin
+
+
+def tables(shape, dtype=torch.float32):
+    return torch.randn(shape, dtype=dtype, device=DEVICE), torch.randn(shape, dtype=dtype, device=DEVICE)
+
+
+# --- item 1: outputs always get a unit last stride; every input layout is read right -----------
+
+
+def overlapping():
+    """strides (1, 0, 1): torch.empty_like of it has last stride 5, not 1 (issue 9, item 1)."""
+    return torch.randn(8, 1, device=DEVICE).T.unsqueeze(1).expand(1, 5, 8)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overlapping_x_forward(backend):
+    x = overlapping()
+    assert x.stride() == (1, 0, 1)
+    m = rome.rotation_matrix(8, "half", device=DEVICE)
+    cos, sin = tables((5, 8))
+    out = rome.apply(x, cos, sin, m, backend=backend)
+    assert out.stride(-1) == 1
+    torch.testing.assert_close(out.double(), rope64(x, cos, sin, m), **TOL)
+    q_out, k_out = rome.apply_qk(x, x, cos, sin, m, backend=backend)
+    assert torch.equal(q_out, out) and torch.equal(k_out, out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("op", ["apply", "apply_transposed", "apply_qk", "apply_qk_transposed"])
+def test_overlapping_x_fake_strides_match_real(backend, op):
+    x = overlapping()
+    m = rome.rotation_matrix(8, "half", device=DEVICE)
+    cos, sin = tables((5, 8))
+    xs = (x, x) if "qk" in op else (x,)
+    f = getattr(torch.ops.rome, op)
+    real = f(*xs, cos, sin, m, backend)
+    with FakeTensorMode() as mode:
+        fake = f(*(mode.from_tensor(t) for t in (*xs, cos, sin, m)), backend)
+    for r, g in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (real, fake))):
+        assert r.stride() == g.stride() and r.stride(-1) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overlapping_grad_backward(backend):
+    """The backward's incoming grad may be any view: dx = dy*cos + (dy*sin) @ Mᵀ still."""
+    m = rome.rotation_matrix(8, "half", device=DEVICE)
+    cos, sin = tables((5, 8))
+    x = torch.randn(1, 5, 8, device=DEVICE, requires_grad=True)
+    dy = overlapping()
+    rome.apply(x, cos, sin, m, backend=backend).backward(dy)
+    torch.testing.assert_close(x.grad.double(), rope64(dy, cos, sin, m, transpose=True), **TOL)
+    q = x.detach().clone().requires_grad_()
+    k = x.detach().clone().requires_grad_()
+    torch.autograd.backward(rome.apply_qk(q, k, cos, sin, m, backend=backend), [dy, dy])
+    assert torch.equal(q.grad, x.grad) and torch.equal(k.grad, x.grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stride_zero_and_odd_strided_tables_and_matrix(backend):
+    """cos/sin with a stride-0 last dim (one value per row), a transposed / expanded matrix."""
+    x = torch.randn(2, 5, 8, device=DEVICE)
+    cos = torch.randn(5, 1, device=DEVICE).expand(5, 8)
+    sin = torch.randn(1, 8, device=DEVICE).expand(5, 8)
+    sin_t = torch.randn(8, 5, device=DEVICE).T  # last stride 5
+    mats = {
+        "transposed": torch.randn(8, 8, device=DEVICE).T,
+        "expanded rows": torch.randn(1, 8, device=DEVICE).expand(8, 8),
+        "expanded cols": torch.randn(8, 1, device=DEVICE).expand(8, 8),
+        "strided": torch.randn(16, 16, device=DEVICE)[::2, 1::2],
+    }
+    for name, m in mats.items():
+        for c, s in ((cos, sin), (cos, sin_t)):
+            out = rome.apply(x, c, s, m, backend=backend)
+            torch.testing.assert_close(out.double(), rope64(x, c, s, m), **TOL, msg=name)
+            dx = torch.ops.rome.apply_transposed(x, c, s, m, backend)
+            torch.testing.assert_close(dx.double(), rope64(x, c, s, m, transpose=True), **TOL, msg=name)
+
+
+# --- item 6: threads under the interpreter -----------------------------------------------------
+
+
+def test_threads_under_interpreter():
+    """Two threads launching the kernel at once get the single-thread results, no error."""
+    m = rome.rotation_matrix([4, 4], "half", device=DEVICE)
+    cos, sin = tables((5, 8))
+    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(2)]
+    want = [rome.apply(x, cos, sin, m, backend="triton") for x in xs]
+    errors, results = [], {}
+    start = threading.Barrier(2)
+
+    def work(i):
+        start.wait()
+        for j in range(20):
+            try:
+                results[i, j] = rome.apply(xs[i], cos, sin, m, backend="triton")
+            except Exception as e:  # noqa: BLE001 - collected and reported below
+                errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, f"{len(errors)}/40 calls failed, e.g. {errors[0]}"
+    assert all(torch.equal(results[i, j], want[i]) for i in range(2) for j in range(20))
+
+
+@pytest.mark.parametrize("interpret", [True, False])
+def test_interpreter_lock_only_when_interpreting(monkeypatch, interpret):
+    """Launches are serialised under TRITON_INTERPRET only; the compiled GPU path takes no lock."""
+    kernel = ops._kernel()
+    seen = []
+    monkeypatch.setattr(kernel, "INTERPRET", interpret)
+    monkeypatch.setattr(kernel, "rotate", lambda *a, **k: seen.append(ops._INTERPRET_LOCK.locked()))
+    x = torch.randn(2, 8, device=DEVICE)
+    rome.apply(x, torch.ones(8), torch.zeros(8), rome.half_matrix(8), backend="triton")
+    assert seen == [interpret]
+
+
+# --- item 7: sparse, nested, complex and integer tensors are refused by name --------------------
+
+
+def sparse_layouts(t):
+    return {
+        "sparse_coo": t.to_sparse(),
+        "sparse_csr": t.to_sparse_csr(),
+        "sparse_csc": t.to_sparse_csc(),
+        "sparse_bsr": t.to_sparse_bsr((2, 2)),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta:UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["x", "cos", "sin", "matrix"])
+def test_sparse_arguments(backend, name):
+    args = dict(x=torch.randn(4, 8), cos=torch.randn(4, 8), sin=torch.randn(4, 8), matrix=rome.half_matrix(8))
+    for layout, t in sparse_layouts(args[name]).items():
+        bad = args | {name: t}
+        with pytest.raises(TypeError, match=rf"^{name} must be a dense \(strided\) tensor, got layout torch\.{layout}"):
+            rome.apply(**bad, backend=backend)
+        qk = dict(q=bad.pop("x"), k=args["x"], **bad)
+        qname = "q" if name == "x" else name
+        with pytest.raises(TypeError, match=rf"^{qname} must be a dense \(strided\) tensor"):
+            rome.apply_qk(**qk, backend=backend)
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype:UserWarning")
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=str)
+def test_nested_arguments(backend, layout):
+    nt = torch.nested.nested_tensor([torch.randn(3, 8), torch.randn(4, 8)], layout=layout)
+    cos, sin, m = torch.randn(8), torch.randn(8), rome.half_matrix(8)
+    with pytest.raises(TypeError, match=r"^x must be a dense tensor, got a nested tensor"):
+        rome.apply(nt, cos, sin, m, backend=backend)
+    with pytest.raises(TypeError, match=r"^k must be a dense tensor, got a nested tensor"):
+        rome.apply_qk(torch.randn(2, 8), nt, cos, sin, m, backend=backend)
+    with pytest.raises(TypeError, match=r"^cos must be a dense tensor, got a nested tensor"):
+        rome.apply(torch.randn(2, 8), nt, sin, m, backend=backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.int32, torch.int64, torch.bool, torch.uint8], ids=str)
+@pytest.mark.parametrize("name", ["q", "k", "cos", "sin", "matrix"])
+def test_complex_and_integer_arguments(dtype, name):
+    args = dict(q=torch.randn(4, 8), k=torch.randn(4, 8), cos=torch.randn(4, 8), sin=torch.randn(4, 8),
+                matrix=rome.half_matrix(8))
+    args[name] = args[name].to(dtype)
+    match = rf"^{name} must be a float16/bfloat16/float32/float64 tensor, got {dtype}"
+    with pytest.raises(TypeError, match=match):
+        rome.apply_qk(**args)
+    if name != "k":
+        single = dict(args)
+        single["x"] = single.pop("q")
+        del single["k"]
+        with pytest.raises(TypeError, match=match.replace("^q", "^x")):
+            rome.apply(**single)
+
+
+def test_meta_tensors_still_work():
+    x = torch.randn(2, 5, 8, device="meta")
+    out = rome.apply(x, torch.randn(5, 8, device="meta"), torch.randn(5, 8, device="meta"),
+                     rome.half_matrix(8, device="meta"), backend="torch")
+    assert out.device.type == "meta" and out.shape == x.shape
