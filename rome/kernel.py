@@ -41,8 +41,6 @@ interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import triton
 import triton.language as tl
@@ -224,8 +222,6 @@ def _rome_kernel(
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)
 MAX_HEAD_DIM = launch.MAX_HEAD_DIM
 SUPPORTED_DTYPES = tuple(launch.TL_DTYPE)
-# the interpreter's launches share global state and are not thread-safe: serialise them
-_INTERPRET_LOCK = threading.Lock()
 
 
 def _row_layout(shape, tensors):
@@ -295,8 +291,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
         )
         args = (w, swk, swn, plan.src, *a, *b, x0.shape[-1])
         grid = (min(tiles, max_programs),)
-        if INTERPRET:
-            with _INTERPRET_LOCK:
-                _rome_kernel[grid](*args, **kwargs)
+        if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
+            _rome_kernel[grid](*args, **kwargs)
         else:
             _rome_kernel[grid](*args, **kwargs, enable_fp_fusion=False)
