@@ -1,4 +1,5 @@
-"""``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR]``."""
+"""``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR]``
+``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``."""
 
 import argparse
 import os
@@ -10,6 +11,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from . import kernels  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
@@ -26,9 +28,15 @@ def main(argv=None):
                    help="CPU only: tokens sampled across the sequence for precision (default 256)")
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--skip-precision", action="store_true")
+    p.add_argument("--skip-kernels", action="store_true", help="leave out the ahead-of-time kernel compile")
+    p.add_argument("--arch", help="archs of the kernels section (see `kernels --help`)")
+    k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed) and read its cubins")
+    kernels.add_arguments(k)
     args = parser.parse_args(argv)
     if args.command == "report":
         report(args)
+    elif args.command == "kernels":
+        kernels.main(args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,275 @@
+"""The GPU kernel, compiled ahead of time without a GPU (``python -m profiling kernels``).
+
+Every configuration the launcher can choose compiles for sm_80 and sm_90, fits the project's
+99 KB of shared memory per block, and does not spill; the tool's specialisation is the one a real
+launch compiles (same Triton cache key), and its cubin reading is checked on a kernel whose
+instructions are known. Compiles run in worker processes without TRITON_INTERPRET (this process
+has it) and land in Triton's cache, so a second run takes seconds.
+"""
+
+import dataclasses
+import importlib
+import json
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from profiling import kernels
+from profiling.__main__ import main
+
+ARCHS = (80, 90)
+SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's target everywhere
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """Every config for sm_80 and sm_90, compiled once (in worker processes): the rows."""
+    rows, _ = kernels.inspect_kernels(ARCHS)
+    return rows
+
+
+def _pass(meta):
+    return meta.get("pass", meta.get("pass_"))
+
+
+def test_configs_cover_the_launcher(compiled):
+    for cc in ARCHS:
+        rows = [r for r in compiled if r["arch"] == f"sm_{cc}"]
+        names = [r["config"] for r in rows]
+        assert len(names) == len(set(names)), "two configs share a name"
+        seen = {(r["meta"]["x_dtype"], r["meta"]["head_dim"], _pass(r["meta"]), r["meta"]["table_dtype"]) for r in rows}
+        missing = [(x, d, p, t) for x in ("bf16", "fp16", "fp32") for d in (64, 80, 96, 128, 256)
+                   for p in ("fwd", "bwd") for t in ("fp32", x) if (x, d, p, t) not in seen]
+        assert not missing, missing
+
+
+@pytest.mark.parametrize("cc", ARCHS)
+def test_every_config_compiles_fits_99kb_and_does_not_spill(compiled, cc):
+    bad = []
+    for r in (r for r in compiled if r["arch"] == f"sm_{cc}"):
+        if not r["ok"]:
+            bad.append(f"{r['config']}: {r['error'][-300:]}")
+            continue
+        why = []
+        if r["shared_bytes"] > SMEM_LIMIT:
+            why.append(f"{r['shared_bytes']:,} B shared memory > 99 KB")
+        if r["stack_bytes"] or r["local_instructions"]:
+            why.append(f"spills ({r['stack_bytes']} B stack, {r['local_instructions']} LDL/STL)")
+        if r["ctas_per_sm"] < 1:
+            why.append("no block fits an SM")
+        if why:
+            bad.append(f"{r['config']}: {'; '.join(why)}")
+    assert not bad, f"sm_{cc}: {len(bad)} configs fail:\n" + "\n".join(bad)
+
+
+# --- the tool itself ----------------------------------------------------------------------
+
+
+@triton.jit
+def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+    # persistent: program p doubles tiles p, p + P, ... of src into dst
+    pid = tl.program_id(0)
+    for tile in range(pid, tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=mask) * 2.0, mask=mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:  # the shape of rome.launch.KernelConfig
+    name: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    divisible_by_16: tuple
+    num_warps: int = 4
+    num_stages: int = 3
+    meta: dict = dataclasses.field(default_factory=dict)
+
+
+BLOCK = 512  # fp32 elements: 4 per thread with 4 warps, one 128-bit access each
+
+
+def copy_config(name="aligned", divisible=("src", "dst", "n")):
+    return Config(name, _copy_kernel, {"src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK},
+                  tuple(divisible), meta={"bytes_per_tile": 2 * BLOCK * 4})
+
+
+def copy_configs(cc):
+    return [copy_config()]
+
+
+def copy_configs_unaligned(cc):
+    return [copy_config(), copy_config("src unaligned", ("dst", "n"))]
+
+
+def test_reads_a_known_kernel_and_leaves_it_in_tritons_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    rows, files = kernels.inspect_kernels((90,), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
+    aligned, unaligned = rows
+    assert aligned["ok"] and unaligned["ok"], (aligned.get("error"), unaligned.get("error"))
+    # one tile loop; a tile is one 128-bit load and one 128-bit store per thread, 2 * 512 * 4 bytes
+    assert aligned["tile_loops"] == 1
+    assert aligned["sass"]["per_tile"]["global_load"] == {"128": 1} == aligned["sass"]["per_tile"]["global_store"]
+    assert aligned["ld128_share"] == aligned["st128_share"] == 1
+    assert aligned["bytes_issued_per_tile"] == aligned["bytes_per_tile"] == 4096
+    assert aligned["fp32_per_tile"] == 4 and aligned["mma_per_tile"] == 0  # x * 2.0 on 4 elements
+    assert aligned["stack_bytes"] == 0 and not aligned["spills"] and aligned["shared_bytes"] == 0
+    # without tt.divisibility on src the loads are scalar: the specialisation reaches the compiler
+    assert unaligned["sass"]["per_tile"]["global_load"] == {"32": 4} and unaligned["ld128_share"] == 0
+    assert unaligned["st128_share"] == 1
+    # the cubin read is the one Triton cached, under TRITON_CACHE_DIR
+    path = aligned["cache_cubin"]
+    assert path and path.startswith(str(tmp_path / "cache"))
+    assert open(path, "rb").read() == files[0][0]
+
+
+class _StandInDriver:
+    """What a warm-up launch asks of a GPU driver: device, stream, target. The device number is
+    the arch, so the JIT keeps one binder (and target) per arch in a reused worker."""
+
+    def __init__(self, cc):
+        self.cc = cc
+
+    def get_current_device(self):
+        return self.cc
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", self.cc, 32)
+
+
+_TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "i32": torch.int32,
+          "i64": torch.int64, "u8": torch.uint8, "i8": torch.int8, "i1": torch.bool}
+
+
+def _launch_hash(job) -> tuple[str, str]:
+    """(the tool's Triton hash, the hash a warm-up launch with matching arguments compiles).
+
+    Runs in a compiler_pool worker. The launch goes through the JIT's own binder: CPU tensors
+    stand in for pointers (a 1-element offset makes one unaligned), ints are 32 (divisible by 16)
+    or 17, and a stand-in driver names the target.
+    """
+    from triton.runtime import driver
+
+    fn = kernels.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
+    sig, const = dict(job.signature), dict(job.constexprs)
+    args = []
+    for n in fn.arg_names:
+        if n in const:
+            args.append(const[n])
+        elif sig[n].startswith("*"):
+            t = torch.zeros(64, dtype=_TORCH[sig[n][1:]])
+            args.append(t if n in job.divisible_by_16 else t[1:])
+        else:
+            args.append((32 if n in job.divisible_by_16 else 17) + (2**33 if sig[n] == "i64" else 0))
+    tool = job.run()["triton_hash"]
+    driver.set_active(_StandInDriver(job.cc))  # this worker process launches nothing for real
+    launch = fn.warmup(*args, grid=(1,), num_warps=job.num_warps, num_stages=job.num_stages, **dict(job.options))
+    return tool, launch.hash
+
+
+def _variants(cfg):
+    """cfg; cfg with its first i32 argument equal to 1; cfg with its first pointer unaligned."""
+    ints = [n for n, t in cfg.signature.items() if t == "i32"]
+    ptrs = [n for n in cfg.divisible_by_16 if cfg.signature[n].startswith("*")]
+    one = {n: t for n, t in cfg.signature.items() if n != ints[0]}
+    return [cfg,
+            dataclasses.replace(cfg, signature=one, constexprs=cfg.constexprs | {ints[0]: 1},
+                                divisible_by_16=tuple(n for n in cfg.divisible_by_16 if n != ints[0])),
+            dataclasses.replace(cfg, divisible_by_16=tuple(n for n in cfg.divisible_by_16 if n != ptrs[0]))]
+
+
+def _specialisation_jobs(cc):
+    """In a worker: jobs for bf16 fwd (and its variants), bf16 bwd, and the copy kernel unaligned."""
+    cfgs = kernels.configs(cc)
+    fwd, bwd = (next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16") for p in ("fwd", "bwd"))
+    return [kernels._Job.of(c, cc) for c in [*_variants(fwd), bwd, copy_config("unaligned", ("dst",))]]
+
+
+def test_specialisation_is_the_one_a_launch_compiles():
+    """Same Triton cache key as the JIT's own launch path: the AOT cubins are the launch's."""
+    with kernels.compiler_pool(2) as pool:
+        jobs = [job for listed in pool.map(_specialisation_jobs, ARCHS) for job in listed]
+        hashes = list(pool.map(_launch_hash, jobs))
+    for job, (tool, launch) in zip(jobs, hashes):
+        assert tool == launch, job
+
+
+def test_occupancy():
+    a90, a80, a86 = kernels.ARCHS[90], kernels.ARCHS[80], kernels.ARCHS[86]
+    # 255 regs -> 8192 per warp, 2 warps per 16K sub-partition: 8 warps; 84 KB + 1 KB reserved: 2 blocks
+    occ = kernels.occupancy(a90, 255, 84992, 4)
+    assert (occ["ctas_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (2, 8, "registers, shared memory")
+    # 32 regs (16 warps per sub-partition), no shared memory: full occupancy, 64 warps
+    occ = kernels.occupancy(a80, 32, 0, 4)
+    assert (occ["ctas_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (16, 64, "registers, warps")
+    assert kernels.occupancy(a80, 24, 0, 4)["limited_by"] == "warps"
+    assert kernels.occupancy(a86, 32, 0, 1)["ctas_per_sm"] == 16  # sm_86's 16-block limit
+    # 200 regs -> 6400 per warp: 2 per sub-partition (not 65536 // 6400 = 10 per SM): 8 warps
+    assert kernels.occupancy(a90, 200, 0, 4)["warps_per_sm"] == 8
+    # over the per-block shared memory limit: the block cannot launch
+    assert kernels.occupancy(a86, 32, 99 * 1024 + 1, 4)["ctas_per_sm"] == 0
+    assert kernels.occupancy(a86, 32, 99 * 1024, 4)["ctas_per_sm"] == 1
+
+
+def test_parse_arch():
+    assert [kernels.parse_arch(a) for a in ("sm_80", "sm90a", "100", "8.6")] == [80, 90, 100, 86]
+    with pytest.raises(ValueError, match="sm_70"):
+        kernels.parse_arch("sm_70")
+
+
+SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/              @!P0 BRA 0x80 ;
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+.L_x_1:
+        /*0030*/                   LDG.E.U16 R8, desc[UR4][R2.64] ;
+        /*0040*/                   HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
+        /*0050*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20].tnspB, R24 ;
+        /*0060*/              @P1 BRA 0x40 ;
+        /*0070*/                   CALL.REL.NOINC 0xc0 ;
+        /*0080*/                   STG.E.64 desc[UR4][R2.64], R4 ;
+        /*0090*/                   FFMA R1, R2, R3, R4 ;
+        /*00a0*/               @P2 BRA `(.L_x_1) ;
+        /*00b0*/                   EXIT ;
+        /*00c0*/                   BRA 0xc0 ;
+        /*00d0*/                   RET.REL.NODEC R20 0x0 ;
+"""
+
+
+def test_sass_reading():
+    st = kernels.read_sass(SASS)
+    # the outermost backward branch of the main body: 0x30..0xa0 holds the inner 0x40..0x60; the
+    # subroutine at 0xc0 (a CALL target) and its self-branch are not loops of the kernel
+    assert st["tile_loops"] == [[0x30, 0xA0]]
+    tile = st["per_tile"]
+    assert tile["global_load"] == {"16": 1} and tile["global_store"] == {"64": 1}
+    assert tile["mma"] == 2 and tile["mma_macs_per_warp"] == 16 * 8 * 16 + 64 * 128 * 16 / 4
+    assert tile["fp32"] == 1 and tile["calls"] == 1 and tile["instructions"] == 8
+    assert tile["global_bytes_per_thread"] == 2 + 8
+    assert st["whole"]["global_load"] == {"128": 1, "16": 1}
+    assert kernels.share_128(st["whole"]["global_load"]) == 0.5
+    assert "0x" not in kernels.strip_encodings("  /*0000*/  LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */\n"
+                                              "  /* 0x000fe20000000800 */").replace("c[0x0][0x28]", "")
+
+
+def test_cli_writes_tables_cubins_and_sass(tmp_path):
+    out = tmp_path / "out"
+    main(["kernels", "--arch", "sm_80,sm_90", "--out", str(out), "--jobs", "2", "--configs", f"{__name__}:copy_configs"])
+    section = json.loads((out / "kernels.json").read_text())
+    assert [(r["config"], r["arch"]) for r in section["rows"]] == [("aligned", "sm_80"), ("aligned", "sm_90")]
+    assert all(r["ok"] for r in section["rows"])
+    for r in section["rows"]:
+        cubin, sass = (out / f for f in r["files"])
+        assert cubin.read_bytes()[:4] == b"\x7fELF" and "LDG.E.128" in sass.read_text()
+    md = (out / "kernels.md").read_text()
+    assert "### sm_80" in md and "### sm_90" in md and "| aligned |" in md
+    assert "| aligned |" in kernels.kernels_section({"kernels": section})
+    assert kernels.kernels_section({}) == ""
