@@ -6,13 +6,33 @@ Triton kernel (forward and backward, q and k together).
 """
 
 from . import reference
+from .frequencies import Frequencies, frequencies_from_hf, rope_frequencies
+from .layouts import (
+    RopeLayout,
+    axial_layout,
+    cos_sin_cache,
+    mrope_layout,
+    rope_layout,
+    section_layout,
+    tables_for_positions,
+)
 from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
 from .ops import BACKENDS, apply, apply_qk
 from .tables import grid_positions, rope_angles, rope_cos_sin
 
 __all__ = [
     "BACKENDS",
+    "Frequencies",
     "MODES",
+    "RopeLayout",
+    "axial_layout",
+    "cos_sin_cache",
+    "frequencies_from_hf",
+    "mrope_layout",
+    "rope_frequencies",
+    "rope_layout",
+    "section_layout",
+    "tables_for_positions",
     "apply",
     "apply_qk",
     "grid_positions",
