@@ -170,7 +170,7 @@ def check_range(positions: Tensor, limit: int | None = None) -> tuple[float, flo
         return None
     if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
         raise ValueError("positions must be finite, got inf or nan")
-    lo, hi = (v.item() for v in torch.aminmax(positions))
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one host sync
     if lo < 0:
         raise ValueError(f"positions must be >= 0, got min {lo}")
     if limit is not None and hi >= limit:

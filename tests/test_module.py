@@ -25,7 +25,7 @@ from transformers.models.gpt_neox import modeling_gpt_neox as neox
 from transformers.models.gptj import modeling_gptj as gptj
 from transformers.models.llama import modeling_llama as llama
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl
-from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
+from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig, Qwen2VLVisionConfig
 from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3_vl
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 
@@ -157,6 +157,22 @@ def test_qwen3_vl_interleaved_mrope():
     q, k = torch.randn(2, 2, 10, 128), torch.randn(2, 1, 10, 128)
     hf = qwen3_vl.apply_rotary_pos_emb(q, k, *qwen3_vl.Qwen3VLTextRotaryEmbedding(config)(q, pos))
     check(rope, mrope_layout(frequencies_from_hf(config), [24, 20, 20], interleaved=True), q, k, pos, hf, axes_dim=0)
+
+
+def test_qwen2_vl_vision_tower():
+    config = Qwen2VLVisionConfig(embed_dim=128, num_heads=2)
+    rope = RoPE.from_hf_config(config, backend="torch")
+    assert _same_layout(rope.layout, RoPE.vision(64).layout)
+    pos = torch.randint(0, 40, (30, 2))  # (h, w) of 30 patches
+    q, k = torch.randn(30, 2, 64), torch.randn(30, 2, 64)  # the vision tower's [S, N, D]
+    hq, hk = qwen2_vl.apply_rotary_pos_emb_vision(q, k, *qwen2_vl.Qwen2VLVisionRotaryEmbedding(config)(q, pos))
+    bnsd = [x.transpose(0, 1)[None] for x in (q, k, hq, hk)]
+    check(rope, rope.layout, bnsd[0], bnsd[1], pos[None], bnsd[2:])
+
+
+def _same_layout(a, b):
+    return (torch.equal(a.inv_freq, b.inv_freq) and torch.equal(a.axis, b.axis) and a.blocks == b.blocks
+            and a.n_axes == b.n_axes and a.attention_scaling == b.attention_scaling)
 
 
 def test_gpt_neox_partial_rotary():
