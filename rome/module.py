@@ -25,8 +25,9 @@
   sequence of calls: prefill, then decode).
 
 ``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions: the
-host-side checks, the cache growth and ``dynamic`` are skipped while compiling, so reserve the
-cache first (``reserve(n, device=...)``, or one eager call), and positions must lie inside it.
+host-side checks and the cache growth are skipped while compiling, so reserve the cache first
+(``reserve(n, device=...)``, or one eager call), and positions must lie inside it. Modules with
+``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not compile.
 """
 
 from __future__ import annotations
@@ -438,7 +439,13 @@ class RoPE(nn.Module):
             cu_seqlens=cu_seqlens, device=device,
         )
         layout, rows = self.layout, None
-        if not torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():
+            if self.dynamic is not None:
+                raise NotImplementedError(
+                    "rome.RoPE with length-dependent frequencies (dynamic NTK, longrope) picks its "
+                    "layout from the positions' values on the host: run it eagerly"
+                )
+        else:
             span = check_range(pos, self.max_positions)
             if span is not None:
                 rows = math.floor(span[1]) + 1
