@@ -1,0 +1,475 @@
+"""``rome.RoPE``: the rotary embedding of a model as an ``nn.Module``.
+
+``RoPE(layout)`` rotates q and k of one RoPE configuration (a ``rome.layouts.RopeLayout``):
+
+    q_out, k_out = rope(q, k, positions)      # out = x*cos + (x @ M)*sin, M the layout's matrix
+
+- **Tables**: per-token ``cos``/``sin`` rows gathered from a cache of ``cos_sin_cache`` rows
+  (float64 angles rounded once to float32, float64 for float64 q), one row per position value.
+  The cache is process-wide, one per (layout values, device, dtype): every layer of a model, and
+  every module built from an equal configuration, shares one tensor pair. It is built on first
+  use and grows on demand to the next power of two above the largest position asked for
+  (capped at ``max_positions`` when that is set). ``cache_bytes()`` reports its size.
+  Fractional positions skip the cache: their tables come from float64 angles per call.
+- **Matrix**: ``layout.matrix`` in q's dtype (exact: entries are 0 and ±1), built once per
+  (dtype, device) and kept on the module.
+- **Attention scaling** (YaRN's ``0.1 ln(s) + 1``, LongRoPE's factor): multiplied into cos and
+  sin of the rotated columns, as transformers multiplies it into its cos and sin.
+- **Length-dependent frequencies** (``dynamic``; ``from_hf_config`` sets it for ``dynamic`` NTK
+  and ``longrope``): each call with L = max position + 1 asks ``dynamic(L)`` for the layout of
+  that length; when it differs from the base layout, the call's tables come from float64 angles
+  of that layout (no cache, as transformers recomputes them). This is what a fresh transformers
+  module computes for the call. transformers' module also keeps the longest L it has seen and
+  uses it for shorter calls until L drops below ``max_position_embeddings``; rome does not keep
+  that state, so its result depends on the call alone (equal to transformers' for a growing
+  sequence of calls: prefill, then decode).
+
+``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions: the
+host-side checks and the cache growth are skipped while compiling, so reserve the cache first
+(``reserve(n, device=...)``, or one eager call), and positions must lie inside it. Modules with
+``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not compile.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from .frequencies import _get, frequencies_from_hf, rope_frequencies
+from .layouts import (
+    RopeLayout,
+    axial_layout,
+    cos_sin_cache,
+    cos_sin_for_positions,
+    mrope_layout,
+    rope_layout,
+    section_layout,
+    tables_for_positions,
+)
+from .ops import BACKENDS, apply_qk
+from .positions import check_range, normalize_positions, token_mask
+
+__all__ = ["RoPE", "registry_bytes"]
+
+_MIN_ROWS = 16
+
+# --- the process-wide cache registry ---------------------------------------------------------
+
+
+def _layout_key(layout: RopeLayout) -> tuple:
+    """Equal for layouts with equal values (two configs that build the same RoPE)."""
+    return (
+        layout.inv_freq.numpy().tobytes(),
+        layout.axis.numpy().tobytes(),
+        layout.n_axes,
+        layout.blocks,
+        layout.attention_scaling,
+    )
+
+
+class _Cache:
+    """``(cos, sin)`` rows ``[rows, D]`` of one layout on one device and dtype."""
+
+    __slots__ = ("layout", "device", "dtype", "cos", "sin", "rows", "lock", "__weakref__")
+
+    def __init__(self, layout: RopeLayout, device: torch.device, dtype: torch.dtype):
+        self.layout, self.device, self.dtype = layout, device, dtype
+        self.cos = self.sin = None
+        self.rows = 0
+        self.lock = threading.Lock()
+
+    def reserve(self, rows: int, cap: int | None = None) -> None:
+        """Hold at least ``rows`` rows: the next power of two (at most ``cap`` when given)."""
+        if rows <= self.rows:
+            return
+        with self.lock:
+            if rows <= self.rows:
+                return
+            n = max(_MIN_ROWS, 1 << (rows - 1).bit_length())
+            if cap is not None:
+                n = max(rows, min(n, cap))
+            cos, sin = cos_sin_cache(self.layout, n, dtype=self.dtype, device=self.device)
+            self.cos, self.sin, self.rows = cos, sin, n
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.cos is None else self.cos.nbytes + self.sin.nbytes
+
+
+_REGISTRY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_REGISTRY_LOCK = threading.Lock()
+
+
+def _shared_cache(layout: RopeLayout, device: torch.device, dtype: torch.dtype) -> _Cache:
+    key = (_layout_key(layout), device, dtype)
+    with _REGISTRY_LOCK:
+        cache = _REGISTRY.get(key)
+        if cache is None:
+            cache = _Cache(layout, device, dtype)
+            _REGISTRY[key] = cache
+        return cache
+
+
+def registry_bytes() -> int:
+    """Bytes held by every live shared cache of the process (each counted once)."""
+    with _REGISTRY_LOCK:
+        return sum(c.nbytes for c in list(_REGISTRY.values()))
+
+
+def _device(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _table_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# --- transformers configs --------------------------------------------------------------------
+
+# model types whose rotate is GPT-J's every-two (pairs (x0, x1)) rather than Llama's rotate_half
+INTERLEAVE_MODEL_TYPES = frozenset({
+    "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "ernie4_5", "ernie4_5_moe", "glm",
+    "glm4", "helium", "moonshine", "blt",
+})
+# mRoPE model types: (interleaved, transformers' default mrope_section)
+MROPE_MODEL_TYPES = {
+    "qwen2_vl": (False, (16, 24, 24)),
+    "qwen2_5_vl": (False, (16, 24, 24)),
+    "qwen3_vl": (True, (24, 20, 20)),
+    "qwen3_vl_moe": (True, (24, 20, 20)),
+    "qwen3_5": (True, (11, 11, 10)),
+    "qwen3_5_moe": (True, (11, 11, 10)),
+}
+
+
+def _text_config(config):
+    if isinstance(config, Mapping):
+        return config.get("text_config") or config
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _model_type(config) -> str:
+    kind = _get(config, "model_type") or ""
+    return kind[: -len("_text")] if kind.endswith("_text") else kind
+
+
+def _rope_params(config, layer_type) -> dict:
+    params = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    if layer_type is not None and isinstance(params.get(layer_type), Mapping):
+        params = params[layer_type]
+    return dict(params)
+
+
+def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
+    """``seq_len -> RopeLayout`` for a transformers config (checked once, up front)."""
+    name = type(config).__name__
+    kind = _model_type(config)
+    params = _rope_params(config, layer_type)
+    if _get(config, "rope_interleave"):
+        raise ValueError(
+            f"{name}: rope_interleave=True (transformers de-interleaves q and k before its "
+            f"rotate_half, so the output columns come out permuted) cannot be expressed as "
+            f"x*cos + (x@M)*sin in x's column order"
+        )
+    section = params.get("mrope_section")
+    if kind in MROPE_MODEL_TYPES:
+        interleaved, default = MROPE_MODEL_TYPES[kind]
+        section = list(section if section is not None else default)
+    elif section is not None:
+        raise ValueError(
+            f"{name} (model_type {kind!r}): rope_parameters['mrope_section']={section} of a model "
+            f"type rome does not know the mRoPE layout of (known: {sorted(MROPE_MODEL_TYPES)}); "
+            f"build RoPE(mrope_layout(...)) yourself"
+        )
+    mode = "interleave" if kind in INTERLEAVE_MODEL_TYPES else "half"
+
+    def build(seq_len=None) -> RopeLayout:
+        freqs = frequencies_from_hf(config, seq_len=seq_len, layer_type=layer_type)
+        if freqs.rope_type == "axial":
+            return axial_layout(freqs)
+        if section is not None:
+            return mrope_layout(freqs, section, interleaved=interleaved)
+        return rope_layout(freqs, mode=mode)
+
+    return build
+
+
+# --- the module ------------------------------------------------------------------------------
+
+
+class RoPE(nn.Module):
+    """Rotary position embedding of one ``RopeLayout``: ``forward(q, k, positions)``.
+
+    ``max_positions``: positions must be below it (ValueError otherwise); None: unbounded, the
+    cache grows as needed. ``backend``: as ``rome.apply_qk`` (``"auto"``, ``"torch"``,
+    ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
+    whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
+    The module has no parameters or buffers: caches and matrices follow q's device and dtype.
+    """
+
+    def __init__(
+        self,
+        layout: RopeLayout,
+        *,
+        max_positions: int | None = None,
+        backend: str = "auto",
+        dynamic: Callable[[int], RopeLayout] | None = None,
+    ):
+        super().__init__()
+        if not isinstance(layout, RopeLayout):
+            raise TypeError(f"layout must be a rome.layouts.RopeLayout, got {type(layout).__name__}")
+        if max_positions is not None:
+            if isinstance(max_positions, bool) or not isinstance(max_positions, numbers.Integral) \
+                    or max_positions <= 0:
+                raise ValueError(f"max_positions must be a positive int or None, got {max_positions!r}")
+            max_positions = operator.index(max_positions)
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if dynamic is not None and not callable(dynamic):
+            raise TypeError(f"dynamic must be a callable seq_len -> RopeLayout, got {dynamic!r}")
+        self.layout = layout
+        self.max_positions = max_positions
+        self.backend = backend
+        self.dynamic = dynamic
+        self._key = _layout_key(layout)
+        self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
+        self._matrices: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        self._lengths: dict[int, RopeLayout | None] = {}  # dynamic's layouts by length, memo
+
+    # --- constructors ---
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config,
+        *,
+        device=None,
+        layer_type: str | None = None,
+        max_positions: int | None = None,
+        backend: str = "auto",
+    ) -> RoPE:
+        """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
+        configs (Qwen2-VL) use their text config.
+
+        Layouts: Llama's ``rotate_half`` (partial rotary: the first ``rotary_dim`` columns turn,
+        GPT-NeoX's ``rotary_pct``), GPT-J's interleave (``rotary_dim``) and the other model
+        types in ``INTERLEAVE_MODEL_TYPES``, mRoPE for the model types in ``MROPE_MODEL_TYPES``
+        (``rope_parameters['mrope_section']``, else transformers' default), axial for
+        Qwen2-VL's vision config. Every ``rope_type`` of ``rome.frequencies``; ``dynamic`` and
+        ``longrope`` get length-dependent layouts. ``layer_type`` picks per-layer-type
+        parameters (Gemma 3). ``device``: build the float32 cache for
+        ``max_position_embeddings`` positions there now (8 * head_dim bytes per position).
+        Raises ValueError naming the config class and the setting rome cannot express.
+        """
+        text = _text_config(config)
+        build = _hf_layout_builder(text, layer_type)
+        layout = build()
+        dynamic = None
+        if _rope_type(text, layer_type) in ("dynamic", "longrope"):
+            dynamic = build
+        rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic)
+        if device is not None:
+            n = _get(text, "max_position_embeddings", "n_positions")
+            if n is None:
+                raise ValueError(
+                    f"{type(text).__name__} has no max_position_embeddings to reserve on {device}"
+                )
+            rope.reserve(n if max_positions is None else min(n, max_positions), device=device)
+        return rope
+
+    @classmethod
+    def sections(cls, sections, *, mode: str = "half", theta=10000.0, **kwargs) -> RoPE:
+        """Multi-axis (2D/3D video) RoPE, one ``mode`` block per section, section i reading
+        position axis i with base ``theta`` (one, or one per section): ``section_layout``."""
+        return cls(section_layout(sections, mode=mode, theta=theta), **kwargs)
+
+    @classmethod
+    def vision(cls, head_dim: int, *, theta: float = 10000.0, n_axes: int = 2, **kwargs) -> RoPE:
+        """Axial RoPE of a ViT (Qwen2-VL's vision tower): every axis turns by the frequencies of
+        ``head_dim // n_axes`` inside one half rotation (``axial_layout``)."""
+        if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) \
+                or head_dim <= 0 or head_dim % (2 * n_axes):
+            raise ValueError(
+                f"head_dim must be a positive multiple of 2 * n_axes = {2 * n_axes}, got {head_dim!r}"
+            )
+        freqs = rope_frequencies(head_dim // n_axes, theta=theta)
+        return cls(axial_layout(freqs, n_axes=n_axes), **kwargs)
+
+    # --- state ---
+
+    @property
+    def head_dim(self) -> int:
+        return self.layout.head_dim
+
+    @property
+    def n_axes(self) -> int:
+        return self.layout.n_axes
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, n_axes={self.n_axes}, blocks={list(self.layout.blocks)}, "
+            f"attention_scaling={self.layout.attention_scaling}, max_positions="
+            f"{self.max_positions}, backend={self.backend!r}, dynamic={self.dynamic is not None}"
+        )
+
+    def _cache(self, device: torch.device, dtype: torch.dtype) -> _Cache:
+        key = (device, dtype)
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = _shared_cache(self.layout, device, dtype)
+        return cache
+
+    def reserve(self, positions: int, *, device=None, dtype=torch.float32) -> None:
+        """Make the shared cache on ``device`` (float32 tables; float64 for float64 q) hold
+        positions ``0 .. positions - 1``, e.g. before ``torch.compile`` or CUDA graphs."""
+        if isinstance(positions, bool) or not isinstance(positions, numbers.Integral) or positions <= 0:
+            raise ValueError(f"positions must be a positive int, got {positions!r}")
+        if self.max_positions is not None and positions > self.max_positions:
+            raise ValueError(
+                f"positions={positions} is more than max_positions={self.max_positions}"
+            )
+        device = _device("cpu" if device is None else device)
+        self._cache(device, _table_dtype(dtype)).reserve(operator.index(positions), self.max_positions)
+
+    def cache_bytes(self) -> int:
+        """Bytes of the cos/sin caches this module reads (shared with equal configurations)."""
+        return sum(c.nbytes for c in self._caches.values())
+
+    def matrix(self, dtype=torch.float32, device=None) -> Tensor:
+        """The layout's D×D matrix in ``dtype`` on ``device``, built once and kept."""
+        device = _device("cpu" if device is None else device)
+        key = (dtype, device)
+        m = self._matrices.get(key)
+        if m is None:
+            m = self._matrices[key] = self.layout.matrix(dtype, device)
+        return m
+
+    def _layout_for(self, length: int) -> RopeLayout | None:
+        """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
+        if length in self._lengths:
+            return self._lengths[length]
+        layout = self.dynamic(length)
+        if not isinstance(layout, RopeLayout) or layout.blocks != self.layout.blocks \
+                or layout.n_axes != self.layout.n_axes:
+            raise ValueError(
+                f"dynamic({length}) must return a RopeLayout with blocks {list(self.layout.blocks)} "
+                f"and n_axes={self.layout.n_axes}, got {layout!r}"
+            )
+        if _layout_key(layout) == self._key:
+            layout = None
+        if len(self._lengths) >= 64:
+            self._lengths.clear()
+        self._lengths[length] = layout
+        return layout
+
+    # --- forward ---
+
+    def _tables(
+        self, positions: Tensor, layout: RopeLayout, device: torch.device, dtype: torch.dtype,
+        rows: int | None,
+    ) -> tuple[Tensor, Tensor]:
+        """Per-token ``(cos, sin)`` ``[..., S, D]`` for positions ``[..., S, A]``: gathered from
+        the shared cache (grown to ``rows`` first), or from float64 angles for fractional
+        positions and length-dependent layouts."""
+        if positions.is_floating_point() or layout is not self.layout:
+            return cos_sin_for_positions(layout, positions, axes_dim=-1, dtype=dtype)
+        cache = self._cache(device, dtype)
+        if torch.compiler.is_compiling():
+            index = positions[..., layout.axis.to(device)]
+            columns = torch.arange(layout.head_dim, device=device)
+            return cache.cos[index, columns], cache.sin[index, columns]
+        cache.reserve(max(rows or 1, 1), self.max_positions)
+        return tables_for_positions(layout, (cache.cos, cache.sin), positions, axes_dim=-1)
+
+    def _check_qk(self, q, k, packed: bool) -> None:
+        for name, t in (("q", q), ("k", k)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        want = "[T, N, D] (packed, with cu_seqlens)" if packed else "[B, N, S, D] (BNSD)"
+        ndim = 3 if packed else 4
+        if q.ndim != ndim or k.ndim != ndim:
+            raise ValueError(f"q and k must be {want}, got q {list(q.shape)} and k {list(k.shape)}")
+        d = self.head_dim
+        if q.shape[-1] != d or k.shape[-1] != d:
+            raise ValueError(
+                f"q and k must have head_dim D={d} (the layout's), got q {list(q.shape)} and k "
+                f"{list(k.shape)}"
+            )
+        tokens = (0,) if packed else (0, 2)
+        if any(q.shape[i] != k.shape[i] for i in tokens):
+            what = "T" if packed else "B and S"
+            raise ValueError(f"q and k must share {what}, got q {list(q.shape)} and k {list(k.shape)}")
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        positions: Tensor | None = None,
+        *,
+        offsets=None,
+        cu_seqlens: Tensor | None = None,
+        unrotated=None,
+    ) -> tuple[Tensor, Tensor]:
+        """Rotated ``(q, k)``, new tensors in q's dtype.
+
+        q, k: ``[B, N, S, D]`` (head counts may differ), or ``[T, N, D]`` packed with
+        ``cu_seqlens`` (int ``[n + 1]``, flash-attn's). positions: None (0..S-1, per sequence
+        when packed), ``[S]``, ``[B, S]``, ``[S, A]``, ``[B, S, A]`` or transformers' mRoPE
+        ``[A, B, S]``; integer, or floating (fractional grids, tables from float64 angles).
+        offsets: int or one per sequence, added to every axis. unrotated: tokens left as they
+        are (a slice, slices, or a bool mask ``[S]``/``[B, S]``). See ``rome.positions``.
+        """
+        packed = cu_seqlens is not None
+        self._check_qk(q, k, packed)
+        batch, seq = (1, q.shape[0]) if packed else (q.shape[0], q.shape[2])
+        device, dtype = q.device, _table_dtype(q.dtype)
+        pos = normalize_positions(
+            positions, n_axes=self.n_axes, batch=batch, seq=seq, offsets=offsets,
+            cu_seqlens=cu_seqlens, device=device,
+        )
+        layout, rows = self.layout, None
+        if torch.compiler.is_compiling():
+            if self.dynamic is not None:
+                raise NotImplementedError(
+                    "rome.RoPE with length-dependent frequencies (dynamic NTK, longrope) picks its "
+                    "layout from the positions' values on the host: run it eagerly"
+                )
+        else:
+            span = check_range(pos, self.max_positions)
+            if span is not None:
+                rows = math.floor(span[1]) + 1
+                if self.dynamic is not None:
+                    layout = self._layout_for(rows) or layout
+        cos, sin = self._tables(pos, layout, device, dtype, rows)
+        mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
+        if mask is not None:
+            mask = (mask[0] if packed else mask)[..., None]
+            cos = torch.where(mask, torch.ones((), dtype=cos.dtype, device=device), cos)
+            sin = torch.where(mask, torch.zeros((), dtype=sin.dtype, device=device), sin)
+        if packed:
+            cos, sin = cos[:, None], sin[:, None]  # [T, 1, D] against [T, N, D]
+        elif cos.shape[0] == 1:
+            cos, sin = cos[0], sin[0]  # [S, D]
+        else:
+            cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
+        return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+
+
+def _rope_type(config, layer_type=None) -> str:
+    """The config's rope_type as ``rome.frequencies`` reads it (``type`` or ``rope_type``)."""
+    params = _rope_params(config, layer_type)
+    kind = params.get("rope_type", params.get("type")) or _get(config, "default_rope_type")
+    if kind == "dynamic" and params.get("alpha") is not None:
+        return "ntk_alpha"
+    return kind or "default"

@@ -1,0 +1,210 @@
+"""Token positions for ``rome.RoPE``: every accepted layout brought to one, checked.
+
+A RoPE with A position axes (1 for text, 3 for mRoPE/video) reads one position per token and
+axis. ``normalize_positions`` takes what callers have and returns ``[B', S, A]`` (``B'`` 1 or B)
+for BNSD inputs, or ``[T, A]`` for packed (THD) tokens:
+
+- ``None``: ``0..S-1`` (packed: each sequence's own ``0..len-1``) on every axis.
+- ``[S]`` or ``[B, S]`` (transformers' ``position_ids``): the same position on every axis (what
+  Qwen2-VL does with text-only ids).
+- ``[S, A]`` or ``[B, S, A]``; ``[A, B, S]`` (transformers' mRoPE ``position_ids``, axes first).
+  A 3-D tensor that fits both readings is read axes first (transformers' convention).
+- Packed tokens (``cu_seqlens``): as above with B = 1 and S = T (``[T]``, ``[1, T]``,
+  ``[T, A]``, ``[A, 1, T]``, ...).
+
+``offsets`` (an int, or one per sequence: ``[B]``, or ``[len(cu_seqlens) - 1]``) are added to
+every axis of the sequence's tokens: chunked prefill and decode with positions relative to the
+chunk (``positions=None, offsets=cache_lengths``). Integer positions come out int64,
+floating positions (fractional grids) float64.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_cu_seqlens", "check_range", "normalize_positions", "token_mask"]
+
+
+def _shape(t) -> list[int]:
+    return list(t.shape)
+
+
+def check_cu_seqlens(cu_seqlens, total: int) -> Tensor:
+    """int64 ``[n + 1]`` sequence boundaries of ``total`` packed tokens: 0 first, non-decreasing,
+    ``total`` last (flash-attn's ``cu_seqlens``)."""
+    if not isinstance(cu_seqlens, Tensor):
+        raise TypeError(f"cu_seqlens must be an integer tensor, got {type(cu_seqlens).__name__}")
+    if cu_seqlens.dtype == torch.bool or cu_seqlens.is_floating_point() or cu_seqlens.is_complex():
+        raise TypeError(f"cu_seqlens must be an integer tensor, got {cu_seqlens.dtype}")
+    if cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(
+            f"cu_seqlens must be 1-D [n_sequences + 1] with at least 2 entries, got shape "
+            f"{_shape(cu_seqlens)}"
+        )
+    values = cu_seqlens.tolist()
+    if values[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {values[:8]}")
+    steps = [b - a for a, b in zip(values, values[1:])]
+    if min(steps) < 0:
+        i = next(i for i, s in enumerate(steps) if s < 0)
+        raise ValueError(
+            f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}] = {values[i]} > "
+            f"cu_seqlens[{i + 1}] = {values[i + 1]}"
+        )
+    if values[-1] != total:
+        raise ValueError(
+            f"cu_seqlens must end at the number of packed tokens T = {total}, got "
+            f"cu_seqlens[-1] = {values[-1]}"
+        )
+    return cu_seqlens.to(torch.int64)
+
+
+def _check_dtype(positions: Tensor) -> None:
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise TypeError(f"positions must be an integer or floating tensor, got {positions.dtype}")
+
+
+def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int) -> Tensor:
+    """Read positions as ``[B', S, A]`` (B' in {1, batch}) given the tokens' batch and length."""
+    shape, a = _shape(positions), n_axes
+    batches = {1, batch}
+    if positions.ndim == 1 and shape == [seq]:
+        return positions[None, :, None].expand(1, seq, a)
+    if positions.ndim == 2:
+        if a > 1 and shape == [seq, a]:
+            return positions[None]
+        if shape[1] == seq and shape[0] in batches:
+            return positions[..., None].expand(*shape, a)
+        if a == 1 and shape == [seq, 1]:
+            return positions[None]
+    if positions.ndim == 3:
+        if shape[0] == a and shape[2] == seq and shape[1] in batches:
+            return positions.movedim(0, -1)
+        if shape[1:] == [seq, a] and shape[0] in batches:
+            return positions
+    b = "B" if batch == 1 else f"B={batch} (or 1)"
+    raise ValueError(
+        f"positions must be [S], [{b}, S], [S, A], [{b}, S, A] or [A, {b}, S] with S={seq} and "
+        f"A={a} (the layout's n_axes), got {shape}"
+    )
+
+
+def _offsets(offsets, n: int, what: str, device) -> Tensor:
+    """int64 ``[n]`` offsets from an int or a tensor of ``n`` (``what`` names n)."""
+    if isinstance(offsets, Tensor):
+        if offsets.dtype == torch.bool or offsets.is_floating_point() or offsets.is_complex():
+            raise TypeError(f"offsets must be an int or an integer tensor, got {offsets.dtype}")
+        if offsets.ndim == 0:
+            offsets = offsets.reshape(1)
+        if offsets.ndim != 1 or offsets.numel() not in (1, n):
+            raise ValueError(
+                f"offsets must be an int or one per sequence ([{n}], {what}), got shape "
+                f"{_shape(offsets)}"
+            )
+        return offsets.to(device, torch.int64).expand(n)
+    if isinstance(offsets, bool):
+        raise TypeError("offsets must be an int or an integer tensor, got bool")
+    try:
+        value = operator.index(offsets)
+    except TypeError:
+        raise TypeError(
+            f"offsets must be an int or an integer tensor, got {type(offsets).__name__}"
+        ) from None
+    return torch.full((n,), value, dtype=torch.int64, device=device)
+
+
+def normalize_positions(
+    positions: Tensor | None,
+    *,
+    n_axes: int,
+    batch: int,
+    seq: int,
+    offsets=None,
+    cu_seqlens: Tensor | None = None,
+    device=None,
+) -> Tensor:
+    """Positions as ``[B', S, A]`` (BNSD tokens, ``B'`` 1 or ``batch``) or ``[T, A]`` (packed).
+
+    For packed tokens pass ``cu_seqlens`` (checked with ``check_cu_seqlens``; ``seq`` is T and
+    ``batch`` is ignored). ``offsets`` are added per sequence; see the module docstring.
+    """
+    packed = cu_seqlens is not None
+    if packed:
+        cu_seqlens = check_cu_seqlens(cu_seqlens, seq)
+        n_seq = cu_seqlens.numel() - 1
+        lengths = cu_seqlens.diff().to(device if device is not None else cu_seqlens.device)
+        batch = 1
+    if positions is None:
+        if packed:
+            token = torch.arange(seq, device=lengths.device)
+            starts = torch.repeat_interleave(cu_seqlens.to(lengths.device)[:-1], lengths)
+            pos = (token - starts)[None, :, None].expand(1, seq, n_axes)
+        else:
+            pos = torch.arange(seq, device=device)[None, :, None].expand(1, seq, n_axes)
+    else:
+        if not isinstance(positions, Tensor):
+            raise TypeError(f"positions must be a tensor or None, got {type(positions).__name__}")
+        _check_dtype(positions)
+        pos = _to_bsa(positions, n_axes, batch, seq)
+        if device is not None:
+            pos = pos.to(device)
+        pos = pos.to(torch.float64 if pos.is_floating_point() else torch.int64)
+    if offsets is not None:
+        if packed:
+            off = _offsets(offsets, n_seq, "len(cu_seqlens) - 1 sequences", pos.device)
+            pos = pos + torch.repeat_interleave(off, lengths.to(pos.device))[None, :, None]
+        else:
+            off = _offsets(offsets, batch, "the batch size of q", pos.device)
+            pos = pos + off[:, None, None]
+    return pos[0] if packed else pos
+
+
+def check_range(positions: Tensor, limit: int | None = None) -> tuple[float, float] | None:
+    """``(min, max)`` of the positions (one host sync) after checking ``0 <= p < limit``; None
+    for no positions."""
+    if positions.numel() == 0:
+        return None
+    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite, got inf or nan")
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one host sync
+    if lo < 0:
+        raise ValueError(f"positions must be >= 0, got min {lo}")
+    if limit is not None and hi >= limit:
+        raise ValueError(f"positions must be < max_positions={limit}, got max {hi}")
+    return lo, hi
+
+
+def token_mask(unrotated, *, batch: int, seq: int, device=None) -> Tensor | None:
+    """bool ``[B', S]`` (B' 1 or ``batch``) marking the tokens left unrotated, or None.
+
+    ``unrotated``: a slice of token indices, a sequence of slices, or a bool tensor ``[S]`` /
+    ``[B, S]`` (packed tokens: B = 1, S = T).
+    """
+    if unrotated is None:
+        return None
+    if isinstance(unrotated, slice):
+        unrotated = [unrotated]
+    if isinstance(unrotated, Tensor):
+        if unrotated.dtype != torch.bool:
+            raise TypeError(f"unrotated must be a slice, slices or a bool tensor, got {unrotated.dtype}")
+        shape = _shape(unrotated)
+        if unrotated.ndim == 1 and shape == [seq]:
+            return unrotated[None].to(device)
+        if unrotated.ndim == 2 and shape[1] == seq and shape[0] in (1, batch):
+            return unrotated.to(device)
+        raise ValueError(f"unrotated mask must be [S] or [B, S] with S={seq}, B={batch}, got {shape}")
+    if isinstance(unrotated, Sequence) and all(isinstance(s, slice) for s in unrotated):
+        mask = torch.zeros(1, seq, dtype=torch.bool)
+        for s in unrotated:
+            if s.step not in (None, 1):
+                raise ValueError(f"unrotated slices must have step 1, got {s}")
+            mask[0, s] = True
+        return mask.to(device)
+    raise TypeError(
+        f"unrotated must be a slice, a sequence of slices or a bool tensor, got "
+        f"{type(unrotated).__name__}"
+    )
