@@ -5,7 +5,7 @@ per-axis sections) is that one formula with M a D×D signed permutation, compute
 Triton kernel (forward and backward, q and k together).
 """
 
-from . import reference
+from . import positions, reference
 from .frequencies import Frequencies, frequencies_from_hf, rope_frequencies
 from .layouts import (
     RopeLayout,
@@ -17,6 +17,7 @@ from .layouts import (
     tables_for_positions,
 )
 from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
+from .module import RoPE, registry_bytes
 from .ops import BACKENDS, apply, apply_qk
 from .tables import grid_positions, rope_angles, rope_cos_sin
 
@@ -24,11 +25,14 @@ __all__ = [
     "BACKENDS",
     "Frequencies",
     "MODES",
+    "RoPE",
     "RopeLayout",
     "axial_layout",
     "cos_sin_cache",
     "frequencies_from_hf",
     "mrope_layout",
+    "positions",
+    "registry_bytes",
     "rope_frequencies",
     "rope_layout",
     "section_layout",
