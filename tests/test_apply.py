@@ -194,19 +194,22 @@ def test_inputs_not_mutated_and_runs_bitwise_equal(backend, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_backends_agree_bitwise_on_rope_matrices(dtype):
-    """fp32 math rounded once: the kernel and the torch backend give the same bits."""
+def test_backends_agree_on_rope_matrices(dtype):
+    """Both backends round x*cos + rot(x)*sin once, to within 1 ulp of the exact value (the kernel
+    by error-free products and a compensated fp32 sum, the torch backend in float64): each is
+    within 1 ulp of the oracle, and they agree bit for bit except on results at a rounding tie."""
+    from rome.precision import ulp_error
+    from rome.reference import exact
+
     sections, mode = (16, 56, 56), "interleave"
     x = torch.randn(2, 3, 21, 128, device=DEVICE).to(dtype)
     cos, sin = tables(sections, mode, 21)
     m = matrix(sections, mode, dtype)
     a = rome.apply(x, cos, sin, m, backend="torch")
     b = rome.apply(x, cos, sin, m, backend="triton")
-    # an FMA on the GPU may round the fp32 sum differently: allow one ulp there, none on the CPU
-    if DEVICE == "cpu":
-        assert torch.equal(a, b)
-    else:
-        torch.testing.assert_close(a, b, rtol=torch.finfo(dtype).eps, atol=0)
+    want = exact(x, cos, sin, sections, mode)
+    assert ulp_error(a, want, dtype).max() <= 1 and ulp_error(b, want, dtype).max() <= 1
+    assert (a != b).float().mean() < 1e-3
 
 
 def test_auto_backend_on_cpu_is_torch(monkeypatch):
