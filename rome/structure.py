@@ -1,0 +1,205 @@
+"""What a rotation matrix is, found once per matrix: a signed (partial) permutation or not.
+
+For ``M`` of shape ``[R, C]`` with at most one nonzero per row and per column, each nonzero
+being ±1 (``gather``), the product is a gather with signs, and so is the transposed product:
+
+    (x @ M)[..., j]  == sign[j]   * x[..., index[j]]      (sign 0: column j of M is zero)
+    (y @ Mᵀ)[..., i] == sign_t[i] * y[..., index_t[i]]    (sign_t 0: row i of M is zero)
+
+Every ``rotation_matrix`` is one (``signed_permutation``: exactly one nonzero per row and per
+column); partial rotary's matrix, with a zero block on the pass-through columns, is a ``gather``
+but not a ``signed_permutation``. ``runs`` / ``runs_t`` describe the same gathers as a few
+strided slices (``Run``): half mode is one run per half section, interleave two stride-2 runs.
+
+Detecting this reads the matrix on the host (a device sync), so ``describe`` caches its answer
+per matrix object: the key is the tensor's identity, its version counter (bumped by in-place
+changes), shape, strides, dtype, device and data pointer, and the cache holds a reference to the
+tensor, so its memory cannot be freed and reused by another matrix while the entry lives. On
+the CPU, where reading is cheap, a hit is also compared with a copy of the values it was found
+for, so writes that bypass the version counter (through ``.data``, as ``gradcheck`` does) are
+seen too; on other devices such writes are not seen. Inference tensors have no version counter:
+they are analysed on every call. Not for fake or meta tensors (under
+``torch.compile`` the custom op's real implementation is where this runs).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
+
+CACHE_SIZE = 64
+_STEPS = (1, 2)  # run strides tried: contiguous halves (half mode), stride-2 pairs (interleave)
+
+
+@dataclass(frozen=True)
+class Run:
+    """Outputs ``out_start + k*step`` take ``sign * x[in_start + k*step]``, k < count."""
+
+    out_start: int
+    in_start: int
+    step: int
+    count: int
+    sign: float  # -1.0 or +1.0 (zero columns are left out of the runs)
+
+    @property
+    def out(self) -> slice:
+        return slice(self.out_start, self.out_start + self.step * (self.count - 1) + 1, self.step)
+
+    @property
+    def into(self) -> slice:
+        return slice(self.in_start, self.in_start + self.step * (self.count - 1) + 1, self.step)
+
+
+@dataclass(frozen=True)
+class MatrixInfo:
+    """The structure of one ``[R, C]`` matrix (see the module docstring).
+
+    ``index``/``sign`` (``[C]``) and ``index_t``/``sign_t`` (``[R]``) are int64 / float32 tensors
+    on the matrix's device, meaningful when ``gather`` (zeros otherwise); ``runs``/``runs_t`` are
+    the same maps as strided runs (empty unless ``gather``). ``bf16_exact``: every entry is
+    exactly representable in bfloat16 (NaN and ±inf count as representable).
+    """
+
+    shape: tuple[int, int]
+    gather: bool
+    signed_permutation: bool
+    bf16_exact: bool
+    index: Tensor
+    sign: Tensor
+    index_t: Tensor
+    sign_t: Tensor
+    runs: tuple[Run, ...]
+    runs_t: tuple[Run, ...]
+
+
+def _runs(index: list[int], sign: list[float]) -> tuple[Run, ...]:
+    """The fewest runs, over the strides in ``_STEPS``, that cover the nonzero-sign outputs."""
+    best = None
+    for step in _STEPS:
+        used = [s == 0 for s in sign]
+        runs = []
+        for j in range(len(index)):
+            if used[j]:
+                continue
+            n = 0
+            while (
+                j + n * step < len(index)
+                and not used[j + n * step]
+                and index[j + n * step] == index[j] + n * step
+                and sign[j + n * step] == sign[j]
+            ):
+                used[j + n * step] = True
+                n += 1
+            runs.append(Run(j, index[j], step, n, sign[j]))
+        if best is None or len(runs) < len(best):
+            best = runs
+    return tuple(best)
+
+
+def _analyse(matrix: Tensor) -> MatrixInfo:
+    m = matrix.detach()
+    rows, cols = m.shape
+    if m.numel() == 0:
+        empty = lambda n, dt: torch.zeros(n, dtype=dt, device=m.device)  # noqa: E731
+        return MatrixInfo((rows, cols), True, rows == cols, True, empty(cols, torch.int64),
+                          empty(cols, torch.float32), empty(rows, torch.int64),
+                          empty(rows, torch.float32), (), ())
+    nonzero = m != 0  # NaN counts as nonzero
+    unit = (m == 1) | (m == -1)
+    # flags and both index maps in one tensor: a single device -> host transfer
+    one_per_col = nonzero.sum(0) <= 1
+    one_per_row = nonzero.sum(1) <= 1
+    gather = one_per_col.all() & one_per_row.all() & (unit | ~nonzero).all()
+    full = (nonzero.sum(0) == 1).all() & (nonzero.sum(1) == 1).all()
+    bf16 = m.to(torch.bfloat16).to(m.dtype)
+    bf16_exact = ((bf16 == m) | (m.isnan() & bf16.isnan())).all()
+    index = nonzero.to(torch.int8).argmax(0)  # the row holding column j's nonzero (0 if none)
+    index_t = nonzero.to(torch.int8).argmax(1)  # the column holding row i's nonzero
+    sign = m.gather(0, index[None]).squeeze(0).float()
+    sign_t = m.gather(1, index_t[:, None]).squeeze(1).float()
+    packed = torch.cat([
+        torch.stack([gather, full, bf16_exact]).long(),
+        index, index_t, sign.long(), sign_t.long(),
+    ]).tolist()
+    is_gather, is_full, is_bf16 = (bool(v) for v in packed[:3])
+    index_h, index_th = packed[3 : 3 + cols], packed[3 + cols : 3 + cols + rows]
+    sign_h = packed[3 + cols + rows : 3 + 2 * cols + rows]
+    sign_th = packed[3 + 2 * cols + rows :]
+    if not is_gather:
+        zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=m.device)  # noqa: E731
+        return MatrixInfo((rows, cols), False, False, is_bf16, zeros(cols, torch.int64),
+                          zeros(cols, torch.float32), zeros(rows, torch.int64),
+                          zeros(rows, torch.float32), (), ())
+    return MatrixInfo(
+        (rows, cols), True, is_full, is_bf16, index, sign, index_t, sign_t,
+        _runs(index_h, [float(s) for s in sign_h]), _runs(index_th, [float(s) for s in sign_th]),
+    )
+
+
+_cache: OrderedDict[tuple, tuple[Tensor, MatrixInfo, Tensor | None]] = OrderedDict()
+_lock = threading.Lock()
+
+
+def _key(matrix: Tensor) -> tuple:
+    return (
+        id(matrix), matrix._version, tuple(matrix.shape), matrix.stride(), matrix.dtype,
+        matrix.device, matrix.data_ptr(),
+    )
+
+
+def _check(matrix) -> None:
+    if not isinstance(matrix, Tensor):
+        raise TypeError(f"matrix must be a torch.Tensor, got {type(matrix).__name__}")
+    if matrix.ndim != 2:
+        raise ValueError(f"matrix must be 2-D, got shape {list(matrix.shape)}")
+    if matrix.layout != torch.strided:
+        raise ValueError(f"matrix must be a dense (strided) tensor, got layout {matrix.layout}")
+    if matrix.device.type == "meta" or is_fake(matrix):
+        raise ValueError(
+            "describe(matrix) reads the matrix's values, which a meta or fake tensor does not "
+            "have (under torch.compile it runs in the custom op's real implementation)"
+        )
+
+
+def cached(matrix: Tensor) -> MatrixInfo | None:
+    """The cached ``describe(matrix)`` if there is one, else None; never reads the matrix."""
+    _check(matrix)
+    if matrix.is_inference():
+        return None
+    key = _key(matrix)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is None:
+            return None
+        _cache.move_to_end(key)
+    _, info, values = hit
+    if values is not None and not torch.equal(matrix.detach(), values):
+        return None  # changed behind the version counter
+    return info
+
+
+def describe(matrix: Tensor) -> MatrixInfo:
+    """The ``MatrixInfo`` of a 2-D ``matrix``, analysed once per matrix (see module docstring)."""
+    info = cached(matrix)
+    if info is not None:
+        return info
+    info = _analyse(matrix)
+    if not matrix.is_inference():
+        values = matrix.detach().clone() if matrix.device.type == "cpu" else None
+        key = _key(matrix)
+        with _lock:
+            _cache[key] = (matrix, info, values)
+            _cache.move_to_end(key)
+            while len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+    return info
+
+
+def clear_cache() -> None:
+    with _lock:
+        _cache.clear()
