@@ -8,8 +8,7 @@ being ±1 (``gather``), the product is a gather with signs, and so is the transp
 
 Every ``rotation_matrix`` is one (``signed_permutation``: exactly one nonzero per row and per
 column); partial rotary's matrix, with a zero block on the pass-through columns, is a ``gather``
-but not a ``signed_permutation``. ``runs`` / ``runs_t`` describe the same gathers as a few
-strided slices (``Run``): half mode is one run per half section, interleave two stride-2 runs.
+but not a ``signed_permutation``.
 
 Detecting this reads the matrix on the host (a device sync), so ``describe`` caches its answer
 per matrix object: the key is the tensor's identity, its version counter (bumped by in-place
@@ -33,26 +32,6 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 CACHE_SIZE = 64
-_STEPS = (1, 2)  # run strides tried: contiguous halves (half mode), stride-2 pairs (interleave)
-
-
-@dataclass(frozen=True)
-class Run:
-    """Outputs ``out_start + k*step`` take ``sign * x[in_start + k*step]``, k < count."""
-
-    out_start: int
-    in_start: int
-    step: int
-    count: int
-    sign: float  # -1.0 or +1.0 (zero columns are left out of the runs)
-
-    @property
-    def out(self) -> slice:
-        return slice(self.out_start, self.out_start + self.step * (self.count - 1) + 1, self.step)
-
-    @property
-    def into(self) -> slice:
-        return slice(self.in_start, self.in_start + self.step * (self.count - 1) + 1, self.step)
 
 
 @dataclass(frozen=True)
@@ -60,9 +39,9 @@ class MatrixInfo:
     """The structure of one ``[R, C]`` matrix (see the module docstring).
 
     ``index``/``sign`` (``[C]``) and ``index_t``/``sign_t`` (``[R]``) are int64 / float32 tensors
-    on the matrix's device, meaningful when ``gather`` (zeros otherwise); ``runs``/``runs_t`` are
-    the same maps as strided runs (empty unless ``gather``). ``bf16_exact``: every entry is
-    exactly representable in bfloat16 (NaN and ±inf count as representable).
+    on the matrix's device, meaningful when ``gather`` (zeros otherwise; index 0 for a zero
+    column or row). ``bf16_exact``: every entry is exactly representable in bfloat16 (NaN and
+    ±inf count as representable).
     """
 
     shape: tuple[int, int]
@@ -73,72 +52,30 @@ class MatrixInfo:
     sign: Tensor
     index_t: Tensor
     sign_t: Tensor
-    runs: tuple[Run, ...]
-    runs_t: tuple[Run, ...]
-
-
-def _runs(index: list[int], sign: list[float]) -> tuple[Run, ...]:
-    """The fewest runs, over the strides in ``_STEPS``, that cover the nonzero-sign outputs."""
-    best = None
-    for step in _STEPS:
-        used = [s == 0 for s in sign]
-        runs = []
-        for j in range(len(index)):
-            if used[j]:
-                continue
-            n = 0
-            while (
-                j + n * step < len(index)
-                and not used[j + n * step]
-                and index[j + n * step] == index[j] + n * step
-                and sign[j + n * step] == sign[j]
-            ):
-                used[j + n * step] = True
-                n += 1
-            runs.append(Run(j, index[j], step, n, sign[j]))
-        if best is None or len(runs) < len(best):
-            best = runs
-    return tuple(best)
 
 
 def _analyse(matrix: Tensor) -> MatrixInfo:
     m = matrix.detach()
     rows, cols = m.shape
-    if m.numel() == 0:
-        empty = lambda n, dt: torch.zeros(n, dtype=dt, device=m.device)  # noqa: E731
-        return MatrixInfo((rows, cols), True, rows == cols, True, empty(cols, torch.int64),
-                          empty(cols, torch.float32), empty(rows, torch.int64),
-                          empty(rows, torch.float32), (), ())
     nonzero = m != 0  # NaN counts as nonzero
     unit = (m == 1) | (m == -1)
-    # flags and both index maps in one tensor: a single device -> host transfer
-    one_per_col = nonzero.sum(0) <= 1
-    one_per_row = nonzero.sum(1) <= 1
-    gather = one_per_col.all() & one_per_row.all() & (unit | ~nonzero).all()
-    full = (nonzero.sum(0) == 1).all() & (nonzero.sum(1) == 1).all()
+    per_col, per_row = nonzero.sum(0), nonzero.sum(1)
     bf16 = m.to(torch.bfloat16).to(m.dtype)
-    bf16_exact = ((bf16 == m) | (m.isnan() & bf16.isnan())).all()
-    index = nonzero.to(torch.int8).argmax(0)  # the row holding column j's nonzero (0 if none)
-    index_t = nonzero.to(torch.int8).argmax(1)  # the column holding row i's nonzero
-    sign = m.gather(0, index[None]).squeeze(0).float()
-    sign_t = m.gather(1, index_t[:, None]).squeeze(1).float()
-    packed = torch.cat([
-        torch.stack([gather, full, bf16_exact]).long(),
-        index, index_t, sign.long(), sign_t.long(),
-    ]).tolist()
-    is_gather, is_full, is_bf16 = (bool(v) for v in packed[:3])
-    index_h, index_th = packed[3 : 3 + cols], packed[3 + cols : 3 + cols + rows]
-    sign_h = packed[3 + cols + rows : 3 + 2 * cols + rows]
-    sign_th = packed[3 + 2 * cols + rows :]
-    if not is_gather:
-        zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=m.device)  # noqa: E731
-        return MatrixInfo((rows, cols), False, False, is_bf16, zeros(cols, torch.int64),
-                          zeros(cols, torch.float32), zeros(rows, torch.int64),
-                          zeros(rows, torch.float32), (), ())
-    return MatrixInfo(
-        (rows, cols), True, is_full, is_bf16, index, sign, index_t, sign_t,
-        _runs(index_h, [float(s) for s in sign_h]), _runs(index_th, [float(s) for s in sign_th]),
-    )
+    flags = torch.stack([
+        (per_col <= 1).all() & (per_row <= 1).all() & (unit | ~nonzero).all(),  # gather
+        (per_col == 1).all() & (per_row == 1).all(),  # every row and column used
+        ((bf16 == m) | (m.isnan() & bf16.isnan())).all(),
+    ]).tolist()  # the one device -> host transfer
+    gather, full, bf16_exact = (bool(f) for f in flags)
+    if gather and rows and cols:
+        index = nonzero.to(torch.uint8).argmax(0)  # the row holding column j's nonzero
+        index_t = nonzero.to(torch.uint8).argmax(1)  # the column holding row i's nonzero
+        sign = m.gather(0, index[None]).squeeze(0).float()
+        sign_t = m.gather(1, index_t[:, None]).squeeze(1).float()
+    else:
+        index, index_t = (torch.zeros(n, dtype=torch.int64, device=m.device) for n in (cols, rows))
+        sign, sign_t = (torch.zeros(n, dtype=torch.float32, device=m.device) for n in (cols, rows))
+    return MatrixInfo((rows, cols), gather, gather and full, bf16_exact, index, sign, index_t, sign_t)
 
 
 _cache: OrderedDict[tuple, tuple[Tensor, MatrixInfo, Tensor | None]] = OrderedDict()
