@@ -124,13 +124,8 @@ def _matrix_facts(info, matrix_ref, dtype_key):
     m = matrix_ref.detach().to("cpu")
     exact_in_x = _exact_in(m, dtype_key)
     nonzero = m != 0
-    src_t = None
-    if info.gather:
-        # column j of Mᵀ is row j of M; its nonzero sits at the column c with index[c] == j
-        src_t = torch.arange(m.shape[0])
-        live = info.sign != 0
-        src_t[info.index[live]] = torch.arange(m.shape[0])[live]
-        src_t = src_t.to(torch.int32)
+    # column j of Mᵀ is row j of M, whose nonzero sits at column index_t[j]
+    src_t = info.index_t.to(torch.int32) if info.gather else None
     return exact_in_x, nonzero, src_t
 
 

@@ -23,6 +23,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from . import torch_backend
+
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Triton's interpreter patches triton.language globally while it runs a kernel, so two threads
@@ -141,20 +143,6 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _matmul(a: Tensor, m: Tensor) -> Tensor:
-    if a.is_cuda and a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
-        return (a.double() @ m.double()).float()  # never let TF32 into the fp32 product
-    return a @ m
-
-
-def _torch_rotate(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, transpose: bool) -> Tensor:
-    dt = _compute_dtype(x)
-    xf, c, s, m = (t.to(dt) for t in (x, cos, sin, matrix))
-    if transpose:
-        return xf * c + _matmul(xf * s, m.mT)
-    return xf * c + _matmul(xf, m) * s
-
-
 def _unit_last(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
@@ -179,8 +167,7 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]
             )
     else:
         for x, out in zip(xs, outs):
-            if x.numel():
-                out.copy_(_torch_rotate(x, cos, sin, matrix, transpose))
+            torch_backend.rotate(x, cos, sin, matrix, transpose=transpose, out=out)
     return outs
 
 
@@ -255,6 +242,7 @@ def _reduce_sum(terms: list[Tensor], like: Tensor) -> Tensor:
     return sum(t.sum_to_size(like.shape) for t in terms).to(like.dtype)
 
 
+@torch_backend.no_autocast
 def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
     """Grads of cos, sin and matrix; h is the incoming grad of the output of x."""
     pairs = [(x, h) for x, h in zip(xs, hs) if h is not None]

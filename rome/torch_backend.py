@@ -1,0 +1,162 @@
+"""The torch backend: ``x*cos + (x @ M)*sin`` (or its transpose) in plain torch ops, exact.
+
+    forward     out = x*cos + (x @ M) * sin
+    transpose   out = x*cos + (x*sin) @ Mᵀ
+
+x: ``[..., D]`` any strides and dtype; cos/sin broadcast to x; M: ``[D, D]``; out: x's dtype.
+
+Precision: computed in float64 and rounded once to x's dtype (float32 only where the device has
+no float64, e.g. MPS; there nothing is promised beyond fp32 math). For float32, bfloat16 and
+float16 x with float32 (or x-dtype) tables, the products x*cos and x*sin are exact in float64,
+so the float64 sum is within 2**-53 relative of the exact value and the result within one ulp
+of x's dtype (``tests/test_torch_backend.py`` checks this where the two terms cancel). A
+general (non-gather) M takes a float64 product.
+
+Speed: a matrix that ``rome.structure`` finds to be a signed (partial) permutation is never
+multiplied: per chunk, ``g = gather(x, index)``, ``g *= sign*sin`` (the signs folded into the sin
+table once per call), ``g += x*cos``; a general M takes a float64 matmul. The work walks x in
+chunks of ``CHUNK_ELEMENTS`` elements in x's memory order (a view, never a copy of x), so on the
+CPU a chunk's float64 temporaries stay in cache; on other devices chunks only bound their size.
+
+Autocast: the op computes as documented whatever the ambient autocast state, and its output
+dtype follows x; autocast is switched off inside (``no_autocast``), so x @ M never runs in a
+lower precision because a caller's region asked for one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+
+import torch
+from torch import Tensor
+
+from . import structure
+
+CHUNK_ELEMENTS = {"cpu": 1 << 16}  # elements of x per chunk (CPU: fp64 temporaries in L2)
+_DEFAULT_CHUNK = 1 << 22  # other devices: bounds the float64 temporaries to 32 MiB each
+
+
+def no_autocast(fn=None):
+    """Context manager (or decorator) that switches CPU and CUDA autocast off inside."""
+    if fn is not None:
+
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            with no_autocast():
+                return fn(*args, **kwargs)
+
+        return wrapped
+    stack = contextlib.ExitStack()
+    for device_type in ("cpu", "cuda"):
+        stack.enter_context(torch.autocast(device_type, enabled=False))
+    return stack
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """float64, or float32 on devices without float64 (MPS)."""
+    return torch.float32 if x.device.type == "mps" else torch.float64
+
+
+def _structure(matrix: Tensor) -> structure.MatrixInfo | None:
+    """The matrix's gather structure, or None where it must be multiplied (no sync allowed)."""
+    if matrix.device.type == "meta":
+        return None
+    if matrix.is_cuda and torch.cuda.is_current_stream_capturing():
+        return structure.cached(matrix)  # reading M now would break the CUDA graph capture
+    return structure.describe(matrix)
+
+
+def _merged(tensors: list[Tensor]) -> list[Tensor]:
+    """The tensors (one shape ``[..., D]``) with leading dims in x's memory order, and adjacent
+    leading dims merged wherever every tensor's strides allow (a view, never a copy)."""
+    x = tensors[0]
+    order = sorted(range(x.ndim - 1), key=lambda d: x.stride(d), reverse=True)
+    sizes, strides = [], [[] for _ in tensors]
+    for d in order:
+        n = x.shape[d]
+        if n == 1:
+            continue
+        if sizes and all(st[-1] == t.stride(d) * n for st, t in zip(strides, tensors)):
+            sizes[-1] *= n
+            for st, t in zip(strides, tensors):
+                st[-1] = t.stride(d)
+            continue
+        sizes.append(n)
+        for st, t in zip(strides, tensors):
+            st.append(t.stride(d))
+    d = x.shape[-1]
+    return [t.as_strided((*sizes, d), (*st, t.stride(-1)), t.storage_offset())
+            for t, st in zip(tensors, strides)]
+
+
+def _chunked(fn, x: Tensor, out: Tensor, *tables: Tensor) -> None:
+    """``fn(x_piece, out_piece, *table_pieces)`` over chunks of about ``CHUNK_ELEMENTS`` of x, in
+    x's memory order; the tables broadcast to x."""
+    rows = max(1, CHUNK_ELEMENTS.get(x.device.type, _DEFAULT_CHUNK) // x.shape[-1])
+    if x.numel() <= rows * x.shape[-1]:
+        fn(x, out, *tables)
+        return
+    tensors = _merged([x, out, *(t.expand(x.shape) for t in tables)])
+    lead = tensors[0].shape[:-1]
+    # split dim j, the outermost whose inner dims hold fewer than ``rows`` rows; loop over the rest
+    j = next(j for j in range(len(lead)) if math.prod(lead[j + 1 :]) < rows)
+    step = max(1, rows // math.prod(lead[j + 1 :]))
+    for outer in itertools.product(*map(range, lead[:j])):
+        for pieces in zip(*(t[outer].split(step) for t in tensors)):
+            fn(*pieces)
+
+
+def rotate(
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, transpose: bool = False,
+    out: Tensor | None = None,
+) -> Tensor:
+    """``x*cos + (x @ matrix)*sin`` (``transpose``: ``x*cos + (x*sin) @ matrixᵀ``) in x's dtype.
+
+    Written into ``out`` (x's shape and dtype, not aliasing x) when given, else a new tensor.
+    """
+    if out is None:
+        out = torch.empty_like(x)
+    elif out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(
+            f"out must have x's shape {list(x.shape)} and dtype {x.dtype}, got "
+            f"{list(out.shape)} {out.dtype}"
+        )
+    if x.numel() == 0:
+        return out
+    with no_autocast():
+        dt = torch.float64 if x.dtype == torch.float64 else compute_dtype(x)
+        c, s = cos, sin  # converted chunk by chunk (in cache), not here
+        info = _structure(matrix)
+        if info is None or not info.gather:
+            m = matrix.to(dt)
+            step = functools.partial(_dense, m=m.mT if transpose else m, transpose=transpose, dt=dt)
+            _chunked(step, x, out, c, s)
+            return out
+        index, sign = (info.index_t, info.sign_t) if transpose else (info.index, info.sign)
+        # (x @ M)[j] = sign[j] x[index[j]];  ((x*s) @ Mᵀ)[i] = sign_t[i] x[index_t[i]] s[index_t[i]]
+        signed = (s.index_select(-1, index) if transpose else s) * sign.to(s.dtype)  # exact
+        # a zero column gathers its own x (times 0): a non-finite x stays in its own column
+        index = torch.where(sign != 0, index, torch.arange(len(index), device=index.device))
+        _chunked(functools.partial(_gathered, index=index, dt=dt), x, out, c, signed)
+    return out
+
+
+def _gathered(x, out, c, signed, *, index, dt) -> None:
+    xd = x.to(dt)
+    direct = out.dtype == dt  # float64 x: work in out itself
+    g = torch.gather(xd, -1, index.expand(xd.shape), out=out if direct else None)
+    g.mul_(signed).addcmul_(xd, c)  # sign*x[index]*s exact, + x*c exact, one rounding in dt
+    if not direct:
+        out.copy_(g)
+
+
+def _dense(x, out, c, s, *, m, transpose: bool, dt) -> None:
+    xd = x.to(dt)
+    if transpose:
+        t = (xd * s) @ m
+    else:
+        t = (xd @ m).mul_(s)
+    out.copy_(t.addcmul_(xd, c))
