@@ -108,6 +108,10 @@ def _add2(x, c, a, F64: tl.constexpr):
 @triton.jit
 def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
     # acc += v @ w, fp32 v fed as SPLIT pieces in OP_DTYPE whose sum is v (exact for SPLIT=3 bf16)
+    if SPLIT == 1:  # v is exact in OP_DTYPE (or the dot is fp32): no rounding to do
+        if FP32_DOT:
+            return tl.dot(v, w, acc, input_precision="ieee")
+        return tl.dot(v.to(OP_DTYPE), w, acc)
     rem = v
     for _ in tl.static_range(SPLIT):
         piece = rem.to(OP_DTYPE)
