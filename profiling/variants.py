@@ -5,6 +5,7 @@ A variant is built for a ``Setup`` (tables, matrix, workload) and returns ``run(
 region): the seed's BNSD for rome and the references, BSND storage for kernels written for it.
 Outputs are always BNSD-shaped (views are fine). A variant that cannot express a workload
 raises ``Unsupported`` with the reason; one that is not installed here raises ``Unavailable``.
+The seed's v4 (``per_section``) runs an anchor's 1D kernel once per section and concatenates.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def _v2(s: Setup):
 
 def _v3(s: Setup):
     return _pair(lambda x: merged_matrix(x, s.cos, s.sin, s.matrix))
+
+
+def _v1_pair(q, k, cos, sin, sections, mode):
+    return slice_concat(q, cos, sin, sections, mode), slice_concat(k, cos, sin, sections, mode)
+
+
+def _v1_compiled(s: Setup):
+    f = torch.compile(_v1_pair, dynamic=False)
+    return lambda q, k: f(q, k, s.cos, s.sin, s.sections, s.mode)
 
 
 def _v3_pair(q, k, cos, sin, m):
@@ -179,10 +189,49 @@ def _transformer_engine(s: Setup):
     return run
 
 
+# --- seed v4: a fused 1D RoPE kernel per section, outputs concatenated -----------------------
+
+
+def section_setups(s: Setup) -> list[tuple[slice, Setup]]:
+    """seed v4's split: ``(columns, one-section Setup)`` per section for half mode; for interleave
+    one for the whole head (pairs never cross a section, so multi-axis interleave RoPE is 1D
+    interleave RoPE of the whole head with the concatenated tables, as the seed's v4 calls it).
+    Each Setup has that section's contiguous tables and its own rotation matrix."""
+    sizes = (s.workload.head_dim,) if s.mode == "interleave" else s.sections
+    parts, start = [], 0
+    for d in sizes:
+        cols = slice(start, start + d)
+        cos, sin, angles = (t[..., cols].contiguous() for t in (s.cos, s.sin, s.angles))
+        matrix = rome.rotation_matrix(d, s.mode, dtype=s.matrix.dtype, device=s.matrix.device)
+        parts.append((cols, Setup(s.workload.replace(sections=(d,)), s.mode, cos, sin, angles, matrix, s.backend)))
+        start += d
+    return parts
+
+
+def per_section(build: Callable[[Setup], Callable]) -> Callable[[Setup], Callable]:
+    """seed v4 from a one-section variant ``build``: each section's slice of q and k is copied
+    contiguous (as the seed does, and timed), rotated by ``build``'s run, and the BNSD outputs are
+    concatenated along head_dim. Works in whatever layout ``build``'s variant prepares."""
+
+    def build_v4(s: Setup):
+        parts = [(cols, build(sub)) for cols, sub in section_setups(s)]
+        if len(parts) == 1:
+            return parts[0][1]
+
+        def run(q, k):
+            outs = [f(q[..., cols].contiguous(), k[..., cols].contiguous()) for cols, f in parts]
+            return torch.cat([o[0] for o in outs], -1), torch.cat([o[1] for o in outs], -1)
+
+        return run
+
+    return build_v4
+
+
 VARIANTS = {
     v.name: v
     for v in [
         Variant("v1 slice+concat", "seed v1: split per section, rotate_half / rotate_every_two, concat", "reference", _v1),
+        Variant("v1 torch.compile", "seed v1 under torch.compile (a user compiling the model's own RoPE code)", "compiled", _v1_compiled),
         Variant("v2 per-section matrix", "seed v2: one matrix per section, then concat", "reference", _v2),
         Variant("v3 merged matrix", "seed v3: x*cos + (x@M)*sin with one matrix, eager torch", "reference", _v3),
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
@@ -192,5 +241,9 @@ VARIANTS = {
         Variant("flash-attn", "flash_attn.layers.rotary.apply_rotary_emb on q and k", "anchor", _flash_attn, "bsnd"),
         Variant("flashinfer", "flashinfer.rope.apply_rope_with_cos_sin_cache (inference only)", "anchor", _flashinfer, "bsnd", False),
         Variant("transformer-engine", "transformer_engine apply_rotary_pos_emb(fused=True, bshd)", "anchor", _transformer_engine, "bsnd"),
+        Variant("v4 liger per section", "seed v4: liger-kernel's rope on each section, concatenated", "anchor", per_section(_liger), "bsnd"),
+        Variant("v4 flash-attn per section", "seed v4: flash-attn's rotary on each section (interleave: one call), concatenated", "anchor", per_section(_flash_attn), "bsnd"),
+        Variant("v4 flashinfer per section", "seed v4: flashinfer's rope on each section (interleave: one call), concatenated", "anchor", per_section(_flashinfer), "bsnd", False),
+        Variant("v4 transformer-engine per section", "seed v4: TransformerEngine's fused rope on each section (interleave: one call), concatenated", "anchor", per_section(_transformer_engine), "bsnd"),
     ]
 }

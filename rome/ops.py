@@ -166,8 +166,7 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]
                 transpose=transpose,
             )
     else:
-        for x, out in zip(xs, outs):
-            torch_backend.rotate(x, cos, sin, matrix, transpose=transpose, out=out)
+        torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose)
     return outs
 
 

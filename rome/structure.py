@@ -13,7 +13,10 @@ but not a ``signed_permutation``.
 Detecting this reads the matrix on the host (a device sync), so ``describe`` caches its answer
 per matrix object: the key is the tensor's identity, its version counter (bumped by in-place
 changes), shape, strides, dtype, device and data pointer, and the cache holds a reference to the
-tensor, so its memory cannot be freed and reused by another matrix while the entry lives. On
+tensor (detached: the same storage and version counter, without the autograd graph a computed
+matrix carries), so its memory cannot be freed and reused by another matrix while the entry
+lives; an object that later gets the same identity at the same address is a view of that very
+memory, which its version says is unchanged. On
 the CPU, where reading is cheap, a hit is also compared with a copy of the values it was found
 for, so writes that bypass the version counter (through ``.data``, as ``gradcheck`` does) are
 seen too; on other devices such writes are not seen. Inference tensors have no version counter:
@@ -104,7 +107,7 @@ def _check(matrix) -> None:
 
 
 def cached(matrix: Tensor) -> MatrixInfo | None:
-    """The cached ``describe(matrix)`` if there is one, else None; never reads the matrix."""
+    """The cached ``describe(matrix)`` if there is one, else None; never syncs a device."""
     _check(matrix)
     if matrix.is_inference():
         return None
@@ -130,7 +133,7 @@ def describe(matrix: Tensor) -> MatrixInfo:
         values = matrix.detach().clone() if matrix.device.type == "cpu" else None
         key = _key(matrix)
         with _lock:
-            _cache[key] = (matrix, info, values)
+            _cache[key] = (matrix.detach(), info, values)
             _cache.move_to_end(key)
             while len(_cache) > CACHE_SIZE:
                 _cache.popitem(last=False)

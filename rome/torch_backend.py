@@ -119,29 +119,40 @@ def rotate(
     """
     if out is None:
         out = torch.empty_like(x)
-    elif out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(
-            f"out must have x's shape {list(x.shape)} and dtype {x.dtype}, got "
-            f"{list(out.shape)} {out.dtype}"
-        )
-    if x.numel() == 0:
-        return out
+    rotate_into([x], [out], cos, sin, matrix, transpose=transpose)
+    return out
+
+
+def rotate_into(xs, outs, cos: Tensor, sin: Tensor, matrix: Tensor, *, transpose: bool = False) -> None:
+    """``rotate`` of every x in ``xs`` (one dtype, sharing the tables) into its ``outs``."""
+    for x, out in zip(xs, outs, strict=True):
+        if out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(
+                f"out must have x's shape {list(x.shape)} and dtype {x.dtype}, got "
+                f"{list(out.shape)} {out.dtype}"
+            )
+    live = [(x, out) for x, out in zip(xs, outs) if x.numel()]
+    if not live:
+        return
     with no_autocast():
-        dt = torch.float64 if x.dtype == torch.float64 else compute_dtype(x)
-        c, s = cos, sin  # converted chunk by chunk (in cache), not here
+        x0 = live[0][0]
+        dt = torch.float64 if x0.dtype == torch.float64 else compute_dtype(x0)
+        c, s = cos.to(dt), sin.to(dt)  # tables once per call: the chunks' math is all in dt
         info = _structure(matrix)
         if info is None or not info.gather:
             m = matrix.to(dt)
             step = functools.partial(_dense, m=m.mT if transpose else m, transpose=transpose, dt=dt)
-            _chunked(step, x, out, c, s)
-            return out
-        index, sign = (info.index_t, info.sign_t) if transpose else (info.index, info.sign)
-        # (x @ M)[j] = sign[j] x[index[j]];  ((x*s) @ Mᵀ)[i] = sign_t[i] x[index_t[i]] s[index_t[i]]
-        signed = (s.index_select(-1, index) if transpose else s) * sign.to(s.dtype)  # exact
-        # a zero column gathers its own x (times 0): a non-finite x stays in its own column
-        index = torch.where(sign != 0, index, torch.arange(len(index), device=index.device))
-        _chunked(functools.partial(_gathered, index=index, dt=dt), x, out, c, signed)
-    return out
+            tables = (c, s)
+        else:
+            index, sign = (info.index_t, info.sign_t) if transpose else (info.index, info.sign)
+            # (x @ M)[j] = sign[j] x[index[j]];  ((x*s) @ Mᵀ)[i] = sign_t[i] x[index_t[i]] s[index_t[i]]
+            signed = (s.index_select(-1, index) if transpose else s) * sign.to(dt)  # exact
+            # a zero column gathers its own x (times 0): a non-finite x stays in its own column
+            index = torch.where(sign != 0, index, torch.arange(len(index), device=index.device))
+            step = functools.partial(_gathered, index=index, dt=dt)
+            tables = (c, signed)
+        for x, out in live:
+            _chunked(step, x, out, *tables)
 
 
 def _gathered(x, out, c, signed, *, index, dt) -> None:

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import rome
-from profiling import accuracy, speed
+from einops import repeat
+from profiling import accuracy, speed, variants
 from profiling.__main__ import main
-from profiling.variants import VARIANTS, Setup, Unavailable, Unsupported
+from profiling.variants import VARIANTS, Setup, Unavailable, Unsupported, per_section, section_setups
 from profiling.workloads import WORKLOADS, qk, scaled_for_cpu, tables
+from rome.reference import rotate_every_two, rotate_half, slice_concat
 from helpers import assert_rope_close
 
 from conftest import DEVICE
@@ -54,16 +56,148 @@ def test_every_runnable_variant_matches_the_oracle(mode, workload):
         assert_rope_close(q_out, q, t.cos, t.sin, w.sections, mode)
         assert_rope_close(k_out, k, t.cos, t.sin, w.sections, mode)
         ran += 1
-    assert ran >= 6
+    assert ran >= 7
+
+
+ANCHORS = ("liger-kernel", "flash-attn", "flashinfer", "transformer-engine")
+V4 = ("v4 liger per section", "v4 flash-attn per section", "v4 flashinfer per section",
+      "v4 transformer-engine per section")
 
 
 def test_anchor_support_reasons():
     w = WORKLOADS["default"]
     t = tables(w.replace(seq=4))
     s = Setup(w, "half", t.cos, t.sin, t.angles, rome.rotation_matrix(w.sections, "half"), "torch")
-    for name in ("liger-kernel", "flash-attn", "flashinfer", "transformer-engine"):
-        with pytest.raises((Unsupported, Unavailable)):
+    for name in ANCHORS:  # one call over the whole head cannot express 3D half RoPE
+        with pytest.raises(Unsupported, match="section|1D half"):
             VARIANTS[name].build(s)
+    for name in V4:  # the per-section split can: only the GPU is missing
+        with pytest.raises(Unavailable, match="needs CUDA tensors"):
+            VARIANTS[name].build(s)
+    assert {"v1 torch.compile", *V4} <= set(VARIANTS)
+
+
+def _workload_setup(workload, mode, dtype=torch.float32):
+    w = scaled_for_cpu(WORKLOADS[workload]).replace(seq=min(WORKLOADS[workload].seq, 24), q_heads=2, kv_heads=1)
+    q, k = qk(w, dtype=dtype, device=DEVICE)
+    t = tables(w, mode=mode, device=DEVICE)
+    m = rome.rotation_matrix(w.sections, mode, device=DEVICE)
+    return w, q, k, t, Setup(w, mode, t.cos, t.sin, t.angles, m, "torch")
+
+
+@pytest.mark.parametrize("layout", ["bnsd", "bsnd"])
+@pytest.mark.parametrize("workload, mode", [("default", "half"), ("default", "interleave"),
+                                            ("cogvideox", "interleave"), ("decode", "half")])
+def test_v4_adapter_with_a_stand_in_1d_kernel(workload, mode, layout):
+    """seed v4's split/concat and table slicing, with v1 on one section as the fused 1D kernel:
+    the same bits as v1 over all sections (bf16, fp32 tables)."""
+    w, q, k, t, s = _workload_setup(workload, mode, torch.bfloat16)
+    seen = []
+
+    def one_section(sub):
+        (d,) = sub.sections
+        assert sub.cos.shape[-1] == sub.sin.shape[-1] == sub.angles.shape[-1] == d and sub.cos.is_contiguous()
+        assert torch.equal(sub.matrix, rome.rotation_matrix(d, mode, device=DEVICE))
+        seen.append(d)
+
+        def run(q, k):  # like the anchors: BSND storage in, BNSD-shaped out
+            if layout == "bsnd":
+                q, k = q.transpose(1, 2), k.transpose(1, 2)
+            return slice_concat(q, sub.cos, sub.sin, d, mode), slice_concat(k, sub.cos, sub.sin, d, mode)
+
+        return run
+
+    run = per_section(one_section)(s)
+    prep = (lambda x: x.transpose(1, 2).contiguous()) if layout == "bsnd" else (lambda x: x)
+    q_out, k_out = run(prep(q), prep(k))
+    assert seen == (list(w.sections) if mode == "half" else [w.head_dim])
+    assert torch.equal(q_out, slice_concat(q, t.cos, t.sin, w.sections, mode))
+    assert torch.equal(k_out, slice_concat(k, t.cos, t.sin, w.sections, mode))
+    cols = [c for c, _ in section_setups(s)]
+    assert cols[0].start == 0 and cols[-1].stop == w.head_dim and all(a.stop == b.start for a, b in zip(cols, cols[1:]))
+
+
+# Pure-torch stand-ins written from each library's documented call, so the adapters' table
+# layouts, offsets and reshapes are checked on the CPU (the real kernels need CUDA).
+def _rotate(x, interleaved):
+    return rotate_every_two(x) if interleaved else rotate_half(x)
+
+
+def _flash_attn_apply_rotary_emb(x, cos, sin, interleaved=False, seqlen_offsets=0):
+    """x [B, S, N, d]; cos/sin [S_ro, d/2]; token t of batch b reads row t + seqlen_offsets[b]."""
+    b, sq = x.shape[:2]
+    offsets = seqlen_offsets if torch.is_tensor(seqlen_offsets) else torch.full((b,), seqlen_offsets)
+    rows = torch.arange(sq, device=x.device)[None] + offsets.to(x.device).long()[:, None]  # [B, S]
+    spread = "... d -> ... 1 (d two)" if interleaved else "... d -> ... 1 (two d)"
+    c, s = (repeat(t[rows], spread, two=2) for t in (cos, sin))
+    xf = x.float()
+    return (xf * c + _rotate(xf, interleaved) * s).to(x.dtype)
+
+
+def _liger_rotary_pos_emb(q, k, cos, sin):
+    """q, k [B, N, S, d] (views); cos/sin [1|B, S, d]: NeoX rotation."""
+    c, s = cos[:, None], sin[:, None]
+    return ((q.float() * c + rotate_half(q.float()) * s).to(q.dtype),
+            (k.float() * c + rotate_half(k.float()) * s).to(k.dtype))
+
+
+def _flashinfer_apply_rope_with_cos_sin_cache(positions, query, key, head_size, cache, is_neox=True):
+    """query/key [T, heads*head_size]; cache [P, d] = cos half | sin half; token t reads row positions[t]."""
+    half = cache.shape[-1] // 2
+    spread = "t d -> t 1 (two d)" if is_neox else "t d -> t 1 (d two)"
+    c, s = (repeat(part[positions], spread, two=2) for part in (cache[:, :half], cache[:, half:]))
+
+    def one(x):
+        xf = x.float().view(x.shape[0], -1, head_size)
+        return (xf * c + _rotate(xf, not is_neox) * s).to(x.dtype).view(x.shape)
+
+    return one(query), one(key)
+
+
+def _te_cos_sin(freqs):
+    return freqs.float().cos(), freqs.float().sin()
+
+
+def _te_apply_rotary_pos_emb(t, freqs, tensor_format="bshd", interleaved=False, fused=True):
+    """t [B, S, N, d] (bshd); freqs [S, 1, 1, d] angles laid out as the tables."""
+    assert tensor_format == "bshd" and fused
+    c, s = (v[:, 0, 0][None, :, None] for v in _te_cos_sin(freqs))
+    return (t.float() * c + _rotate(t.float(), interleaved) * s).to(t.dtype)
+
+
+STAND_INS = {"flash-attn": _flash_attn_apply_rotary_emb, "liger-kernel": _liger_rotary_pos_emb,
+             "flashinfer": _flashinfer_apply_rope_with_cos_sin_cache,
+             "transformer-engine": _te_apply_rotary_pos_emb}
+
+
+@pytest.mark.parametrize("workload, mode", [("default", "half"), ("default", "interleave"),
+                                            ("cogvideox", "interleave"), ("llama-1d", "half"), ("decode", "half")])
+def test_anchor_adapters_with_stand_in_kernels(workload, mode, monkeypatch):
+    """Every anchor and v4 adapter, fed a pure-torch stand-in of its library call, computes RoPE;
+    the v4 ones also run where the plain adapter cannot express the workload (3D half)."""
+    monkeypatch.setattr(variants, "_anchor", lambda s, package, *_: STAND_INS[package])
+    w, q, k, t, s = _workload_setup(workload, mode)
+    ran = set()
+    for name in ANCHORS + V4:
+        v = VARIANTS[name]
+        try:
+            run = v.build(s)
+        except Unsupported as e:
+            assert str(e)
+            continue
+        q_out, k_out = run(v.prepare(q), v.prepare(k))
+        cos, sin = t.cos, t.sin
+        if "transformer-engine" in name:  # TE turns fp32 angles into its own tables
+            cos, sin = (v.double() for v in _te_cos_sin(t.angles))
+        assert_rope_close(q_out, q, cos, sin, w.sections, mode)
+        assert_rope_close(k_out, k, cos, sin, w.sections, mode)
+        ran.add(name)
+    if (workload, mode) == ("default", "half"):
+        assert ran == set(V4)  # v1's workload: only the per-section split expresses it
+    elif mode == "interleave":
+        assert ran == set(ANCHORS + V4) - {"liger-kernel", "v4 liger per section"}
+    else:
+        assert ran >= set(V4) - {"v4 transformer-engine per section"}
 
 
 def test_ulp_histogram_counts_every_element():
@@ -96,7 +230,7 @@ def test_report_cli_end_to_end(tmp_path):
     r = json.loads((out / "results.json").read_text())
     assert {"device", "torch", "triton", "commit"} <= set(r["environment"])
     ran = {s["variant"] for s in r["variants"] if s["status"] == "ok"}
-    assert {"v1 slice+concat", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
+    assert {"v1 slice+concat", "v1 torch.compile", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
     assert all(s["reason"] for s in r["variants"] if s["status"] != "ok")  # never silently dropped
     prec_fields = {"variant", "dtype", "mode", "table_dtype", "max_abs", "max_rel", "seed_metric", "seed_count", "max_ulp", "ok"}
     combos = {(p["variant"], p["dtype"], p["mode"], p["table_dtype"]) for p in r["precision"]}

@@ -130,8 +130,8 @@ def test_cache_holds_the_tensor_and_is_bounded():
     for m in ms:
         structure.describe(m)
     assert len(structure._cache) == structure.CACHE_SIZE
-    held = {id(v[0]) for v in structure._cache.values()}
-    assert held == {id(m) for m in ms[10:]}  # least recently used dropped first
+    held = {v[0].data_ptr() for v in structure._cache.values()}
+    assert held == {m.data_ptr() for m in ms[10:]}  # least recently used dropped first
     # a freed matrix cannot hand its cache entry to a new tensor at the same address:
     # the entry keeps the old tensor alive, so its storage is not reused
     m = rome.rotation_matrix((8, 8), "half", device=DEVICE)
@@ -141,6 +141,14 @@ def test_cache_holds_the_tensor_and_is_bounded():
     n = torch.randn(8, 8, device=DEVICE).mul_(0)
     n.fill_diagonal_(2.0)
     assert n.data_ptr() != ptr and not structure.describe(n).gather and info.gather
+
+
+def test_cache_does_not_hold_autograd_graphs():
+    w = torch.ones(16, device=DEVICE, requires_grad=True)
+    m = rome.rotation_matrix((8, 8), "half", device=DEVICE) * w  # a computed matrix
+    structure.describe(m)
+    held = next(v[0] for v in reversed(structure._cache.values()))
+    assert held.data_ptr() == m.data_ptr() and held.grad_fn is None and not held.requires_grad
 
 
 def test_inference_tensors_are_analysed_every_call():
