@@ -85,24 +85,27 @@ def _two_prod(a, b, F64: tl.constexpr):
 
 
 @triton.jit
-def _dot2(x, c, r, s, F64: tl.constexpr):
-    # x*c + r*s: error-free products, TwoSum of their leading parts, the small terms added last
-    p, ep = _two_prod(x, c, F64)
-    q, eq = _two_prod(r, s, F64)
+def _sum2(p, q, small):
+    # p + q + small, with p + q exact by TwoSum and the small terms added last
     t = p + q
     z = t - p
     err = (p - (t - z)) + (q - z)
-    return t + (err + (ep + eq))
+    return t + (err + small)
+
+
+@triton.jit
+def _dot2(x, c, r, s, F64: tl.constexpr):
+    # x*c + r*s: error-free products, then their parts summed (near-correctly rounded)
+    p, ep = _two_prod(x, c, F64)
+    q, eq = _two_prod(r, s, F64)
+    return _sum2(p, q, ep + eq)
 
 
 @triton.jit
 def _add2(x, c, a, F64: tl.constexpr):
-    # x*c + a, the same way with a exact product term a
+    # x*c + a for an exact fp32 term a
     p, ep = _two_prod(x, c, F64)
-    t = p + a
-    z = t - p
-    err = (p - (t - z)) + (a - z)
-    return t + (err + ep)
+    return _sum2(p, a, ep)
 
 
 @triton.jit

@@ -83,13 +83,18 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     block_d = max(16, triton.next_power_of_2(head_dim))
     # rows per tile, panel width and warps, read off the compiled kernels (python -m profiling
     # kernels): one-piece half-precision dots hold a [32, 64] panel in ~180 registers (D <= 128);
-    # four panels (D=256) or three pieces need half the rows; three pieces at D=256 take 8 warps.
+    # four panels (D=256) or three pieces need half the rows; three pieces at D=256 take 8 warps
+    # (fp32 x) or 32-wide panels (bf16 dy*sin). sm_100 still spills 8 bytes in a few configs (python -m profiling kernels).
     if ieee:  # FMA dots: [16, 32] panels over 8 warps (4 warps spilled 8 bytes at D=128)
         block_r, block_n, num_warps = 16, 32, 8
     elif split == 1:
         block_r, block_n, num_warps = (32 if block_d <= 128 else 16), PANEL, 4
-    else:
-        block_r, block_n, num_warps = 16, PANEL, (4 if block_d <= 128 else 8)
+    elif block_d <= 128:
+        block_r, block_n, num_warps = 16, PANEL, 4
+    elif x_dtype == torch.float32:  # fp32 x in three pieces at D=256
+        block_r, block_n, num_warps = 16, PANEL, 8
+    else:  # a general bf16 matrix's backward at D=256: 64-wide panels spilled on sm_80/sm_90
+        block_r, block_n, num_warps = 16, 32, 4
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
@@ -119,24 +124,33 @@ def _block_mask(nonzero: torch.Tensor, block: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _matrix_facts(info, matrix_ref, dtype_key):
-    """Per (matrix, x dtype): exactness, nonzero pattern and the transpose's gather index."""
-    m = matrix_ref.detach().to("cpu")
-    exact_in_x = _exact_in(m, dtype_key)
-    nonzero = m != 0
-    # column j of Mᵀ is row j of M, whose nonzero sits at column index_t[j]
-    src_t = info.index_t.to(torch.int32) if info.gather else None
-    return exact_in_x, nonzero, src_t
+def _exact_in_dtype(info, matrix, dtype) -> bool:
+    """Whether the matrix's values are exact in ``dtype`` (once per matrix and dtype)."""
+    return _exact_in(matrix.detach(), dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _nonzero_blocks(info, matrix, transpose: bool, block: int) -> int:
+    """The block mask of M (or Mᵀ), once per matrix, pass and panel width."""
+    nonzero = matrix.detach().to("cpu") != 0
+    return _block_mask(nonzero.T if transpose else nonzero, block)
+
+
+@functools.lru_cache(maxsize=256)
+def _gather_src(info):
+    """int32 [D] on the matrix's device: column j of Mᵀ is row j of M, whose nonzero sits at
+    column index_t[j] (MatrixInfo keeps it on the matrix's device)."""
+    return info.index_t.to(torch.int32)
 
 
 def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool) -> Plan:
     """Config, block mask and gather index for one launch (host work cached per matrix)."""
     info = describe(matrix)
-    exact_in_x, nonzero, src_t = _matrix_facts(info, matrix, x_dtype)
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
-                 exact_in_x=exact_in_x, exact_in_bf16=info.bf16_exact, interpret=interpret)
-    nz = _block_mask(nonzero.T if transpose else nonzero, cfg.block_n)
-    src = _on_device(info, src_t, matrix.device) if cfg.gather_sin else _dummy(matrix.device)
+                 exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
+                 interpret=interpret)
+    nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n)
+    src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
     operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
     return Plan(cfg, operand, nz, src)
@@ -145,11 +159,6 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
 def operand_dtype(cfg: Config) -> torch.dtype:
     """The torch dtype the matrix is handed to the kernel in: the dot's operand dtype."""
     return {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32}[cfg.op_dtype]
-
-
-@functools.lru_cache(maxsize=256)
-def _on_device(info, src_t, device):
-    return src_t.to(device)
 
 
 @functools.lru_cache(maxsize=256)
@@ -166,9 +175,8 @@ def uses_fp32_dot(x_dtype, matrix: torch.Tensor) -> bool:
     """True where half-precision x would multiply in IEEE fp32 (the matrix is not exact in x's
     dtype, or bf16): slower than the tensor-core path; ops.py warns once."""
     info = describe(matrix)
-    exact_in_x, _, _ = _matrix_facts(info, matrix, x_dtype)
     cfg = choose(x_dtype, x_dtype, matrix.shape[0], transpose=False, gather=info.gather,
-                 exact_in_x=exact_in_x, exact_in_bf16=info.bf16_exact)
+                 exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact)
     return cfg.fp32_dot
 
 
