@@ -709,6 +709,19 @@ def kernels_section(results: dict) -> str:
     return markdown(section)
 
 
+def report_section(out: Path, arch: str | None = None, console=None) -> dict:
+    """results.json's ``kernels`` section for ``make report`` (cubins and SASS under ``out``,
+    ``arch`` as ``--arch`` takes it); a failure is recorded in the section, not raised."""
+    try:
+        archs = [parse_arch(a) for a in arch.split(",")] if arch else list(DEFAULT_ARCHS)
+        if console is not None:
+            console.print(f"compiling the kernel ahead of time for {', '.join(ARCHS[c].name for c in archs)} "
+                          "(Triton's cache makes a second run quick)")
+        return collect(archs, out)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def write(out: Path, section: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(section, indent=1, default=str))
@@ -723,22 +736,25 @@ def main(args) -> Path:
     archs = [parse_arch(a) for a in args.arch.split(",")] if args.arch else list(DEFAULT_ARCHS)
     out = Path(args.out or f"reports/kernels-{dt.datetime.now():%Y%m%d-%H%M%S}")
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=220)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("compiling", total=None)
         section = collect(archs, out, jobs=args.jobs, configs_ref=args.configs or DEFAULT_CONFIGS,
                           on_done=lambda i, n: progress.update(task, completed=i, total=n,
                                                                description=f"compiled {i}/{n}"))
     write(out, section)
+    cols = [c for c in COLUMNS if c[1] not in ("fits_99kb", "limited_by", "bytes_per_tile", "calls_per_tile")]
     for name in section["archs"]:
         table = Table(title=f"{name} (triton {section['environment']['triton']})")
-        for h, _, _ in COLUMNS:
-            table.add_column(h)
+        for h, _, _ in cols:
+            table.add_column(h, no_wrap=h == "config")
         for r in (r for r in section["rows"] if r["arch"] == name):
-            table.add_row(*([_cell(r.get(k), f) for _, k, f in COLUMNS] if r["ok"]
-                            else [r["config"], f"[red]{r['error']}[/]"] + [""] * (len(COLUMNS) - 2)))
+            table.add_row(*([_cell(r.get(k), f) for _, k, f in cols] if r["ok"]
+                            else [r["config"], f"[red]{r['error'][-200:]}[/]"] + [""] * (len(cols) - 2)))
         console.print(table)
     console.print(f"{len(section['rows'])} rows in {section['wall_s']:.0f} s; cubins and SASS under {out}, "
-                  f"table in {out / 'kernels.md'}; Triton's cache: {section['environment']['cache_dir']}")
+                  f"the full table in {out / 'kernels.md'}; Triton's cache: {section['environment']['cache_dir']}")
     return out
 
 
