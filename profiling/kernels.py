@@ -203,22 +203,34 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
         if constexprs[n] != 1 or isinstance(constexprs[n], bool):
             raise ValueError(f"{fn.__name__}: runtime argument {n!r} in constexprs = {constexprs[n]!r}; "
                              "a launch turns only an int equal to 1 into a constant")
+    params = {p.name: p for p in fn.params}
+
+    def specialised(n):  # the JIT specialises ints and pointers, not floats, bools or do_not_specialize
+        return not params[n].do_not_specialize and not re.match(r"(fp|bf|u1$|i1$)", signature[n])
+
     for n in divisible_by_16:
         if n not in signature:
             raise ValueError(f"{fn.__name__}: {n!r} in divisible_by_16 is not a runtime argument")
+        if not specialised(n) or params[n].do_not_specialize_on_alignment:
+            raise ValueError(f"{fn.__name__}: a launch never marks {n!r} ({signature[n]}) divisible by 16")
+    for n in ones:
+        if params[n].do_not_specialize:
+            raise ValueError(f"{fn.__name__}: {n!r} is do_not_specialize: a launch keeps it a runtime int")
     from triton.compiler import ASTSource
 
     if _new_ast_source_api():
         sig = {n: "constexpr" if n in constexprs else signature[n] for n in names}
         consts = {(names.index(n),): v for n, v in constexprs.items()}
-        # the JIT's attrs: one entry per runtime argument, in argument order; constexprs get an
-        # empty one from triton 3.7 on, before that one only if their value is a string
+        # the JIT's attrs: one entry per specialised runtime argument, in argument order;
+        # constexprs get an empty one from triton 3.7 on, before that one only if their value is
+        # a string
         from triton.backends.compiler import BaseBackend
 
         attrs = {}
         for i, n in enumerate(names):
             if n not in constexprs:
-                attrs[(i,)] = [["tt.divisibility", 16]] if n in divisible_by_16 else []
+                if specialised(n):
+                    attrs[(i,)] = [["tt.divisibility", 16]] if n in divisible_by_16 else []
             elif _triton_version() >= (3, 7):
                 attrs[(i,)] = []
             elif isinstance(constexprs[n], str):
@@ -345,33 +357,49 @@ def _branch_target(ins: Instr, labels: dict) -> int | None:
     return labels.get(m.group(1)) if m else None
 
 
-def tile_loops(text: str, instrs: list[Instr] | None = None) -> list[tuple[int, int]]:
-    """Address ranges ``[start, end]`` of the outermost loops of the kernel's main body: a
-    backward branch from ``end`` to ``start``; subroutines (code from the first CALL target on)
-    are left out."""
-    instrs = parse_sass(text) if instrs is None else instrs
+def _labels(text: str) -> dict:
     labels, pending = {}, []
     for line in text.splitlines():
         m = _LABEL.match(line)
         if m:
             pending.append(m.group(1))
         elif pending and _SASS_LINE.match(line):
-            addr = int(_SASS_LINE.match(line).group(1), 16)
-            labels.update({p: addr for p in pending})
+            labels.update({p: int(_SASS_LINE.match(line).group(1), 16) for p in pending})
             pending = []
-    calls = [int(m.group(1), 16) for i in instrs if i.base == "CALL"
-             for m in [re.search(r"0x([0-9a-f]+)", i.operands)] if m]
-    body_end = min(calls) if calls else float("inf")
+    return labels
+
+
+def _call_target(ins: Instr) -> int | None:
+    m = re.search(r"0x([0-9a-f]+)", ins.operands) if ins.base == "CALL" else None
+    return int(m.group(1), 16) if m else None
+
+
+def subroutines(instrs: list[Instr]) -> list[tuple[int, int]]:
+    """Address ranges of called subroutines: from a CALL target to the first RET after it, with
+    no EXIT between (ptxas also CALLs into the kernel's own code as a predicated jump)."""
+    out = []
+    for t in sorted({a for a in map(_call_target, instrs) if a is not None}):
+        after = [i for i in instrs if i.addr >= t and i.base in ("RET", "EXIT")]
+        if after and after[0].base == "RET":
+            out.append((t, after[0].addr))
+    return out
+
+
+def tile_loops(text: str, instrs: list[Instr] | None = None) -> list[tuple[int, int]]:
+    """Address ranges ``[start, end]`` of the outermost loops of the kernel's own code: a
+    backward branch from ``end`` to ``start``, outside subroutines."""
+    instrs = parse_sass(text) if instrs is None else instrs
+    labels, subs = _labels(text), subroutines(instrs)
     loops = []
     for ins in instrs:
         target = _branch_target(ins, labels)
-        if target is not None and target < ins.addr < body_end:
+        if target is not None and target < ins.addr and not any(a <= ins.addr <= b for a, b in subs):
             loops.append((target, ins.addr))
     return [(s, e) for s, e in loops if not any(s2 <= s and e <= e2 and (s2, e2) != (s, e) for s2, e2 in loops)]
 
 
-def _count(instrs) -> dict:
-    """Instruction classes of interest in ``instrs``."""
+def _count(instrs, sub_starts=frozenset()) -> dict:
+    """Instruction classes of interest in ``instrs`` (``sub_starts``: subroutine addresses)."""
     c = {"instructions": 0, "global_load": collections.Counter(), "global_store": collections.Counter(),
          "tma": 0, "local": 0, "mma": 0, "mma_macs_per_warp": 0, "fp32": 0, "calls": 0, "shared": 0, "barriers": 0,
          "global_bytes_per_thread": 0}
@@ -394,7 +422,7 @@ def _count(instrs) -> dict:
                 c["mma_macs_per_warp"] + macs
         elif base[:4] in ("FFMA", "FMUL", "FADD"):
             c["fp32"] += 1
-        elif base == "CALL":
+        elif base == "CALL" and _call_target(ins) in sub_starts:
             c["calls"] += 1
         elif base in ("LDS", "STS", "LDSM", "STSM"):
             c["shared"] += 1
@@ -407,8 +435,9 @@ def read_sass(text: str) -> dict:
     """Counts over the whole kernel and per tile (the mean over the tile loops)."""
     instrs = parse_sass(text)
     loops = tile_loops(text, instrs)
-    whole = _count(instrs)
-    per_loop = [_count([i for i in instrs if s <= i.addr <= e]) for s, e in loops]
+    starts = frozenset(a for a, _ in subroutines(instrs))
+    whole = _count(instrs, starts)
+    per_loop = [_count([i for i in instrs if s <= i.addr <= e], starts) for s, e in loops]
     per_tile = None
     if per_loop:
         per_tile = {}
@@ -530,8 +559,6 @@ DEFAULT_CONFIGS = "profiling.kernels:configs"
 
 def configs(cc: int | None = None) -> list:
     """``rome.launch.kernel_configs(cc)``: every configuration the launcher can choose."""
-    if not _has_launch():  # TEMPORARY, with _legacy_configs
-        return _legacy_configs()
     from rome.launch import kernel_configs
 
     return kernel_configs(cc)
@@ -692,7 +719,8 @@ def markdown(section: dict, heading: str = "##") -> str:
                   "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for r in rows:
             if not r["ok"]:
-                lines.append(f"| {r['config']} | compile failed: {r['error']} |" + " |" * (len(COLUMNS) - 2))
+                error = " ".join(r["error"].split()).replace("|", "/")[:300]
+                lines.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(COLUMNS) - 2))
                 continue
             lines.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in COLUMNS) + " |")
         lines.append("")
@@ -709,6 +737,19 @@ def kernels_section(results: dict) -> str:
     return markdown(section)
 
 
+def report_section(out: Path, arch: str | None = None, console=None) -> dict:
+    """results.json's ``kernels`` section for ``make report`` (cubins and SASS under ``out``,
+    ``arch`` as ``--arch`` takes it); a failure is recorded in the section, not raised."""
+    try:
+        archs = [parse_arch(a) for a in arch.split(",")] if arch else list(DEFAULT_ARCHS)
+        if console is not None:
+            console.print(f"compiling the kernel ahead of time for {', '.join(ARCHS[c].name for c in archs)} "
+                          "(Triton's cache makes a second run quick)")
+        return collect(archs, out)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def write(out: Path, section: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels.json").write_text(json.dumps(section, indent=1, default=str))
@@ -723,22 +764,25 @@ def main(args) -> Path:
     archs = [parse_arch(a) for a in args.arch.split(",")] if args.arch else list(DEFAULT_ARCHS)
     out = Path(args.out or f"reports/kernels-{dt.datetime.now():%Y%m%d-%H%M%S}")
     console = Console()
+    if not console.is_terminal:
+        console = Console(width=220)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("compiling", total=None)
         section = collect(archs, out, jobs=args.jobs, configs_ref=args.configs or DEFAULT_CONFIGS,
                           on_done=lambda i, n: progress.update(task, completed=i, total=n,
                                                                description=f"compiled {i}/{n}"))
     write(out, section)
+    cols = [c for c in COLUMNS if c[1] not in ("fits_99kb", "limited_by", "bytes_per_tile", "calls_per_tile")]
     for name in section["archs"]:
         table = Table(title=f"{name} (triton {section['environment']['triton']})")
-        for h, _, _ in COLUMNS:
-            table.add_column(h)
+        for h, _, _ in cols:
+            table.add_column(h, no_wrap=h == "config")
         for r in (r for r in section["rows"] if r["arch"] == name):
-            table.add_row(*([_cell(r.get(k), f) for _, k, f in COLUMNS] if r["ok"]
-                            else [r["config"], f"[red]{r['error']}[/]"] + [""] * (len(COLUMNS) - 2)))
+            table.add_row(*([_cell(r.get(k), f) for _, k, f in cols] if r["ok"]
+                            else [r["config"], f"[red]{r['error'][-200:]}[/]"] + [""] * (len(cols) - 2)))
         console.print(table)
     console.print(f"{len(section['rows'])} rows in {section['wall_s']:.0f} s; cubins and SASS under {out}, "
-                  f"table in {out / 'kernels.md'}; Triton's cache: {section['environment']['cache_dir']}")
+                  f"the full table in {out / 'kernels.md'}; Triton's cache: {section['environment']['cache_dir']}")
     return out
 
 
@@ -749,75 +793,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")
     p.add_argument("--configs", help="MODULE:FUNCTION listing the KernelConfigs of an arch "
                                      "(default: rome.launch.kernel_configs)")
-
-
-# --- TEMPORARY: configs of the current kernel until rome.launch.kernel_configs lands ---------
-# Delete this block once rome/launch.py exists.
-
-
-@dataclasses.dataclass(frozen=True)
-class _LegacyConfig:
-    name: str
-    fn: object
-    signature: dict
-    constexprs: dict
-    divisible_by_16: tuple
-    num_warps: int
-    num_stages: int
-    meta: dict
-
-
-def _has_launch() -> bool:
-    """rome/launch.py exists beside rome/kernel.py (not merely importable from another checkout)."""
-    import importlib.util
-
-    import rome
-
-    spec = importlib.util.find_spec("rome.launch")
-    return spec is not None and Path(spec.origin).parent == Path(rome.__file__).parent
-
-
-def _legacy_configs() -> list:
-    """KernelConfigs of ``rome.kernel._rome_kernel`` as ``rotate()`` launches it on a GPU, for a
-    BNSD x with [S, D] tables like seed 004's [1, 24, 28800, 128]: row counts and S divisible by
-    16, the head count not; every stride a multiple of 16 except the matrix's unit stride."""
-    import triton
-    import triton.language as tl
-
-    from rome import kernel
-
-    tl_dtype = {"bf16": tl.bfloat16, "fp16": tl.float16, "fp32": tl.float32}
-    size = {"bf16": 2, "fp16": 2, "fp32": 4}
-    out = []
-    for x in ("bf16", "fp16", "fp32"):
-        for d in (64, 80, 96, 128, 256):
-            for transpose in (False, True):
-                for tensors in (2, 1):
-                    for tables in dict.fromkeys(("fp32", x)):
-                        block_d = max(16, triton.next_power_of_2(d))
-                        block_r = max(16, min(64, 4096 // block_d))
-                        op = tl.float32 if x == "fp32" else tl_dtype[x]
-                        const = {"HAS_B": tensors == 2, "TRANSPOSE": transpose, "BLOCK_R": block_r,
-                                 "BLOCK_D": block_d, "SPLIT": 3 if transpose and x != "fp32" else 1,
-                                 "OP_DTYPE": op, "FP32_DOT": x == "fp32", "HOIST_M": block_d <= 128,
-                                 "RNE_BF16": False, ("stride_mk" if transpose else "stride_mn"): 1}
-                        sig = {}
-                        for n in kernel._rome_kernel.arg_names:
-                            if n in const:
-                                continue
-                            if n == "m_ptr" or n.endswith(("_x", "_o")):
-                                sig[n] = "*" + x
-                            elif n.endswith(("_c", "_s")):
-                                sig[n] = "*" + tables
-                            else:
-                                sig[n] = "i32"
-                        div = tuple(n for n in sig if not n.endswith("_R1"))
-                        passname = "bwd" if transpose else "fwd"
-                        out.append(_LegacyConfig(
-                            name=f"{x} {passname} D={d} {'q+k' if tensors == 2 else 'one'} tables={tables}",
-                            fn=kernel._rome_kernel, signature=sig, constexprs=const, divisible_by_16=div,
-                            num_warps=4, num_stages=3,
-                            meta={"x_dtype": x, "head_dim": d, "pass": passname, "tensors": tensors,
-                                  "table_dtype": tables, "block_r": block_r, "block_d": block_d,
-                                  "bytes_per_tile": block_r * d * (2 * size[x] + 2 * size[tables])}))
-    return out

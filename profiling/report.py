@@ -16,7 +16,7 @@ import torch
 
 import rome
 
-from . import accuracy, speed
+from . import accuracy, kernels, speed
 from .variants import VARIANTS, Setup, Unavailable, Unsupported
 from .workloads import WORKLOADS, Workload, qk, scaled_for_cpu, tables
 
@@ -281,6 +281,7 @@ def markdown(r: dict) -> str:
         lines += ["### Not measured", ""]
         lines += [f"- {v}: {st}: {why} ({', '.join(dict.fromkeys(c))})" for (v, st, why), c in reasons.items()]
         lines += [""]
+    lines += [kernels.kernels_section(r)]
     lines += ["Files: results.json (all numbers), speed.csv, precision.csv, gbps.png, ulp_hist.png, traces/ "
               "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
     return "\n".join(lines)
@@ -373,6 +374,8 @@ def report(args) -> Path:
         "table_error": table_err,
         "precision_skipped": skipped,
     }
+    if not getattr(args, "skip_kernels", False):
+        results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console)
     write_report(out, results)
 
     summary = Table(title=f"rome report: {w.name} on {results['environment']['device']}")

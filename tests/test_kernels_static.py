@@ -83,6 +83,13 @@ def _copy_kernel(src, dst, n, BLOCK: tl.constexpr):
         tl.store(dst + offs, tl.load(src + offs, mask=mask) * 2.0, mask=mask)
 
 
+@triton.jit(do_not_specialize=["n"])
+def _scale_kernel(src, dst, n, scale, BLOCK: tl.constexpr):
+    # n is never specialised (no divisibility, never a constant), scale is a float
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n) * scale, mask=offs < n)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:  # the shape of rome.launch.KernelConfig
     name: str
@@ -173,6 +180,8 @@ def _launch_hash(job) -> tuple[str, str]:
         elif sig[n].startswith("*"):
             t = torch.zeros(64, dtype=_TORCH[sig[n][1:]])
             args.append(t if n in job.divisible_by_16 else t[1:])
+        elif sig[n].startswith("fp"):
+            args.append(0.5)
         else:
             args.append((32 if n in job.divisible_by_16 else 17) + (2**33 if sig[n] == "i64" else 0))
     tool = job.run()["triton_hash"]
@@ -196,7 +205,9 @@ def _specialisation_jobs(cc):
     """In a worker: jobs for bf16 fwd (and its variants), bf16 bwd, and the copy kernel unaligned."""
     cfgs = kernels.configs(cc)
     fwd, bwd = (next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16") for p in ("fwd", "bwd"))
-    return [kernels._Job.of(c, cc) for c in [*_variants(fwd), bwd, copy_config("unaligned", ("dst",))]]
+    scale = Config("scale", _scale_kernel, {"src": "*fp16", "dst": "*fp16", "n": "i32", "scale": "fp32"},
+                   {"BLOCK": 256}, ("src", "dst"))
+    return [kernels._Job.of(c, cc) for c in [*_variants(fwd), bwd, copy_config("unaligned", ("dst",)), scale]]
 
 
 def test_specialisation_is_the_one_a_launch_compiles():
@@ -240,35 +251,44 @@ SASS = """
         /*0040*/                   HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
         /*0050*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20].tnspB, R24 ;
         /*0060*/              @P1 BRA 0x40 ;
-        /*0070*/                   CALL.REL.NOINC 0xc0 ;
+        /*0070*/                   CALL.REL.NOINC 0x120 ;
         /*0080*/                   STG.E.64 desc[UR4][R2.64], R4 ;
         /*0090*/                   FFMA R1, R2, R3, R4 ;
-        /*00a0*/               @P2 BRA `(.L_x_1) ;
-        /*00b0*/                   EXIT ;
-        /*00c0*/                   BRA 0xc0 ;
-        /*00d0*/                   RET.REL.NODEC R20 0x0 ;
+        /*00a0*/              @P3 CALL.REL.NOINC 0xc0 ;
+        /*00b0*/               @P2 BRA `(.L_x_1) ;
+        /*00c0*/               @P4 EXIT ;
+        /*00d0*/                   LDG.E.64 R4, desc[UR4][R2.64] ;
+        /*00e0*/                   CALL.REL.NOINC 0x120 ;
+        /*00f0*/               @P5 EXIT ;
+        /*0100*/                   BRA 0xd0 ;
+        /*0110*/                   EXIT ;
+        /*0120*/                   BRA 0x120 ;
+        /*0130*/                   RET.REL.NODEC R20 0x0 ;
 """
 
 
 def test_sass_reading():
     st = kernels.read_sass(SASS)
-    # the outermost backward branch of the main body: 0x30..0xa0 holds the inner 0x40..0x60; the
-    # subroutine at 0xc0 (a CALL target) and its self-branch are not loops of the kernel
-    assert st["tile_loops"] == [[0x30, 0xA0]]
-    tile = st["per_tile"]
-    assert tile["global_load"] == {"16": 1} and tile["global_store"] == {"64": 1}
-    assert tile["mma"] == 2 and tile["mma_macs_per_warp"] == 16 * 8 * 16 + 64 * 128 * 16 / 4
-    assert tile["fp32"] == 1 and tile["calls"] == 1 and tile["instructions"] == 8
-    assert tile["global_bytes_per_thread"] == 2 + 8
-    assert st["whole"]["global_load"] == {"128": 1, "16": 1}
-    assert kernels.share_128(st["whole"]["global_load"]) == 0.5
+    # two loops of the kernel's own code: 0x30..0xb0 (holding the inner 0x40..0x60) and 0xd0..0x100,
+    # whose exit is an EXIT inside it; 0xc0 is CALLed as a jump (an EXIT follows it before any RET),
+    # 0x120..0x130 is a subroutine and its self-branch no loop
+    assert kernels.subroutines(kernels.parse_sass(SASS)) == [(0x120, 0x130)]
+    assert st["tile_loops"] == [[0x30, 0xB0], [0xD0, 0x100]]
+    tile = st["per_tile"]  # the mean of the two loops
+    assert tile["global_load"] == {"64": 0.5, "16": 0.5} and tile["global_store"] == {"64": 0.5}
+    assert tile["mma"] == 1 and tile["mma_macs_per_warp"] == (16 * 8 * 16 + 64 * 128 * 16 / 4) / 2
+    assert tile["fp32"] == 0.5 and tile["calls"] == 1 and tile["instructions"] == (9 + 4) / 2
+    assert tile["global_bytes_per_thread"] == (2 + 8 + 8) / 2
+    assert st["whole"]["global_load"] == {"128": 1, "64": 1, "16": 1} and st["whole"]["calls"] == 2
+    assert kernels.share_128(st["whole"]["global_load"]) == 1 / 3
     assert "0x" not in kernels.strip_encodings("  /*0000*/  LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */\n"
                                               "  /* 0x000fe20000000800 */").replace("c[0x0][0x28]", "")
 
 
 def test_cli_writes_tables_cubins_and_sass(tmp_path):
     out = tmp_path / "out"
-    main(["kernels", "--arch", "sm_80,sm_90", "--out", str(out), "--jobs", "2", "--configs", f"{__name__}:copy_configs"])
+    main(["kernels", "--arch", "sm_80,sm_90", "--out", str(out), "--jobs", "2",
+          "--configs", f"{__name__}:copy_configs"])
     section = json.loads((out / "kernels.json").read_text())
     assert [(r["config"], r["arch"]) for r in section["rows"]] == [("aligned", "sm_80"), ("aligned", "sm_90")]
     assert all(r["ok"] for r in section["rows"])
