@@ -277,29 +277,30 @@ def test_raw_op_forward_ad_is_an_error_not_a_zero():
 
 
 def test_threads_under_interpreter():
-    """Two threads launching the kernel at once get the single-thread results, no error."""
+    """Threads launching the kernel at once get the single-thread results, no error."""
     m = rome.rotation_matrix([4, 4], "half", device=DEVICE)
     cos, sin = tables((5, 8))
-    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(2)]
+    n_threads, calls = 3, 20
+    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(n_threads)]
     want = [rome.apply(x, cos, sin, m, backend="triton") for x in xs]
     errors, results = [], {}
-    start = threading.Barrier(2)
+    start = threading.Barrier(n_threads)
 
     def work(i):
         start.wait()
-        for j in range(20):
+        for j in range(calls):
             try:
                 results[i, j] = rome.apply(xs[i], cos, sin, m, backend="triton")
             except Exception as e:  # noqa: BLE001 - collected and reported below
                 errors.append(f"{type(e).__name__}: {str(e)[:200]}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors, f"{len(errors)}/40 calls failed, e.g. {errors[0]}"
-    assert all(torch.equal(results[i, j], want[i]) for i in range(2) for j in range(20))
+    assert not errors, f"{len(errors)}/{n_threads * calls} calls failed, e.g. {errors[0]}"
+    assert all(torch.equal(results[i, j], want[i]) for i in range(n_threads) for j in range(calls))
 
 
 @pytest.mark.parametrize("interpret", [True, False])
