@@ -10,7 +10,9 @@ Four custom ops, two families that are each other's adjoint in x:
 The backward of one family calls the other (so double backward works), plus the table grads:
 forward:   dcos = Σ h*x,  dsin = Σ h*(x@M),  dM = Σ xᵀ(h*sin)
 transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
-(Σ over the dims cos/sin/M were broadcast along).
+(Σ over the dims cos/sin/M were broadcast along). The ops also have batching rules (vmap).
+Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
+same backward and a jvp, which the public functions use when one is active.
 """
 
 from __future__ import annotations
@@ -476,7 +478,8 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     Computed in float32 (float64 for float64 x) and rounded once to x's dtype. backend:
     ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"torch"``, or ``"auto"`` (the
     Triton kernel for CUDA tensors it supports, torch otherwise). Differentiable in x, cos, sin
-    and matrix; the backward of x runs the same fused kernel with Mᵀ.
+    and matrix, in reverse and forward mode and under torch.func transforms; the backward of x
+    runs the same fused kernel with Mᵀ.
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
     if _use_function(x, cos, sin, matrix):
