@@ -12,10 +12,10 @@ if not torch.cuda.is_available():
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 # Hypothesis profiles (tests/test_fuzz.py). "rome", the default: bounded, so `make test` stays
-# quick under the interpreter; no example database, so the suite writes no files. "fuzz"
-# (`make fuzz`, i.e. --hypothesis-profile=fuzz): thousands of examples per test, failures kept
-# in .hypothesis/ and replayed first next time. deadline=None: interpreter launches vary a lot
-# in time. Both print the reproduce blob of a failure (the drawn case is printed too).
+# quick under the interpreter, and no example database (a failure is not replayed by the next
+# run: its printed case and blob reproduce it). "fuzz" (`make fuzz`, --hypothesis-profile=fuzz):
+# thousands of examples per test, failures kept in .hypothesis/ (which Hypothesis gitignores)
+# and replayed first next time. deadline=None: interpreter launches vary a lot in time.
 settings.register_profile("rome", max_examples=150, deadline=None, database=None, print_blob=True)
 settings.register_profile("fuzz", max_examples=3000, deadline=None, print_blob=True)
 settings.load_profile("rome")
