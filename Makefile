@@ -14,7 +14,7 @@ PY     := $(VENV)/bin/python
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: test report clean
+.PHONY: test fuzz report clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
@@ -24,6 +24,10 @@ $(VENV)/.installed: pyproject.toml
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(ARGS)
+
+# thousands of hypothesis examples per property (tests/conftest.py, profile "fuzz"); long
+fuzz: $(VENV)/.installed
+	$(PY) -m pytest -q tests/test_fuzz.py --hypothesis-profile=fuzz $(ARGS)
 
 report: $(VENV)/.installed
 	$(PY) -m profiling report $(ARGS)

@@ -10,7 +10,9 @@ Four custom ops, two families that are each other's adjoint in x:
 The backward of one family calls the other (so double backward works), plus the table grads:
 forward:   dcos = Σ h*x,  dsin = Σ h*(x@M),  dM = Σ xᵀ(h*sin)
 transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
-(Σ over the dims cos/sin/M were broadcast along).
+(Σ over the dims cos/sin/M were broadcast along). The ops also have batching rules (vmap).
+Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
+same backward and a jvp, which the public functions use when one is active.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 import warnings
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
@@ -68,10 +71,23 @@ def _check_types(xs: dict[str, Tensor], cos, sin, matrix, backend) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+def _check_no_forward_ad(named: dict[str, Tensor]) -> None:
+    """The ops themselves have no forward-mode rule (torch.library has none to register): a
+    dual tensor reaching one would get a zero tangent. rome.apply / apply_qk have the rule."""
+    for name, t in named.items():
+        if fwAD.unpack_dual(t).tangent is not None:
+            raise RuntimeError(
+                f"forward-mode AD through the raw op torch.ops.rome.* is not supported ({name} "
+                "has a tangent); call rome.apply / rome.apply_qk, which support forward_ad and "
+                "every torch.func transform"
+            )
+
+
 def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
     """Validate the arguments of any of the four ops; return the backend that will run."""
     _check_types(xs, cos, sin, matrix, backend)
     named = {**xs, "cos": cos, "sin": sin, "matrix": matrix}
+    _check_no_forward_ad(named)
     if len({t.device for t in named.values()}) > 1:
         where = ", ".join(f"{n} on {t.device}" for n, t in named.items())
         raise ValueError(f"all tensors must be on one device, got {where}")
@@ -220,21 +236,8 @@ for _op, _fake_impl in ((_apply, _fake_one), (_apply_t, _fake_one), (_apply_qk, 
 
 # --- autograd -----------------------------------------------------------------------------
 
-# the op whose x-map is the adjoint of each op's, by (transpose, number of tensors)
-_ADJOINT = {
-    (False, 1): lambda: torch.ops.rome.apply_transposed,
-    (True, 1): lambda: torch.ops.rome.apply,
-    (False, 2): lambda: torch.ops.rome.apply_qk_transposed,
-    (True, 2): lambda: torch.ops.rome.apply_qk,
-}
-
-
-def _setup_context(ctx, inputs, output):
-    *xs, cos, sin, matrix, backend = inputs
-    n = len(xs)
-    ctx.n, ctx.backend = n, backend
-    table_grads = any(ctx.needs_input_grad[n : n + 3])
-    ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix)
+# the four ops by (transpose, number of tensors); the adjoint in x of (t, n) is (not t, n)
+_OPS = {(False, 1): _apply, (True, 1): _apply_t, (False, 2): _apply_qk, (True, 2): _apply_qk_t}
 
 
 def _reduce_sum(terms: list[Tensor], like: Tensor) -> Tensor:
@@ -258,35 +261,196 @@ def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
         dsin = _reduce_sum(terms, sin)
     if need_m:
         outer = [(h, x * s) if transpose else (x, h * s) for x, h in pairs]
-        dm = sum(torch.einsum("...i,...j->ij", a, b) for a, b in outer).to(matrix.dtype)
+        d = matrix.shape[-1]  # Σ over rows of aᵀb; a matmul (torch's legacy vmap has no einsum)
+        dm = sum(_matmul(a.reshape(-1, d).mT, b.reshape(-1, d)) for a, b in outer).to(matrix.dtype)
     return dcos, dsin, dm
+
+
+def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_tables):
+    """``(dxs, (dcos, dsin, dM))`` of op (transpose, len(grads)) given the grads of its outputs.
+
+    dx is the adjoint map of the grad, ``rotate(not transpose, hs)``: one launch for q and k.
+    """
+    n = len(grads)
+    dxs = [None] * n
+    live = [i for i in range(n) if needs_x[i] and grads[i] is not None]
+    if len(live) == n:
+        dxs = rotate(not transpose, list(grads))
+    else:
+        for i in live:
+            dxs[i] = rotate(not transpose, [grads[i]])[0]
+    return dxs, _table_grads(xs, grads, cos, sin, matrix, transpose, needs_tables)
+
+
+# The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
+
+
+def _setup_context(ctx, inputs, output):
+    *xs, cos, sin, matrix, backend = inputs
+    n = len(xs)
+    ctx.n, ctx.backend = n, backend
+    table_grads = any(ctx.needs_input_grad[n : n + 3])
+    ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix)
 
 
 def _make_backward(transpose: bool):
     def backward(ctx, *grads):
         n = ctx.n
         *xs, cos, sin, matrix = ctx.saved_tensors
-        xs = xs[:n]
         needs = ctx.needs_input_grad
-        dxs = [None] * n
-        live = [i for i in range(n) if needs[i] and grads[i] is not None]
-        if len(live) == n:
-            out = _ADJOINT[(transpose, n)]()(*grads, cos, sin, matrix, ctx.backend)
-            dxs = list(out) if n == 2 else [out]
-        else:
-            for i in live:
-                dxs[i] = _ADJOINT[(transpose, 1)]()(grads[i], cos, sin, matrix, ctx.backend)
-        table = _table_grads(xs, grads, cos, sin, matrix, transpose, needs[n : n + 3])
+
+        def rotate(t, hs):
+            out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend)
+            return [out] if len(hs) == 1 else list(out)
+
+        dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3])
         return (*dxs, *table, None)
 
     return backward
 
 
-for _op, _transpose in ((_apply, False), (_apply_t, True), (_apply_qk, False), (_apply_qk_t, True)):
+for (_transpose, _n), _op in _OPS.items():
     _op.register_autograd(_make_backward(_transpose), setup_context=_setup_context)
 
 
+# The ops' batching rules (torch.vmap, and torch.func.jacrev/jacfwd, which vmap over tangents).
+
+
+def _batch_front(t: Tensor, dim, size: int, rank: int) -> Tensor:
+    """t with its batch dim first (expanded if t has none), then size-1 dims up to 1 + rank."""
+    t = t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
+    return t[(slice(None),) + (None,) * (rank + 1 - t.ndim)]
+
+
+def _make_vmap(transpose: bool, n: int):
+    def rule(info, in_dims, *args):
+        *xs, cos, sin, matrix, backend = args
+        op, b = _OPS[(transpose, n)], info.batch_size
+        if in_dims[n + 2] is not None:  # a batch of matrices: one launch per matrix
+            per = [
+                op(*(t if d is None else t.select(d, i) for t, d in zip(args[:-1], in_dims)), backend)
+                for i in range(b)
+            ]
+            outs = [torch.stack([p if n == 1 else p[j] for p in per]) for j in range(n)]
+        else:
+            # x as [B, 1.., *x], the tables (if batched) as [B, 1.., *cos]: one launch, which
+            # broadcasts them as the unbatched op does per sample
+            ranks = [x.ndim - (d is not None) for x, d in zip(xs, in_dims)]
+            rank = max(ranks)
+            bxs = [_batch_front(x, d, b, rank) for x, d in zip(xs, in_dims)]
+            if in_dims[n] is not None or in_dims[n + 1] is not None:
+                cos, sin = (_batch_front(t, d, b, rank) for t, d in zip((cos, sin), in_dims[n : n + 2]))
+            out = op(*bxs, cos, sin, matrix, backend)
+            outs = [out] if n == 1 else list(out)
+            outs = [o[(slice(None),) + (0,) * (rank - r)] for o, r in zip(outs, ranks)]
+        return (outs[0], 0) if n == 1 else (tuple(outs), (0,) * n)
+
+    return rule
+
+
+for (_transpose, _n), _op in _OPS.items():
+    _op.register_vmap(_make_vmap(_transpose, _n))
+
+
+def _tangent_terms(x, tcos, tsin, tm, sin, matrix, transpose: bool):
+    """The tangent of the output from those of the tables and the matrix, in compute dtype:
+
+        apply      x*ċos + (x @ M)*ṡin + (x @ Ṁ)*sin
+        transpose  x*ċos + (x*ṡin) @ Mᵀ + (x*sin) @ Ṁᵀ
+    """
+    dt = _compute_dtype(x)
+    x = x.to(dt)
+    terms = []
+    if tcos is not None:
+        terms.append(x * tcos.to(dt))
+    if tsin is not None:
+        m = matrix.to(dt)
+        terms.append(_matmul(x * tsin.to(dt), m.mT) if transpose else _matmul(x, m) * tsin.to(dt))
+    if tm is not None:
+        tm = tm.to(dt)
+        terms.append(_matmul(x * sin.to(dt), tm.mT) if transpose else _matmul(x, tm) * sin.to(dt))
+    return sum(terms) if terms else None
+
+
+class _Rotate(torch.autograd.Function):
+    """The four ops as one autograd.Function, which the public API calls under forward-mode
+    AD and torch.func transforms.
+
+    torch.library's generated autograd for a custom op has no ``setup_context`` and no ``jvp``:
+    torch.func.grad/vjp/jacrev refuse it and forward-mode AD (torch.func.jvp, jacfwd,
+    torch.autograd.forward_ad) gets a zero tangent. This Function gives the same backward plus a
+    forward-mode rule; vmap is generated from the ops' batching rules. out is linear in x, so
+
+        ṫ = op(ẋ) + the table and matrix terms of ``_tangent_terms``
+
+    (op(ẋ) alone, bitwise, when only x has a tangent; else one more rounding to x's dtype).
+    forward(transpose, backend, cos, sin, matrix, *xs) returns a tuple, one output per x.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(transpose, backend, cos, sin, matrix, *xs):
+        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend)
+        return (out,) if len(xs) == 1 else tuple(out)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        transpose, backend, cos, sin, matrix, *xs = inputs
+        ctx.transpose, ctx.backend = transpose, backend
+        table_grads = any(ctx.needs_input_grad[2:5])
+        ctx.save_for_backward(cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
+        ctx.save_for_forward(cos, sin, matrix, *xs)
+
+    @staticmethod
+    def _rotate(ctx, cos, sin, matrix):
+        def rotate(t, hs):
+            return list(_Rotate.apply(t, ctx.backend, cos, sin, matrix, *hs))
+
+        return rotate
+
+    @staticmethod
+    def backward(ctx, *grads):
+        cos, sin, matrix, *xs = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        rotate = _Rotate._rotate(ctx, cos, sin, matrix)
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[5:], needs[2:5])
+        return (None, None, *table, *dxs)
+
+    @staticmethod
+    def jvp(ctx, _transpose, _backend, tcos, tsin, tm, *txs):
+        cos, sin, matrix, *xs = ctx.saved_tensors
+        rotate = _Rotate._rotate(ctx, cos, sin, matrix)
+        live = [i for i, t in enumerate(txs) if t is not None]
+        base = [None] * len(xs)
+        if len(live) == len(xs):
+            base = rotate(ctx.transpose, list(txs))
+        else:
+            for i in live:
+                base[i] = rotate(ctx.transpose, [txs[i]])[0]
+        outs = []
+        for x, b in zip(xs, base):
+            terms = _tangent_terms(x, tcos, tsin, tm, sin, matrix, ctx.transpose)
+            if terms is None:
+                outs.append(b if b is not None else torch.zeros(x.shape, dtype=x.dtype, device=x.device))
+            else:
+                outs.append((terms if b is None else b.to(terms.dtype) + terms).to(x.dtype))
+        return tuple(outs)
+
+
 # --- public API ---------------------------------------------------------------------------
+
+
+def _use_function(*tensors: Tensor) -> bool:
+    """Whether the call needs _Rotate: a torch.func transform is active or an input carries a
+    forward-mode tangent. Otherwise the op runs directly (its registered autograd covers reverse
+    mode, at less Python overhead), and always under torch.compile, since Dynamo cannot trace
+    an autograd.Function with a jvp (graph break gb0144; it traces the op itself)."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
 def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto") -> Tensor:
@@ -300,9 +464,12 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     Computed in float32 (float64 for float64 x) and rounded once to x's dtype. backend:
     ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"torch"``, or ``"auto"`` (the
     Triton kernel for CUDA tensors it supports, torch otherwise). Differentiable in x, cos, sin
-    and matrix; the backward of x runs the same fused kernel with Mᵀ.
+    and matrix, in reverse and forward mode and under torch.func transforms; the backward of x
+    runs the same fused kernel with Mᵀ.
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
+    if _use_function(x, cos, sin, matrix):
+        return _Rotate.apply(False, backend, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend)
 
 
@@ -312,4 +479,7 @@ def apply_qk(
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
     (GQA) and layout but share head_dim, dtype and the tables."""
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
+    if _use_function(q, k, cos, sin, matrix):
+        q_out, k_out = _Rotate.apply(False, backend, cos, sin, matrix, q, k)
+        return q_out, k_out
     return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend)

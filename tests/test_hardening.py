@@ -16,6 +16,9 @@ import rome.ops as ops
 
 from conftest import BACKENDS, DEVICE
 
+# torch.func.jvp imports torch's own jvp decompositions, which call torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 math on O(1) values with D <= 16 terms: ~1e-6 abs
 
 
@@ -102,33 +105,202 @@ def test_stride_zero_and_odd_strided_tables_and_matrix(backend):
             torch.testing.assert_close(dx.double(), rope64(x, c, s, m, transpose=True), **TOL, msg=name)
 
 
+# --- item 4: forward-mode AD and torch.func transforms ------------------------------------------
+
+
+def problem(backend, d=6, shape=(2, 3)):
+    """x [*shape, d], per-row tables [shape[-1], d], a dense random matrix; all fp32."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(*shape, d, generator=g).to(DEVICE)
+    cos, sin = (torch.randn(shape[-1], d, generator=g).to(DEVICE) for _ in range(2))
+    m = torch.randn(d, d, generator=g).to(DEVICE)
+
+    def f(x, cos, sin, m):
+        return rome.apply(x, cos, sin, m, backend=backend)
+
+    return f, (x, cos, sin, m)
+
+
+def tangent64(args, tangents, transpose=False):
+    """d/dε of the float64 formula at args + ε·tangents, by its (bilinear) expansion."""
+    x, cos, sin, m = (t.double() for t in args)
+    tx, tc, ts, tm = (t.double() for t in tangents)
+    if transpose:
+        return (rope64(tx, cos, sin, m, transpose=True) + x * tc
+                + torch.einsum("...j,ij->...i", x * ts, m) + torch.einsum("...j,ij->...i", x * sin, tm))
+    return (rope64(tx, cos, sin, m) + x * tc
+            + torch.einsum("...i,ij->...j", x, m) * ts + torch.einsum("...i,ij->...j", x, tm) * sin)
+
+
+def fd_tangent(args, tangents, eps=1e-6):
+    """Central finite difference of the float64 formula (a check of tangent64 itself)."""
+    plus = rope64(*(a.double() + eps * t.double() for a, t in zip(args, tangents)))
+    minus = rope64(*(a.double() - eps * t.double() for a, t in zip(args, tangents)))
+    return (plus - minus) / (2 * eps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_jvp_and_forward_ad(backend):
+    f, args = problem(backend)
+    tangents = tuple(torch.randn_like(a) for a in args)
+    want = tangent64(args, tangents)
+    torch.testing.assert_close(want, fd_tangent(args, tangents), rtol=1e-7, atol=1e-7)
+
+    out, tan = torch.func.jvp(f, args, tangents)
+    assert torch.equal(out, f(*args))
+    torch.testing.assert_close(tan.double(), want, **TOL)
+
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(a, t) for a, t in zip(args, tangents)]
+        tan2 = fwAD.unpack_dual(f(*duals)).tangent
+    torch.testing.assert_close(tan2.double(), want, **TOL)
+
+    # one tangent at a time: x alone is the op itself, bitwise
+    only_x = (tangents[0], *(torch.zeros_like(a) for a in args[1:]))
+    assert torch.equal(torch.func.jvp(f, args, only_x)[1], f(tangents[0], *args[1:]))
+    for i in range(1, 4):
+        one = tuple(t if j == i else torch.zeros_like(t) for j, t in enumerate(tangents))
+        torch.testing.assert_close(torch.func.jvp(f, args, one)[1].double(), tangent64(args, one), **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_apply_qk_jvp(backend):
+    _, (x, cos, sin, m) = problem(backend)
+    k = torch.randn(3, 2, 6, device=DEVICE).transpose(0, 1)  # [2, 3, 6] in another layout
+    args = (x, k, cos, sin, m)
+    tangents = tuple(torch.randn_like(a) for a in args)
+    outs, tans = torch.func.jvp(lambda *a: rome.apply_qk(*a, backend=backend), args, tangents)
+    for i in range(2):
+        want = tangent64((args[i], cos, sin, m), (tangents[i], *tangents[2:]))
+        torch.testing.assert_close(tans[i].double(), want, **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grad_vjp_jacrev_jacfwd(backend):
+    f, args = problem(backend, d=4, shape=(3,))
+    dy = torch.randn(3, 4, device=DEVICE)
+
+    # reference: float64 autograd through the formula
+    a64 = [a.double().requires_grad_() for a in args]
+    want = torch.autograd.grad(rope64(*a64), a64, dy.double())
+
+    out, vjp_fn = torch.func.vjp(f, *args)
+    for got, w in zip(vjp_fn(dy), want):
+        torch.testing.assert_close(got.double(), w, **TOL)
+    grads = torch.func.grad(lambda *a: (f(*a) * dy).sum(), argnums=(0, 1, 2, 3))(*args)
+    for got, w in zip(grads, want):
+        torch.testing.assert_close(got.double(), w, **TOL)
+
+    jac64 = torch.autograd.functional.jacobian(rope64, tuple(a.double() for a in args))
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        got = jac(f, argnums=(0, 1, 2, 3))(*args)
+        for g, w in zip(got, jac64):
+            torch.testing.assert_close(g.double(), w, **TOL)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hessian_and_vmap(backend):
+    """Second order (rome is bilinear in (x, tables)) and vmap over x, tables or matrices."""
+    f, args = problem(backend, d=4, shape=(2,))
+    x, cos, sin, m = args
+
+    def loss(x, cos):
+        return (f(x, cos, sin, m) ** 2).sum()
+
+    def loss64(x, cos):
+        return (rope64(x, cos, sin, m) ** 2).sum()
+
+    want = torch.autograd.functional.hessian(loss64, (x.double(), cos.double()))
+    got = torch.func.hessian(loss, argnums=(0, 1))(x, cos)
+    for gi, wi in zip(got, want):
+        for g, w in zip(gi, wi):
+            torch.testing.assert_close(g.double(), w, **TOL)
+
+    xb, cb, mb = torch.randn(3, *x.shape), torch.randn(3, *cos.shape), torch.randn(3, *m.shape)
+    cases = {
+        "x": ((xb, cos, sin, m), (0, None, None, None)),
+        "tables": ((x, cb, cb + 1, m), (None, 0, 0, None)),
+        "x and cos, batch dim 1": ((xb.movedim(0, 1), cb.movedim(0, 1), sin, m), (1, 1, None, None)),
+        "matrix": ((x, cos, sin, mb), (None, None, None, 0)),
+    }
+    for name, (a, dims) in cases.items():
+        got = torch.func.vmap(f, in_dims=dims)(*a)
+        want = torch.stack([rope64(*(t.select(d, i) if d is not None else t for t, d in zip(a, dims)))
+                            for i in range(3)])
+        torch.testing.assert_close(got.double(), want, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vmap_apply_qk_different_ranks(backend):
+    q = torch.randn(3, 2, 4, 5, 6, device=DEVICE)  # batch 3 of [2, 4, 5, 6]
+    k = torch.randn(3, 5, 6, device=DEVICE)  # batch 3 of [5, 6]
+    cos, sin = tables((3, 5, 6))
+    m = torch.randn(6, 6, device=DEVICE)
+    qo, ko = torch.func.vmap(lambda q, k, c, s: rome.apply_qk(q, k, c, s, m, backend=backend))(q, k, cos, sin)
+    torch.testing.assert_close(qo.double(), rope64(q, cos[:, None, None], sin[:, None, None], m), **TOL)
+    torch.testing.assert_close(ko.double(), rope64(k, cos, sin, m), **TOL)
+
+
+def test_gradcheck_forward_mode_and_batched_float64():
+    """torch's own checks of the forward-mode rule and of the batched (vmap) grads, in float64."""
+    x = torch.randn(2, 3, 6, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(3, 2, 6, dtype=torch.float64).transpose(0, 1).requires_grad_()
+    cos, sin = (torch.randn(3, 6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    m = rome.rotation_matrix([2, 4], "interleave", dtype=torch.float64).requires_grad_()
+
+    def one(x, c, s, m):
+        return rome.apply(x, c, s, m, backend="torch")
+
+    def both(x, k, c, s, m):
+        return rome.apply_qk(x, k, c, s, m, backend="torch")
+
+    checks = dict(check_forward_ad=True, check_batched_grad=True, check_batched_forward_grad=True)
+    for f, args in ((one, (x, cos, sin, m)), (both, (x, k, cos, sin, m))):
+        assert torch.autograd.gradcheck(f, args, **checks)
+        assert torch.autograd.gradgradcheck(f, args, check_fwd_over_rev=True, check_rev_over_rev=True)
+
+
+def test_raw_op_forward_ad_is_an_error_not_a_zero():
+    """torch.ops.rome.* have no forward-mode rule (a torch.library limit): a clear error."""
+    import torch.autograd.forward_ad as fwAD
+
+    _, (x, cos, sin, m) = problem("torch")
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn_like(x))
+        with pytest.raises(RuntimeError, match=r"forward-mode AD .*rome\.apply"):
+            torch.ops.rome.apply(dual, cos, sin, m, "torch")
+
+
 # --- item 6: threads under the interpreter -----------------------------------------------------
 
 
 def test_threads_under_interpreter():
-    """Two threads launching the kernel at once get the single-thread results, no error."""
+    """Threads launching the kernel at once get the single-thread results, no error."""
     m = rome.rotation_matrix([4, 4], "half", device=DEVICE)
     cos, sin = tables((5, 8))
-    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(2)]
+    n_threads, calls = 3, 20
+    xs = [torch.randn(2, 5, 8, device=DEVICE) for _ in range(n_threads)]
     want = [rome.apply(x, cos, sin, m, backend="triton") for x in xs]
     errors, results = [], {}
-    start = threading.Barrier(2)
+    start = threading.Barrier(n_threads)
 
     def work(i):
         start.wait()
-        for j in range(20):
+        for j in range(calls):
             try:
                 results[i, j] = rome.apply(xs[i], cos, sin, m, backend="triton")
             except Exception as e:  # noqa: BLE001 - collected and reported below
                 errors.append(f"{type(e).__name__}: {str(e)[:200]}")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_threads)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors, f"{len(errors)}/40 calls failed, e.g. {errors[0]}"
-    assert all(torch.equal(results[i, j], want[i]) for i in range(2) for j in range(20))
+    assert not errors, f"{len(errors)}/{n_threads * calls} calls failed, e.g. {errors[0]}"
+    assert all(torch.equal(results[i, j], want[i]) for i in range(n_threads) for j in range(calls))
 
 
 @pytest.mark.parametrize("interpret", [True, False])

@@ -1,0 +1,349 @@
+"""Property-based fuzzing of rome.apply / apply_qk (issue 9), both backends, against a float64
+oracle written here (einsum over the given values, independent of rome.reference).
+
+Drawn: shapes of 1-6 dims (tiny sizes, D even in 2..256), cos/sin broadcasting to x, layouts
+(permuted dims, steps, storage offsets, stride-0 expanded dims incl. the last one), x dtypes
+(fp32/fp16/bf16, fp64 on the torch backend), table dtypes (fp32 or x's), matrices (signed
+permutations from rome.rotation_matrix with random sections and mode, partial rotary with a
+zero block, dense random, integer-valued) in x's dtype or fp32, with their own layouts.
+Checked: the value against the oracle within ``bound`` below, the gradients of x, cos, sin and
+matrix likewise, inputs unmodified (bitwise, whole storage), apply_qk bitwise equal to two apply
+calls, two runs bitwise equal, unit last stride of the output.
+
+Profiles (tests/conftest.py): "rome" bounded, the default of `make test`; "fuzz" with thousands
+of examples (`make fuzz`). A failure prints the drawn parameters and a reproduce blob.
+
+Out of the strategy by construction, known kernel-side issues (issue 9, items 2 and 5; kernel.py
+is not this file's to fix): |dy*sin| > 65504 in fp16 (the backward's split operand overflows to
+NaN rows) and bf16 subnormals under the interpreter. Values are randn scaled by 2**k with the
+scales chosen so products stay far from both (fp16: |dy*sin| below ~100; no value near 1e-38).
+"""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import event, given, note
+from hypothesis import strategies as st
+
+import rome
+from rome.precision import tolerance
+
+from conftest import DEVICE
+
+# torch.func and gradcheck import torch's jvp decompositions, which call torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
+HALF = (torch.float16, torch.bfloat16)
+FP16_FLUSH = 2.0**-25  # fp16 split pieces under 2**-24 flush: <= 2**-25 per dot operand (kernel doc)
+
+
+# --- the oracle and the tolerance ----------------------------------------------------------------
+
+
+def rope64(x, cos, sin, m):
+    """float64 ``x*cos + (x @ M)*sin`` from the values as given (einsum, broadcasting)."""
+    x, cos, sin, m = (t.double() for t in (x, cos, sin, m))
+    return x * cos + torch.einsum("...i,ij->...j", x, m) * sin
+
+
+def oracle(x, cos, sin, m, dy=None):
+    """Value and magnitude of the output, and (given dy) of the four gradients.
+
+    rope64 is a sum of products, so its float64 autograd at (|x|, |cos|, |sin|, |M|) with
+    cotangent |dy| is the sum of the magnitudes of the terms of each gradient: e.g.
+    dM_ij = Σ_rows x_i (dy*sin)_j has magnitude Σ_rows |x_i||dy_j||sin_j|.
+    """
+    a = [t.detach().double() for t in (x, cos, sin, m)]
+    value, magnitude = rope64(*a), rope64(*(t.abs() for t in a))
+    if dy is None:
+        return value, magnitude, None
+    a = [t.requires_grad_() for t in a]
+    grads = torch.autograd.grad(rope64(*a), a, dy.double())
+    b = [t.detach().abs().requires_grad_() for t in a]
+    grad_magnitudes = torch.autograd.grad(rope64(*b), b, dy.double().abs())
+    return value, magnitude, list(zip(grads, grad_magnitudes))
+
+
+def bound(expected, magnitude, dtype, terms=0):
+    """Allowed |actual - expected| for a result computed in fp32 (fp64 for fp64 x) and rounded
+    once to ``dtype``: ``rome.precision.tolerance`` (1 ulp + 4·u·magnitude, u = 2**-24) plus
+    ``terms``·u·magnitude for the sums the op accumulates.
+
+    With a signed permutation each output of x @ M is one exact term (terms = 0). A dense D×D
+    matrix makes each output a dot of D products: in any order (fp32 accumulators, FMA, tensor
+    cores) the dot's error is at most γ_D·Σ|x_i||M_ij| ≈ D·u·Σ|x_i||M_ij| (Higham, recursive
+    summation, plus one rounding of each product when x and M are not both half precision),
+    and the magnitude already holds Σ|x_i||M_ij||sin_j|. Gradients sum over the broadcast rows
+    too: N more terms. The lead plans a tighter fp32 path (<= 1 ulp): tighten here.
+    """
+    u = 2.0**-53 if dtype == torch.float64 else 2.0**-24
+    return tolerance(expected, magnitude, dtype) + terms * u * magnitude.double()
+
+
+def assert_within(actual, expected, magnitude, dtype, terms, what, extra=0.0):
+    assert actual.dtype == dtype, f"{what}: dtype {actual.dtype}, want {dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {list(actual.shape)}, want {list(expected.shape)}"
+    err = (actual.double() - expected).abs()
+    allowed = bound(expected, magnitude, dtype, terms) + extra
+    bad = ~(err <= allowed)  # NaN counts as bad
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise AssertionError(
+            f"{what}: {int(bad.sum())}/{err.numel()} elements out of bound; at {i}: got "
+            f"{actual.double()[tuple(i)].item()!r}, want {expected[tuple(i)].item()!r} "
+            f"(error {err[tuple(i)].item():.3g} > {allowed[tuple(i)].item():.3g})"
+        )
+
+
+# --- strategies ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Layout:
+    """A view over a larger storage: dims laid out in ``perm`` order (the last of perm
+    innermost), every ``step``-th element from ``offset``, ``expand``ed dims of stride 0."""
+
+    perm: tuple
+    steps: tuple
+    offsets: tuple
+    expand: tuple
+    unit_strides: tuple  # any stride is valid for a size-1 dim: these replace theirs (None: keep)
+    window: tuple = None  # else: as_strided with these strides (overlapping windows, unfold-like)
+
+    def storage_shape(self, shape):
+        if self.window:
+            return [self.offsets[0] + sum((n - 1) * st for n, st in zip(shape, self.window)) + 1]
+        return [(1 if self.expand[d] else shape[d]) * self.steps[d] + self.offsets[d] for d in self.perm]
+
+    def view(self, storage, shape):
+        """The view of ``shape`` into ``storage`` (of storage_shape(shape))."""
+        if self.window:
+            return storage.as_strided(shape, self.window, self.offsets[0])
+        n = len(shape)
+        sizes = [1 if self.expand[d] else shape[d] for d in range(n)]
+        index = tuple(slice(self.offsets[d], self.offsets[d] + sizes[d] * self.steps[d], self.steps[d])
+                      for d in self.perm)
+        view = storage[index].permute([self.perm.index(d) for d in range(n)]).expand(shape)
+        strides = [st if n == 1 and st is not None else s
+                   for n, st, s in zip(shape, self.unit_strides, view.stride())]
+        return view.as_strided(shape, strides, view.storage_offset())
+
+    def place(self, values, storage):
+        """Write ``values`` (taken at index 0 along expanded dims) through the view; a window
+        view overlaps itself, so there the storage's own random values stay."""
+        if not self.window:
+            first = tuple(slice(0, 1) if e else slice(None) for e in self.expand)
+            self.view(storage, values.shape)[first].copy_(values[first])
+
+
+@st.composite
+def layouts(draw, ndim):
+    kind = draw(st.sampled_from(["contiguous", "permuted", "strided", "expanded", "mixed", "window"]))
+    perm, steps, offsets, expand = tuple(range(ndim)), (1,) * ndim, (0,) * ndim, (False,) * ndim
+    if kind == "window":  # row strides 0-3 or wide, last stride 1 or 2: windows that overlap
+        rows = st.lists(st.sampled_from([0, 1, 2, 3, 300]), min_size=ndim - 1, max_size=ndim - 1)
+        window = (*draw(rows), draw(st.sampled_from([1, 1, 2])))
+        return Layout(perm, steps, (draw(st.integers(0, 2)),) * ndim, expand, (None,) * ndim, window)
+    if kind in ("permuted", "mixed"):
+        perm = tuple(draw(st.permutations(range(ndim))))
+    if kind in ("strided", "mixed"):
+        steps = tuple(draw(st.lists(st.integers(1, 3), min_size=ndim, max_size=ndim)))
+        offsets = tuple(draw(st.lists(st.integers(0, 2), min_size=ndim, max_size=ndim)))
+    if kind in ("expanded", "mixed"):
+        expand = tuple(draw(st.lists(st.booleans(), min_size=ndim, max_size=ndim)))
+    unit = st.one_of(st.none(), st.sampled_from([0, 1, 2, 1000]))
+    unit_strides = tuple(draw(st.lists(unit, min_size=ndim, max_size=ndim)))
+    return Layout(perm, steps, offsets, expand, unit_strides)
+
+
+def random_sections(draw, d):
+    """Even sizes summing to d (1-4 sections)."""
+    cuts = sorted(draw(st.sets(st.integers(1, d // 2 - 1), max_size=3))) if d >= 4 else []
+    edges = [0, *cuts, d // 2]
+    return [2 * (b - a) for a, b in zip(edges, edges[1:])]
+
+
+def bounded_sizes(draw, n, limit):
+    """n dim sizes in 1..4 whose product is at most limit."""
+    sizes = []
+    for _ in range(n):
+        sizes.append(draw(st.integers(1, max(1, min(4, limit)))))
+        limit //= sizes[-1]
+    return sizes
+
+
+@dataclass
+class Case:
+    backend: str
+    dtype: torch.dtype
+    table_dtype: torch.dtype
+    matrix_dtype: torch.dtype
+    d: int
+    x_shape: tuple
+    k_shape: tuple
+    cos_shape: tuple
+    matrix_kind: str
+    sections: list
+    mode: str
+    layouts: dict
+    scales: dict
+    seed: int
+
+
+@st.composite
+def cases(draw):
+    backend = draw(st.sampled_from(["torch", "triton"]))
+    dtypes = [torch.float32, torch.float16, torch.bfloat16] + ([torch.float64] if backend == "torch" else [])
+    dtype = draw(st.sampled_from(dtypes))
+    table_dtype = draw(st.sampled_from(sorted({torch.float32, dtype}, key=str)))
+    matrix_dtype = draw(st.sampled_from(sorted({torch.float32, dtype}, key=str)))
+    d = 2 * draw(st.one_of(st.integers(1, 8), st.integers(1, 128)))
+    # the interpreter is slow: keep the triton rows few (fewer still for wide D)
+    max_rows = (48 if d <= 64 else 16) if backend == "triton" else 256
+    ndim = draw(st.integers(1, 6))
+    rows = bounded_sizes(draw, ndim - 1, max_rows)
+    x_shape = (*rows, d)
+    # cos/sin: the last c of x's row dims, each kept or 1; k differs from x where cos is 1/absent
+    c = draw(st.integers(0, ndim - 1))
+    keep = draw(st.lists(st.booleans(), min_size=c, max_size=c))
+    cos_rows = [n if kp else 1 for n, kp in zip(rows[ndim - 1 - c :], keep)]
+    cos_shape = (*cos_rows, d)
+    fixed = [i >= ndim - 1 - c and cos_rows[i - (ndim - 1 - c)] != 1 for i in range(ndim - 1)]
+    free = iter(bounded_sizes(draw, fixed.count(False), max_rows // math.prod(
+        n for n, f in zip(rows, fixed) if f)))
+    k_rows = [n if f else next(free) for n, f in zip(rows, fixed)]
+    matrix_kind = draw(st.sampled_from(["rotation", "partial", "dense", "integer"]))
+    sections = random_sections(draw, d)
+    mode = draw(st.sampled_from(rome.MODES))
+    shapes = {"x": x_shape, "k": (*k_rows, d), "cos": cos_shape, "sin": cos_shape, "matrix": (d, d), "dy": x_shape}
+    lay = {name: draw(layouts(len(shape))) for name, shape in shapes.items()}
+    # scales 2**k: fp16 values stay small, so no output or gradient nears 65504 and |dy*sin|
+    # stays below ~100 (issue 9, known kernel bug: the fp16 backward's split operand turns
+    # |dy*sin| > 65504 into NaN rows; out of the strategy until the kernel is fixed)
+    lo, hi = (-3, 0) if dtype == torch.float16 else (-4, 4)
+    scales = {name: 2.0 ** draw(st.integers(lo, hi)) for name in ("x", "k", "dy")}
+    scales["tables"] = 2.0 ** draw(st.integers(-2, 0 if dtype == torch.float16 else 2))
+    seed = draw(st.integers(0, 2**31 - 1))
+    case = Case(backend, dtype, table_dtype, matrix_dtype, d, x_shape, (*k_rows, d), cos_shape,
+                matrix_kind, sections, mode, lay, scales, seed)
+    note(repr(case))
+    event(f"{backend} {str(dtype)[6:]}")
+    event(f"matrix {matrix_kind}")
+    event(f"{ndim} dims")
+    event("D > 64" if d > 64 else "D <= 64")
+    return case
+
+
+def exact_products(m):
+    """Whether every output of x @ M and of h @ Mᵀ is one exact term (a signed permutation, or
+    one with zero rows/columns): then the dots add no rounding (``bound``'s terms = 0)."""
+    m = m.detach().double()
+    ones = (m == 0) | (m.abs() == 1)
+    return bool(ones.all() and (m != 0).sum(0).max() <= 1 and (m != 0).sum(1).max() <= 1)
+
+
+def build(case: Case, requires_grad=False):
+    """The inputs as views with their drawn layouts, and their storages (random where the view
+    does not reach: the op must not read there, nor write anywhere)."""
+    g = torch.Generator().manual_seed(case.seed)
+    d = case.d
+    if case.matrix_kind in ("rotation", "partial"):
+        m = rome.rotation_matrix(case.sections, case.mode, dtype=torch.float64)
+        if case.matrix_kind == "partial":  # partial rotary: the last section passes through
+            m[-case.sections[-1] :, -case.sections[-1] :] = 0
+    elif case.matrix_kind == "dense":
+        m = torch.randn(d, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    else:
+        m = torch.randint(-2, 3, (d, d), generator=g).double()
+
+    def randn(shape, scale, zeros=False):
+        t = torch.randn(shape, generator=g, dtype=torch.float64) * scale
+        return t * (torch.rand(shape, generator=g) > 0.2) if zeros else t  # some exact zeros
+
+    tables = case.scales["tables"]
+    specs = {  # name: (values, dtype)
+        "x": (randn(case.x_shape, case.scales["x"], zeros=True), case.dtype),
+        "k": (randn(case.k_shape, case.scales["k"]), case.dtype),
+        "cos": (randn(case.cos_shape, tables), case.table_dtype),
+        "sin": (randn(case.cos_shape, tables, zeros=True), case.table_dtype),
+        "matrix": (m, case.matrix_dtype),
+        "dy": (randn(case.x_shape, case.scales["x"]), case.dtype),
+    }
+    views, storages = {}, {}
+    for name, (values, dtype) in specs.items():
+        lay = case.layouts[name]
+        scale = values.abs().max().item() if values.numel() else 1.0  # for what a window shows
+        storage = randn(lay.storage_shape(values.shape), scale / 2).to(dtype).to(DEVICE)
+        lay.place(values.to(dtype).to(DEVICE), storage)
+        if requires_grad and name in ("x", "cos", "sin", "matrix"):
+            storage.requires_grad_()
+        storages[name], views[name] = storage, lay.view(storage, values.shape)
+    return views, storages
+
+
+def snapshot(storages):
+    return {n: t.detach().clone() for n, t in storages.items()}
+
+
+def assert_unmodified(storages, before):
+    for n, t in storages.items():
+        assert torch.equal(t.detach(), before[n]), f"{n} was modified"
+
+
+# --- the properties ----------------------------------------------------------------------------
+
+
+@given(cases())
+def test_forward(case):
+    v, storages = build(case)
+    before = snapshot(storages)
+    x, k, cos, sin, m = (v[n] for n in ("x", "k", "cos", "sin", "matrix"))
+
+    out = rome.apply(x, cos, sin, m, backend=case.backend)
+    assert out.stride(-1) == 1
+    value, magnitude, _ = oracle(x, cos, sin, m)
+    terms = 0 if exact_products(m) else case.d
+    assert_within(out, value, magnitude, case.dtype, terms, "apply")
+
+    again = rome.apply(x, cos, sin, m, backend=case.backend)
+    assert torch.equal(out, again), "two runs differ"
+
+    q_out, k_out = rome.apply_qk(x, k, cos, sin, m, backend=case.backend)
+    assert torch.equal(q_out, out), "apply_qk's q differs from apply"
+    assert torch.equal(k_out, rome.apply(k, cos, sin, m, backend=case.backend)), "apply_qk's k differs from apply"
+    assert_unmodified(storages, before)
+
+
+@given(cases(), st.sampled_from(["x", "cos", "sin", "matrix", "all"]))
+def test_gradients(case, wrt):
+    v, storages = build(case, requires_grad=True)
+    x, k, cos, sin, m, dy = (v[n] for n in ("x", "k", "cos", "sin", "matrix", "dy"))
+    names = ["x", "cos", "sin", "matrix"] if wrt == "all" else [wrt]
+    inputs = [v[n] for n in names]
+    before = snapshot(storages)
+
+    out = rome.apply(x, cos, sin, m, backend=case.backend)
+    grads = torch.autograd.grad(out, inputs, dy)
+    _, _, want = oracle(x, cos, sin, m, dy)
+    rows = x.numel() // case.d
+    for name, got in zip(names, grads):
+        i = ["x", "cos", "sin", "matrix"].index(name)
+        expected, magnitude = want[i]
+        like = {"x": x, "cos": cos, "sin": sin, "matrix": m}[name]
+        if name == "x":  # dx = dy*cos + (dy*sin) @ Mᵀ: a dot of D terms, as three pieces for half x
+            terms = 0 if exact_products(m) else 3 * case.d
+            extra = FP16_FLUSH * m.detach().double().abs().sum(-1) if case.dtype == torch.float16 else 0.0
+        else:  # the sums over the broadcast rows, and the dot of x @ M for dsin
+            extra, terms = 0.0, rows + case.d + 2
+        assert_within(got, expected, magnitude, like.dtype, terms, f"d{name}", extra)
+
+    again = torch.autograd.grad(rome.apply(x, cos, sin, m, backend=case.backend), inputs, dy)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again)), "two backward runs differ"
+
+    if "x" in names:  # apply_qk's dq is apply's dx, bitwise (the same kernel, one launch)
+        q_out, k_out = rome.apply_qk(x, k.detach(), cos, sin, m, backend=case.backend)
+        (dq,) = torch.autograd.grad(q_out, [x], dy)
+        assert torch.equal(dq, grads[names.index("x")]), "apply_qk's dq differs from apply's dx"
+    assert_unmodified(storages, before)
