@@ -257,12 +257,13 @@ def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
     dcos = _reduce_sum([h * x for x, h in pairs], cos) if need_cos else None
     dsin = dm = None
     if need_sin:
-        terms = [x * (h @ m) if transpose else h * (x @ m) for x, h in pairs]
+        mm = torch_backend.matmul
+        terms = [x * mm(h, m) if transpose else h * mm(x, m) for x, h in pairs]
         dsin = _reduce_sum(terms, sin)
     if need_m:
         outer = [(h, x * s) if transpose else (x, h * s) for x, h in pairs]
         d = matrix.shape[-1]  # Σ over rows of aᵀb; a matmul (torch's legacy vmap has no einsum)
-        dm = sum(_matmul(a.reshape(-1, d).mT, b.reshape(-1, d)) for a, b in outer).to(matrix.dtype)
+        dm = sum(torch_backend.matmul(a.reshape(-1, d).mT, b.reshape(-1, d)) for a, b in outer).to(matrix.dtype)
     return dcos, dsin, dm
 
 
@@ -365,10 +366,10 @@ def _tangent_terms(x, tcos, tsin, tm, sin, matrix, transpose: bool):
         terms.append(x * tcos.to(dt))
     if tsin is not None:
         m = matrix.to(dt)
-        terms.append(_matmul(x * tsin.to(dt), m.mT) if transpose else _matmul(x, m) * tsin.to(dt))
+        terms.append(torch_backend.matmul(x * tsin.to(dt), m.mT) if transpose else torch_backend.matmul(x, m) * tsin.to(dt))
     if tm is not None:
         tm = tm.to(dt)
-        terms.append(_matmul(x * sin.to(dt), tm.mT) if transpose else _matmul(x, tm) * sin.to(dt))
+        terms.append(torch_backend.matmul(x * sin.to(dt), tm.mT) if transpose else torch_backend.matmul(x, tm) * sin.to(dt))
     return sum(terms) if terms else None
 
 

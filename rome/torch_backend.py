@@ -60,6 +60,13 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if x.device.type == "mps" else torch.float64
 
 
+def matmul(a: Tensor, m: Tensor) -> Tensor:
+    """``a @ m`` without TF32: an fp32 product on CUDA where TF32 is allowed runs in float64."""
+    if a.is_cuda and a.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return (a.double() @ m.double()).float()
+    return a @ m
+
+
 def _structure(matrix: Tensor) -> structure.MatrixInfo | None:
     """The matrix's gather structure, or None where it must be multiplied (no sync allowed)."""
     if matrix.device.type == "meta":
