@@ -1,0 +1,119 @@
+"""Model patches: swap a model's RoPE for rome's, in place, and undo it exactly.
+
+    handle = rome.integrations.patch(model)     # finds the model's family
+    ...                                         # the model now rotates q and k with rome
+    handle.undo()                               # the model is as it was, attribute for attribute
+
+One module per library, imported only when a model of that library is patched, so neither
+transformers nor diffusers is a dependency of rome (``pip install rome[models]`` adds them):
+
+- ``rome.integrations.transformers``: Llama family (and the families sharing its
+  ``apply_rotary_pos_emb``), Qwen2-VL / Qwen2.5-VL, GPT-NeoX.
+- ``rome.integrations.diffusers``: Wan, HunyuanVideo, CogVideoX, Flux, LTX-Video.
+
+Each library module defines ``patch(model, *, backend) -> Patch | None`` (None: not a model
+of that library it knows) and ``SUPPORTED`` (the class names it patches). Patches never touch
+the kernel: they call rome's public ops and module (Liger-Kernel's convention).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from torch import nn
+
+__all__ = ["Patch", "patch", "supported"]
+
+_LIBRARIES = ("transformers", "diffusers")
+
+
+class Patch:
+    """The changes one ``patch`` made: ``undo()`` reverts them, last first (also as a context
+    manager: ``with patch(model): ...``). Undoing twice is a no-op."""
+
+    def __init__(self, model: nn.Module, family: str):
+        self.model = model
+        self.family = family
+        self._undo: list[Callable[[], None]] = []
+
+    def setattr(self, obj, name: str, value) -> None:
+        """``setattr(obj, name, value)``, recorded: undo restores the old value, or removes the
+        attribute where ``obj`` had none of its own (an instance attribute shadowing its class's)."""
+        missing = object()
+        old = obj.__dict__.get(name, missing) if hasattr(obj, "__dict__") else getattr(obj, name)
+        setattr(obj, name, value)
+
+        def restore():
+            if old is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+        self._undo.append(restore)
+
+    def on_undo(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the patch is undone (after the changes recorded later are reverted)."""
+        self._undo.append(fn)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._undo)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "undone"
+        return f"Patch({type(self.model).__name__}, family={self.family!r}, {state})"
+
+
+def _library_of(model) -> str | None:
+    for cls in type(model).__mro__:
+        root = cls.__module__.split(".")[0]
+        if root in _LIBRARIES:
+            return root
+    return None
+
+
+def supported() -> dict[str, tuple[str, ...]]:
+    """The class names each library module patches (imports those that import)."""
+    out = {}
+    for lib in _LIBRARIES:
+        try:
+            out[lib] = tuple(importlib.import_module(f"{__name__}.{lib}").SUPPORTED)
+        except ImportError:
+            continue
+    return out
+
+
+def patch(model: nn.Module, *, backend: str = "auto") -> Patch:
+    """Patch ``model`` (a transformers or diffusers model) in place to compute its RoPE with
+    rome; returns a ``Patch`` whose ``undo()`` restores the model exactly.
+
+    Raises TypeError for a model of neither library and ValueError for a model (or a RoPE
+    configuration) rome cannot express, naming the class and what is supported.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    lib = _library_of(model)
+    if lib is None:
+        raise TypeError(
+            f"model must be a transformers or diffusers model, got {type(model).__module__}."
+            f"{type(model).__qualname__}"
+        )
+    module = importlib.import_module(f"{__name__}.{lib}")
+    handle = module.patch(model, backend=backend)
+    if handle is None:
+        raise ValueError(
+            f"rome.integrations.patch does not support {type(model).__name__} ({lib}); "
+            f"supported: {', '.join(module.SUPPORTED)}"
+        )
+    return handle
