@@ -113,10 +113,12 @@ class Plan:
     src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
 
 
-def _block_mask(nonzero: torch.Tensor, block: int) -> int:
-    """Bitmask of the nonzero [block, block] blocks of a boolean [D, D] (bit k*NP + n)."""
+def _block_mask(nonzero: torch.Tensor, block: int, block_d: int) -> int:
+    """Bitmask of the nonzero [block, block] blocks of a boolean [D, D] padded to the kernel's
+    BLOCK_D (bit k*NP + n, NP = BLOCK_D // block panels: the kernel's indexing, which for D not a
+    power of two has more panels than ceil(D / block))."""
     d = nonzero.shape[0]
-    np_ = math.ceil(d / block)
+    np_ = block_d // block
     pad = torch.zeros(np_ * block, np_ * block, dtype=torch.bool)
     pad[:d, :d] = nonzero
     blocks = pad.reshape(np_, block, np_, block).any(3).any(1)
@@ -130,10 +132,10 @@ def _exact_in_dtype(info, matrix, dtype) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _nonzero_blocks(info, matrix, transpose: bool, block: int) -> int:
+def _nonzero_blocks(info, matrix, transpose: bool, block: int, block_d: int) -> int:
     """The block mask of M (or Mᵀ), once per matrix, pass and panel width."""
     nonzero = matrix.detach().to("cpu") != 0
-    return _block_mask(nonzero.T if transpose else nonzero, block)
+    return _block_mask(nonzero.T if transpose else nonzero, block, block_d)
 
 
 @functools.lru_cache(maxsize=256)
@@ -149,7 +151,7 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
                  interpret=interpret)
-    nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n)
+    nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
     operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
