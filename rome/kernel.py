@@ -62,13 +62,19 @@ def _load(ptr, offsets, mask, RAW_BF16: tl.constexpr):
 
 
 @triton.jit
+def _bf16_bits(y):
+    # fp32 -> the 16 bits of bf16, rounded to nearest even by hand (subnormals and overflow to
+    # inf included, as the GPU's cvt.rn.bf16.f32); NaN keeps its payload
+    bits = y.to(tl.uint32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(y != y, bits >> 16, rounded)
+
+
+@triton.jit
 def _store(ptr, offsets, y, mask, RAW_BF16: tl.constexpr):
-    # fp32 -> out dtype; RAW_BF16: rounded to nearest even by hand and written as 16 bits
+    # fp32 -> out dtype; RAW_BF16: rounded to bf16 by hand and written as 16 bits
     if RAW_BF16:
-        bits = y.to(tl.uint32, bitcast=True)
-        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-        bits = tl.where(y != y, bits >> 16, rounded)  # NaN keeps its payload
-        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offsets, bits.to(tl.int16), mask=mask)
+        tl.store(ptr.to(tl.pointer_type(tl.int16)) + offsets, _bf16_bits(y).to(tl.int16), mask=mask)
     else:
         tl.store(ptr + offsets, y.to(ptr.dtype.element_ty), mask=mask)
 
@@ -109,15 +115,21 @@ def _add2(x, c, a, F64: tl.constexpr):
 
 
 @triton.jit
-def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
-    # acc += v @ w, fp32 v fed as SPLIT pieces in OP_DTYPE whose sum is v (exact for SPLIT=3 bf16)
+def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+         RAW: tl.constexpr):
+    # acc += v @ w, fp32 v fed as SPLIT pieces in OP_DTYPE whose sum is v (exact for SPLIT=3 bf16
+    # down to bf16's smallest subnormal, 2**-133: the last piece rounds below it, <= 2**-134).
+    # RAW (interpreter): the bf16 pieces rounded by hand, as the GPU rounds them
     if SPLIT == 1:  # v is exact in OP_DTYPE (or the dot is fp32): no rounding to do
         if FP32_DOT:
             return tl.dot(v, w, acc, input_precision="ieee")
         return tl.dot(v.to(OP_DTYPE), w, acc)
     rem = v
     for _ in tl.static_range(SPLIT):
-        piece = rem.to(OP_DTYPE)
+        if RAW and OP_DTYPE == tl.bfloat16:
+            piece = (_bf16_bits(rem) << 16).to(tl.float32, bitcast=True)
+        else:
+            piece = rem.to(OP_DTYPE)
         rem = rem - piece.to(tl.float32)
         if FP32_DOT:
             acc = tl.dot(piece.to(tl.float32), w, acc, input_precision="ieee")
@@ -175,7 +187,7 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                     w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
                                 mask=wmask, other=0.0)
                     w = w.to(tl.float32) if FP32_DOT else w.to(OP_DTYPE)
-                    acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT)
+                    acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT, F64)
             if TRANSPOSE and not GATHER_SIN:
                 y = _add2(x, c, acc, F64)  # acc already holds (x*sin) @ Mᵀ
             else:
