@@ -428,14 +428,6 @@ def _check_config(model, family: str) -> None:
                 f"{name}: axes_dims_rope={dims} must be positive even sizes summing to "
                 f"attention_head_dim={head_dim} for rome's per-axis interleave layout"
             )
-    if family == "WanTransformer3DModel":
-        rope = model.rope
-        dims = [rope.t_dim, rope.h_dim, rope.w_dim]
-        if any(d <= 0 or d % 2 for d in dims):
-            raise ValueError(
-                f"{name}: attention_head_dim={rope.attention_head_dim} splits into t/h/w rotary "
-                f"sections {dims}; rome needs positive even sections"
-            )
     if family == "CogVideoXTransformer3DModel" and not model.config.use_rotary_positional_embeddings:
         raise ValueError(
             f"{name}: use_rotary_positional_embeddings=False (learned or sincos positional "
