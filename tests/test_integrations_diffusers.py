@@ -154,16 +154,22 @@ def test_fp32_matches_and_undo_restores(name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_bf16(name):
+def test_bf16(name, monkeypatch):
+    """Often bitwise: the models rotate in fp32 and round once to bf16 too (Wan's tables are cast
+    to bf16 with the model, and it multiplies in bf16 then)."""
     model, inp = build(name, torch.bfloat16)
     ref = run(model, inp)
+    calls = []
+    real = rd.apply_qk
+    monkeypatch.setattr(rd, "apply_qk", lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
     with rome.integrations.patch(model, backend="torch"):
         out = run(model, inp)
+    assert calls and set(calls) == {torch.bfloat16}
     assert out.dtype == torch.bfloat16
     _close(out, ref, BF16_RTOL)
 
 
-@pytest.mark.parametrize("name", ["wan", "hunyuan", "flux"])
+@pytest.mark.parametrize("name", ["wan", "hunyuan"])
 def test_backward(name):
     model, inp = build(name)
 

@@ -33,7 +33,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout, tables_for_positions
+from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
 from ..matrices import interleave_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..tables import grid_positions
@@ -312,8 +312,11 @@ def _hunyuan_rope_forward(rope):
         _, _, frames, height, width = hidden_states.shape
         sizes = [frames // rope.patch_size_t, height // rope.patch_size, width // rope.patch_size]
         device = hidden_states.device
-        cache = cos_sin_cache(layout, max(max(sizes), 1), device=device)
-        return tables_for_positions(layout, cache, grid_positions(sizes, device=device))
+        cos, sin = cos_sin_cache(layout, max(max(sizes), 1), device=device)  # [max size, D]
+        # tables_for_positions without its host-side range check (positions < max size here)
+        index = grid_positions(sizes, device=device)[:, layout.axis.to(device)]
+        columns = torch.arange(layout.head_dim, device=device)
+        return cos[index, columns], sin[index, columns]
 
     return forward
 
