@@ -315,6 +315,14 @@ def test_patch_twice_raises():
         rome.integrations.patch(model)
     handle.undo()
     rome.integrations.patch(model).undo()  # patchable again after undo
+    hy = diffusers.HunyuanVideoTransformer3DModel(  # no layers: only its rotary module is patched
+        in_channels=4, out_channels=4, num_attention_heads=1, attention_head_dim=16, num_layers=0,
+        num_single_layers=0, num_refiner_layers=0, text_embed_dim=16, pooled_projection_dim=8,
+        rope_axes_dim=(4, 6, 6),
+    )
+    with rome.integrations.patch(hy):
+        with pytest.raises(ValueError, match="HunyuanVideoTransformer3DModel is already patched"):
+            rome.integrations.patch(hy)
 
 
 def test_unsupported_model_raises():
@@ -358,3 +366,14 @@ def test_bad_backend_raises():
     model, _ = build("wan")
     with pytest.raises(ValueError, match="backend must be one of"):
         rome.integrations.patch(model, backend="cuda")
+
+
+def test_other_diffusers_version_raises(monkeypatch):
+    """A diffusers without the helpers a rome processor calls: refused before any change."""
+    from diffusers.models.transformers import transformer_wan
+
+    model, _ = build("wan")
+    monkeypatch.delattr(transformer_wan, "_get_qkv_projections")
+    with pytest.raises(ValueError, match=r"WanTransformer3DModel: diffusers .* has no .*_get_qkv_projections"):
+        rome.integrations.patch(model)
+    assert type(model.blocks[0].attn1.processor) is transformer_wan.WanAttnProcessor

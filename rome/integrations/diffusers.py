@@ -71,9 +71,9 @@ class _Rotate:
 
     @staticmethod
     def _tables(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        if cos.dtype not in (torch.float32, x.dtype):
-            return cos.float(), sin.float()
-        return cos, sin
+        """On x's device (diffusers moves them there too), float32 unless in x's dtype."""
+        dtype = cos.dtype if cos.dtype in (torch.float32, x.dtype) else torch.float32
+        return cos.to(x.device, dtype), sin.to(x.device, dtype)
 
     def __call__(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self._tables(q, cos, sin)
@@ -384,6 +384,13 @@ _FAMILIES = {
         _ltx_rope_forward,
     ),
 }
+# the library functions each rome processor calls (checked at patch time)
+_HELPERS = {
+    "WanTransformer3DModel": ("_get_qkv_projections", "dispatch_attention_fn"),
+    "HunyuanVideoTransformer3DModel": ("dispatch_attention_fn",),
+    "FluxTransformer2DModel": ("_get_qkv_projections", "dispatch_attention_fn"),
+    "LTXVideoTransformer3DModel": ("dispatch_attention_fn",),
+}
 _PROCESSORS: dict[str, type] = {}  # family -> rome processor subclass, built once
 
 
@@ -438,8 +445,8 @@ def _check_config(model, family: str) -> None:
         )
     if family == "LTXVideoTransformer3DModel":
         rope = model.rope
-        if rope.dim // 6 < 2:
-            raise ValueError(f"{name}: inner dim {rope.dim} gives fewer than 2 RoPE frequencies per axis")
+        if rope.dim < 6:
+            raise ValueError(f"{name}: inner dim {rope.dim} < 6 gives no RoPE frequency per axis")
 
 
 def patch(model, *, backend: str = "auto") -> Patch | None:
@@ -458,12 +465,24 @@ def patch(model, *, backend: str = "auto") -> Patch | None:
     module_name, proc_name, make_processor, make_rope_forward = _FAMILIES[family]
     import importlib
 
-    base = getattr(importlib.import_module(module_name), proc_name)
+    module = importlib.import_module(module_name)
+    missing = [a for a in (proc_name, *_HELPERS.get(family, ())) if not hasattr(module, a)]
+    if missing:
+        import diffusers
+
+        raise ValueError(
+            f"{name}: diffusers {diffusers.__version__} has no {module_name}.{missing[0]}, which "
+            f"rome's patch of this model uses (written against diffusers 0.42)"
+        )
+    base = getattr(module, proc_name)
     rome_cls = _PROCESSORS.get(family)
     if rome_cls is None:
         rome_cls = _PROCESSORS[family] = make_processor(base)
     _check_config(model, family)
     layers = _attention_layers(model, family)
+    if getattr(getattr(model, "rope", None), "__dict__", {}).get("forward") is not None:
+        if getattr(model.rope.__dict__["forward"], "_rome", False):
+            raise ValueError(f"{name} is already patched by rome (rope); undo that patch first")
     for path, attn in layers:
         proc = attn.processor
         if isinstance(proc, rome_cls):
@@ -482,5 +501,7 @@ def patch(model, *, backend: str = "auto") -> Patch | None:
         new._rome = rotate
         handle.setattr(attn, "processor", new)
     if make_rope_forward is not None:
-        handle.setattr(model.rope, "forward", make_rope_forward(model.rope))
+        forward = make_rope_forward(model.rope)
+        forward._rome = True
+        handle.setattr(model.rope, "forward", forward)
     return handle
