@@ -206,8 +206,12 @@ def _rotate_vision(rope: RoPE, backend: str):
 
 
 def _rebound(fn, name: str, value):
-    """``fn`` with the global ``name`` bound to ``value`` (same code, defaults and closure)."""
+    """``fn`` with the global ``name`` bound to ``value`` (same code, defaults and closure).
+
+    The new globals dict has no ``__name__``: torch.compile then guards on the dict itself
+    rather than on the modeling module's attribute of that name (transformers' own function)."""
     scope = dict(fn.__globals__)
+    scope.pop("__name__", None)
     scope[name] = value
     new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
@@ -235,9 +239,10 @@ def _rope_of(rotary: nn.Module, kind: str, backend: str) -> RoPE:
         raise ValueError(f"{name}: expected an axial 2D layout, rome read {layout!r}")
     ref = getattr(rotary, "original_inv_freq", getattr(rotary, "inv_freq", None))
     if isinstance(ref, Tensor) and ref.device.type != "meta":
+        rtol = max(1e-5, torch.finfo(ref.dtype).eps)  # a model cast to bf16 has bf16 buffers
         ref = ref.detach().double().cpu()
         got = layout.inv_freq[: ref.numel()]
-        ok = ref.ndim == 1 and got.numel() == ref.numel() and torch.allclose(got, ref, rtol=1e-5, atol=0)
+        ok = ref.ndim == 1 and got.numel() == ref.numel() and torch.allclose(got, ref, rtol=rtol, atol=0)
         scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
         if not ok or abs(layout.attention_scaling - scale) > 1e-6 * scale:
             raise ValueError(
