@@ -140,6 +140,24 @@ def test_gpt_neox_partial_rotary(monkeypatch):
     _check_patch(model, {"input_ids": _ids()}, monkeypatch)
 
 
+def test_patched_attention_takes_transformers_tables():
+    """A patched layer handed transformers' own tables (rotary width 8 of 32, in x's dtype) pads
+    them with the pass-through cos = 1, sin = 0 and rotates as transformers does."""
+    torch.manual_seed(0)
+    cfg = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=2, vocab_size=97, rotary_pct=0.25)
+    model = transformers.GPTNeoXModel(cfg).eval()
+    attention = model.layers[0].attention
+    hidden = torch.randn(2, 12, 64)
+    emb = model.rotary_emb(hidden, torch.arange(12)[None].expand(2, 12))
+    assert emb[0].shape == (2, 12, 8)
+    with torch.no_grad():
+        ref = attention(hidden, attention_mask=None, position_embeddings=emb)[0]
+        with patch(model, backend="torch"):
+            got = attention(hidden, attention_mask=None, position_embeddings=emb)[0]
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def _qwen_vl(kind):
     """A tiny Qwen2-VL / Qwen2.5-VL and an input with one 4x4-patch image (4 merged tokens)."""
     torch.manual_seed(0)
@@ -184,9 +202,10 @@ def test_qwen_vl_text_and_vision(kind, monkeypatch):
 
 
 def test_rome_tables_nearer_float64_truth():
-    """At positions up to 4095 transformers' fp32 angle ``p * inv_freq`` is off by up to
-    ~half an ulp of the angle (2.4e-4 near 4095), which its cos/sin inherit; rome's tables are the
-    float64 angle's cos/sin rounded once (within 2^-24 of the truth)."""
+    """Positions 0..4095, D=16: transformers' fp32 angle ``p * inv_freq`` (fp32 ``inv_freq``
+    and product) puts its cos/sin up to 6.8e-5 from the float64 truth (measured); rome's tables
+    are the float64 angle's cos/sin rounded once: 3.0e-8 (half an fp32 ulp of 1). So the patched
+    model's RoPE is the nearer one; rotated fp32 q/k measured 2.6e-7 (rome) vs 2.1e-4."""
     model = _llama(max_position_embeddings=4096)
     rotary = model.model.rotary_emb
     pos = torch.arange(4096)[None]
@@ -203,7 +222,7 @@ def test_rome_tables_nearer_float64_truth():
     err_rome = max((rome_cos[0].double() - angles.cos()).abs().max(), (rome_sin[0].double() - angles.sin()).abs().max())
     assert rome_cos.dtype == torch.float32
     assert err_rome <= 2**-24
-    assert err_hf > 100 * err_rome  # measured: ~1.2e-4 vs ~6e-8
+    assert err_hf > 100 * err_rome
 
 
 @pytest.mark.parametrize("how", ["default_dtype", "to"])
@@ -254,30 +273,61 @@ def test_backward_grads_close():
 
 
 def test_compile_patched_block_fullgraph():
-    """A patched decoder layer compiles with fullgraph=True (no graph break) and matches eager."""
+    """A patched decoder layer compiles with fullgraph=True (no graph break), its graph calls
+    rome's op (not transformers' rotate_half), and it matches eager."""
     model = _llama()
     layer = model.model.layers[0]
     hidden = torch.randn(2, 12, 64)
     pos = torch.arange(12)[None].expand(2, 12)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
     with patch(model, backend="torch"):
         emb = model.model.rotary_emb(hidden, pos)
         eager = layer(hidden, position_embeddings=emb, attention_mask=None)
         torch._dynamo.reset()
-        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-        out = compiled(hidden, position_embeddings=emb, attention_mask=None)
-    torch._dynamo.reset()
+        try:
+            out = torch.compile(layer, fullgraph=True, backend=backend)(
+                hidden, position_embeddings=emb, attention_mask=None)
+        finally:
+            torch._dynamo.reset()
+    assert len(graphs) == 1 and "rome.apply_qk" in graphs[0]
     torch.testing.assert_close(out, eager, rtol=1e-6, atol=1e-6)
 
 
-def test_greedy_generation_same_tokens():
+def test_compile_patched_rotary_tables():
+    """The patched rotary module compiles too (float64 angles in the graph, no host-side cache
+    growth), to the tables the eager cache gives."""
+    model = _llama()
+    rotary = model.model.rotary_emb
+    x, pos = torch.zeros(1, 1, 1), torch.tensor([[0, 5, 63, 200]])
+    with patch(model, backend="torch"):
+        eager = rotary(x, pos)
+        torch._dynamo.reset()
+        try:
+            compiled = torch.compile(rotary, fullgraph=True, backend="aot_eager")(x, pos)
+        finally:
+            torch._dynamo.reset()
+    for a, b in zip(compiled, eager):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=0, atol=2**-24)
+
+
+def test_greedy_generation_same_tokens(monkeypatch):
+    """Greedy decoding with a KV cache: prefill then 9 single-token steps, each through rome."""
     model = _llama(max_position_embeddings=64)
     ids = _ids(1, 6)
     kw = dict(max_new_tokens=10, do_sample=False, use_cache=True, pad_token_id=0)
     ref = model.generate(ids, **kw)
+    count = _Count(monkeypatch)
     with patch(model, backend="torch"):
         got = model.generate(ids, **kw)
     assert torch.equal(got, ref)
     assert ref.shape[1] == 16
+    assert count.calls == 10 * TEXT["num_hidden_layers"]
 
 
 # --- undo, isolation, errors -----------------------------------------------------------------

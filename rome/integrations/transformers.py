@@ -116,39 +116,36 @@ def _classes(family: _Family):
 class _Tables:
     """Per-token ``(cos, sin)`` of one ``rome.RoPE``: rows of a ``cos_sin_cache`` (grown to the
     next power of two above the largest position, one per device and dtype) gathered at the
-    positions; float64 angles per call for length-dependent layouts and fractional positions."""
+    positions; float64 angles per call (bitwise the same tables) for length-dependent layouts,
+    fractional positions and inside ``torch.compile``, where the positions' values are not
+    known on the host (so no cache range to check)."""
 
     def __init__(self, rope: RoPE):
         self.rope = rope
         self.caches: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
     def __call__(self, positions: Tensor, axes_dim, device, dtype) -> tuple[Tensor, Tensor]:
-        layout = self.rope.layout
+        rope, layout = self.rope, self.rope.layout
         positions = positions.to(device)
-        compiling = torch.compiler.is_compiling()
-        if positions.is_floating_point():
-            return cos_sin_for_positions(layout, positions, axes_dim=axes_dim, dtype=dtype)
-        key = (positions.device, dtype)
-        cache = self.caches.get(key)
-        if not compiling and positions.numel():
+        if torch.compiler.is_compiling():
+            if rope.dynamic is not None:
+                raise NotImplementedError(
+                    "rome's RoPE with length-dependent frequencies (dynamic NTK, longrope) picks "
+                    "them from the positions' values on the host: run the rotary module eagerly"
+                )
+        elif not positions.is_floating_point() and positions.numel():
             top = int(positions.max()) + 1
-            if self.rope.dynamic is not None:
-                layout = self.rope.dynamic(top)
-                return cos_sin_for_positions(layout, positions, axes_dim=axes_dim, dtype=dtype)
-            if cache is None or cache[0].shape[0] < top:
-                rows = max(16, 1 << (top - 1).bit_length())
-                cache = self.caches[key] = cos_sin_cache(layout, rows, dtype=dtype, device=device)
-        if cache is None:
-            raise RuntimeError(
-                "rome's transformers patch builds its cos/sin cache eagerly: run the patched "
-                "model once before torch.compile traces its rotary module"
-            )
-        if compiling:  # tables_for_positions' range checks read values on the host
-            pos = positions.movedim(axes_dim, -1) if axes_dim is not None else positions[..., None]
-            index = pos[..., layout.axis.to(pos.device)]
-            columns = torch.arange(layout.head_dim, device=pos.device)
-            return cache[0][index, columns], cache[1][index, columns]
-        return tables_for_positions(layout, cache, positions, axes_dim=axes_dim)
+            if rope.dynamic is not None:
+                layout = rope.dynamic(top)
+            else:
+                key = (positions.device, dtype)
+                cache = self.caches.get(key)
+                if cache is None or cache[0].shape[0] < top:
+                    rows = max(16, 1 << (top - 1).bit_length())
+                    cache = cos_sin_cache(layout, rows, dtype=dtype, device=device)
+                    self.caches[key] = cache
+                return tables_for_positions(layout, cache, positions, axes_dim=axes_dim)
+        return cos_sin_for_positions(layout, positions, axes_dim=axes_dim, dtype=dtype)
 
 
 def _table_dtype(x: Tensor) -> torch.dtype:
