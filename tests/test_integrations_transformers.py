@@ -133,8 +133,8 @@ def test_llama_rope_scaling(scaling, monkeypatch):
 def test_gpt_neox_partial_rotary(monkeypatch):
     torch.manual_seed(0)
     cfg = transformers.GPTNeoXConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                     num_attention_heads=2, vocab_size=97, max_position_embeddings=64,
-                                     rotary_pct=0.25)
+                                     num_attention_heads=2, vocab_size=97, rotary_pct=0.25,
+                                     max_position_embeddings=64)
     model = transformers.GPTNeoXForCausalLM(cfg).eval()
     assert model.gpt_neox.layers[0].attention.rotary_ndims == 8  # of head_dim 32
     _check_patch(model, {"input_ids": _ids()}, monkeypatch)
@@ -193,7 +193,8 @@ def test_qwen_vl_text_and_vision(kind, monkeypatch):
     handle = patch(model, backend="torch")
     patched = {type(m).__name__ for m in model.modules() if "forward" in m.__dict__}
     handle.undo()
-    assert any("VisionRotary" in n for n in patched) and any("VisionAttention" in n for n in patched)
+    assert any("VisionRotary" in n for n in patched)
+    assert any("VisionAttention" in n for n in patched)
     assert sum("Rotary" in n for n in patched) == 2
     _check_patch(model, inputs, monkeypatch)
 
@@ -218,8 +219,10 @@ def test_rome_tables_nearer_float64_truth():
         rome_cos, rome_sin = rotary(x, pos)
     finally:
         handle.undo()
-    err_hf = max((hf_cos[0].double() - angles.cos()).abs().max(), (hf_sin[0].double() - angles.sin()).abs().max())
-    err_rome = max((rome_cos[0].double() - angles.cos()).abs().max(), (rome_sin[0].double() - angles.sin()).abs().max())
+    def err(cos, sin):
+        return max((cos[0].double() - angles.cos()).abs().max(), (sin[0].double() - angles.sin()).abs().max())
+
+    err_hf, err_rome = err(hf_cos, hf_sin), err(rome_cos, rome_sin)
     assert rome_cos.dtype == torch.float32
     assert err_rome <= 2**-24
     assert err_hf > 100 * err_rome

@@ -31,6 +31,7 @@ on slices), so only a copy of that forward would give one rome launch on rome's 
 
 from __future__ import annotations
 
+import importlib
 import types
 import weakref
 from dataclasses import dataclass
@@ -48,14 +49,14 @@ __all__ = ["SUPPORTED", "patch"]
 
 @dataclass(frozen=True)
 class _Family:
-    """One family's classes in ``module``: its rotary modules, and per rotary module the
-    attention classes that read its tables through the module function ``function``."""
+    """A rotary module class of ``transformers.models.<module>`` and the attention classes
+    that rotate q and k with its tables by calling that modeling file's ``function``."""
 
     module: str
     rotary: str
     attention: tuple[str, ...]
     function: str = "apply_rotary_pos_emb"
-    kind: str = "text"  # "text": HF tables [B, S, D] unsqueezed at dim 1; "vision": [T, D], q [T, N, D]
+    kind: str = "text"  # text: tables [B, S, D], q [B, N, S, D]; vision: [T, D], q [T, N, D]
 
 
 _FAMILIES = {
@@ -96,18 +97,18 @@ _PATCHED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _classes(family: _Family):
-    """``(rotary class, attention classes, modeling module)``, or None if not importable."""
-    import importlib
-
+    """``(rotary class, attention classes)``, or None where this transformers lacks them."""
     try:
-        mod = importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}")
+        mod = importlib.import_module(
+            f"transformers.models.{family.module}.modeling_{family.module}"
+        )
     except ImportError:
         return None
     rotary = getattr(mod, family.rotary, None)
     attention = tuple(c for c in (getattr(mod, n, None) for n in family.attention) if c is not None)
     if rotary is None or not attention:
         return None
-    return rotary, attention, mod
+    return rotary, attention
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -230,7 +231,9 @@ def _rope_of(rotary: nn.Module, kind: str, backend: str) -> RoPE:
     try:
         rope = RoPE.from_hf_config(config, backend=backend)
     except (ValueError, TypeError, KeyError) as e:
-        raise ValueError(f"rome cannot express the RoPE of {name} ({type(config).__name__}): {e}") from e
+        raise ValueError(
+            f"rome cannot express the RoPE of {name} ({type(config).__name__}): {e}"
+        ) from e
     layout = rope.layout
     if kind == "vision" and (layout.n_axes != 2 or layout.blocks != (("half", layout.head_dim),)):
         raise ValueError(f"{name}: expected an axial 2D layout, rome read {layout!r}")
@@ -239,7 +242,7 @@ def _rope_of(rotary: nn.Module, kind: str, backend: str) -> RoPE:
         rtol = max(1e-5, torch.finfo(ref.dtype).eps)  # a model cast to bf16 has bf16 buffers
         ref = ref.detach().double().cpu()
         got = layout.inv_freq[: ref.numel()]
-        ok = ref.ndim == 1 and got.numel() == ref.numel() and torch.allclose(got, ref, rtol=rtol, atol=0)
+        ok = ref.ndim == 1 and got.numel() == ref.numel() and torch.allclose(got, ref, rtol=rtol)
         scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
         if not ok or abs(layout.attention_scaling - scale) > 1e-6 * scale:
             raise ValueError(
@@ -277,12 +280,12 @@ def patch(model: nn.Module, *, backend: str = "auto") -> Patch | None:
     if kind is not None and kind not in _FAMILIES:
         return None
     candidates = _FAMILIES[kind] if kind is not None else sum(_FAMILIES.values(), ())
-    found = []  # (family, rotary instance, its attention instances, modeling module)
+    found = []  # (family, rotary instance, its attention instances)
     for family in candidates:
         classes = _classes(family)
         if classes is None:
             continue
-        rotary_cls, attention_cls, mod = classes
+        rotary_cls, attention_cls = classes
         rotaries = [m for m in model.modules() if type(m) is rotary_cls]
         layers = [m for m in model.modules() if type(m) in attention_cls]
         if not rotaries and not layers:
@@ -292,21 +295,21 @@ def patch(model: nn.Module, *, backend: str = "auto") -> Patch | None:
                 f"rome.integrations.patch({name}): expected one {family.rotary} feeding the "
                 f"{'/'.join(family.attention)} layers, found {len(rotaries)}"
             )
-        found.append((family, rotaries[0], layers, mod))
+        found.append((family, rotaries[0], layers))
     if not found:
         return None
-    for _, rotary, layers, _ in found:
+    for _, rotary, layers in found:
         for m in (rotary, *layers):
             if m in _PATCHED:
                 raise ValueError(
                     f"{name} is already patched by rome (its {type(m).__name__} is part of "
                     f"the patch of a {_PATCHED[m]}): undo that patch first"
                 )
-    ropes = [_rope_of(rotary, family.kind, backend) for family, rotary, _, _ in found]
+    ropes = [_rope_of(rotary, family.kind, backend) for family, rotary, _ in found]
 
     handle = Patch(model, family=kind or found[0][0].module)
     try:
-        for (family, rotary, layers, _), rope in zip(found, ropes):
+        for (family, rotary, layers), rope in zip(found, ropes):
             tables = _Tables(rope)
             forward = _rotary_forward(tables, family.kind, rope.n_axes)
             handle.setattr(rotary, "forward", types.MethodType(forward, rotary))
