@@ -12,15 +12,18 @@ The patch replaces both **on the model's own instances**, nothing process-wide:
   (float64 for a float64 model) whatever the model's dtype, from float64 angles rounded once
   (``rome.RoPE.from_hf_config`` of the module's own config: every ``rope_type``, partial rotary,
   mRoPE, the vision tower's axial RoPE); pass-through columns get ``cos = 1, sin = 0``.
-- **attention layers**: ``forward`` is the class's own function object re-created with a
-  globals dict in which the rotary function is rome's ``apply_qk(q, k, cos, sin, M)``: one
-  launch for q and k per layer, same code, signature and caching, no copied source. That dict
-  is a snapshot of the modeling module's globals at patch time.
+- **attention layers**: ``forward`` is a new function object on the class's own code object,
+  with a globals dict in which the rotary function is rome's ``apply_qk(q, k, cos, sin, M)``:
+  one launch for q and k per layer, same signature, KV caching and attention backend, no copied
+  source. That dict is a snapshot of the modeling module's globals at patch time.
 
 Models of other families, other models in the process, and transformers' module functions are
 untouched. ``handle.undo()`` deletes the instance attributes again, so ``layer.forward`` is
 the class's once more. Length-dependent ``rope_type``s (``dynamic``, ``longrope``) get the
-frequencies of each call's length, as a fresh transformers module does.
+frequencies of each call's length, as a fresh transformers module does (transformers' module
+also keeps the longest length it has seen; the two agree for prefill then decode).
+``torch.compile`` traces the patched layers (``torch.ops.rome.apply_qk``) and rotary module
+(float64 angles in the graph) with ``fullgraph=True``; length-dependent types run eagerly.
 
 At patch time rome's frequencies are checked against the rotary module's own ``inv_freq`` and
 ``attention_scaling``; a configuration rome reads differently raises ValueError, naming the
