@@ -23,9 +23,9 @@ compute dtype (float64 x; there ``x.to`` is x itself). The Triton kernel compute
 panel by panel (``BLOCK_N`` columns) and stores each output panel n before it loads the input
 panels of panel n + 1; output panel n reads input panels k with block (k, n) of M nonzero. In
 place is therefore safe exactly when no panel reads an earlier one (no nonzero block (k, n) with
-k < n): one panel (D <= 64), or interleave mode (pairs inside a panel). Otherwise (half mode at
-D = 128, most multi-axis sections) the kernel writes a temporary that is copied back: one more
-read and write of q and k (``_direct_ok``). The same copy serves an ``out`` whose last stride
+k < n): one panel (D <= 64 for a rotation matrix), or interleave mode (pairs inside a panel).
+Otherwise (half mode at D = 128, multi-axis sections crossing a panel) the kernel writes a
+temporary that is copied back: one more read and write of q and k (``_direct_ok``). The same copy serves an ``out`` whose last stride
 is not 1 (the kernel writes rows of D).
 
 Overlap. A written tensor that overlaps itself (expanded, or strides that collide), a written

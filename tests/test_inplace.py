@@ -137,7 +137,10 @@ def test_kernel_in_place_hazard_is_predicted(which):
     ops._rotate([direct], cos, sin, m, "triton", False, outs=[direct])
     ok = inplace._direct_ok("triton", x, x, cos, m)
     assert ok == (which != "128-half")
-    assert torch.equal(direct, want) == ok
+    if ok:
+        assert torch.equal(direct, want)
+    elif ops._kernel().INTERPRET:  # on a GPU the outcome of the race is not fixed
+        assert not torch.equal(direct, want)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
