@@ -6,8 +6,8 @@ Triton kernel (forward and backward, q and k together).
 """
 
 from . import positions, reference
-from .inplace import apply_, apply_out, apply_qk_, apply_qk_out, apply_qkv_, qkv_split
 from .frequencies import Frequencies, frequencies_from_hf, rope_frequencies
+from .inplace import apply_, apply_out, apply_qk_, apply_qk_out, apply_qkv_, qkv_split
 from .layouts import (
     RopeLayout,
     axial_layout,
