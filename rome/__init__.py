@@ -7,6 +7,7 @@ Triton kernel (forward and backward, q and k together).
 
 from . import positions, reference
 from .frequencies import Frequencies, frequencies_from_hf, rope_frequencies
+from .inplace import apply_, apply_out, apply_qk_, apply_qk_out, apply_qkv_, qkv_split
 from .layouts import (
     RopeLayout,
     axial_layout,
@@ -38,7 +39,13 @@ __all__ = [
     "section_layout",
     "tables_for_positions",
     "apply",
+    "apply_",
+    "apply_out",
     "apply_qk",
+    "apply_qk_",
+    "apply_qk_out",
+    "apply_qkv_",
+    "qkv_split",
     "grid_positions",
     "half_matrix",
     "interleave_matrix",

@@ -163,10 +163,12 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool) -> list[Tensor]:
+def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, outs=None) -> list[Tensor]:
+    """The one launcher: into ``outs`` (x's shape and dtype, unit last stride; rome.inplace checks
+    them and whether one may be its x) or, by default, into new tensors."""
     names = ("q", "k") if len(xs) == 2 else ("x",)
     backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend)
-    outs = [_out_like(x) for x in xs]
+    outs = [_out_like(x) for x in xs] if outs is None else list(outs)
     if backend == "triton":
         kernel = _kernel()
         x0 = xs[0]
