@@ -44,7 +44,13 @@ if not torch.distributed.is_available():  # pragma: no cover - torch built witho
 
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torch.distributed.tensor.experimental import register_sharding
+
+try:
+    from torch.distributed.tensor.experimental import register_sharding
+except ImportError as e:  # pragma: no cover - torch < 2.5
+    raise ImportError(f"rome.distributed needs torch>=2.6 (DTensor's register_sharding): {e}") from e
+
+from .ops import _check
 
 __all__ = ["OPS", "local_positions", "prepare"]
 
@@ -115,9 +121,9 @@ register_sharding([OPS[0], OPS[1]])(_strategies(1))
 register_sharding([OPS[2], OPS[3]])(_strategies(2))
 
 
-def prepare(names: Sequence[str], *tensors: Tensor) -> tuple[Tensor, ...]:
+def prepare(names: Sequence[str], *tensors: Tensor, backend: str = "auto") -> tuple[Tensor, ...]:
     """The arguments ``(*xs, cos, sin, matrix)`` of ``rome.apply``/``apply_qk`` (names: the xs'
-    names), each plain (non-DTensor) one made a DTensor replicated on the mesh of the first
+    names), checked as ``rome.apply`` checks plain tensors (on the global shapes), each plain (non-DTensor) one made a DTensor replicated on the mesh of the first
     DTensor among them: ``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``. No
     communication: each rank must hold the same values (as tables built from the same
     positions do). Differentiable; a gradient reaching such a tensor is summed over the mesh.
@@ -128,7 +134,9 @@ def prepare(names: Sequence[str], *tensors: Tensor) -> tuple[Tensor, ...]:
         t if isinstance(t, DTensor) else DTensor.from_local(t, mesh, placements, run_check=False)
         for t in tensors
     )
-    _check_placements((*names, "cos", "sin"), tensors[:-1], tensors[-1])
+    *xs, cos, sin, matrix = tensors
+    _check(dict(zip(names, xs)), cos, sin, matrix, backend)
+    _check_placements((*names, "cos", "sin"), tensors[:-1], matrix)
     return tensors
 
 

@@ -482,7 +482,7 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
-        x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix)
+        x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
     if _use_function(x, cos, sin, matrix):
         return _Rotate.apply(False, backend, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend)
@@ -495,7 +495,7 @@ def apply_qk(
     (GQA) and layout but share head_dim, dtype and the tables."""
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
-        q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix)
+        q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
     if _use_function(q, k, cos, sin, matrix):
         q_out, k_out = _Rotate.apply(False, backend, cos, sin, matrix, q, k)
         return q_out, k_out

@@ -148,8 +148,11 @@ def _case_head_dim_refused(mesh):
     with pytest.raises(ValueError, match=r"matrix must be replicated"):
         rome.apply(q, cos, sin, distribute_tensor(m, mesh, [Shard(0)]))
     replicated = [distribute_tensor(t, mesh, [Replicate()]) for t in (cos, sin, m)]
-    with pytest.raises(RuntimeError, match=r"x is sharded on its last"):
-        torch.ops.rome.apply(dq, *replicated, "torch")
+    with pytest.raises((RuntimeError, ValueError), match=r"x is sharded on its last"):
+        torch.ops.rome.apply(dq, *replicated, "torch")  # DTensor wraps the rule's error
+    # the global shapes are checked as plain tensors' are
+    with pytest.raises(ValueError, match=r"cos/sin of shape \[5, 8\] must broadcast to x of shape"):
+        rome.apply(distribute_tensor(q, mesh, [Shard(2)]), cos[:5], sin[:5], m)
 
 
 def _module_and_positions():
@@ -205,6 +208,24 @@ def _case_sequence_parallel(mesh, seq=S):
         _check_equal(o, r.chunk(WORLD, dim=2)[rank], name + " 1d")
 
 
+def _case_context_parallel(mesh):
+    """torch's context_parallel shards its buffers along the sequence (head-tail load balanced):
+    given the positions among them, rome.RoPE rotates each rank's tokens as the whole run does."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    rope, _ = _module_and_positions()
+    seq = 8  # a multiple of 2 * WORLD, for the head-tail split
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(B, NQ, seq, D, generator=g), torch.randn(B, NK, seq, D, generator=g)
+    pos = torch.randint(0, 50, (B, seq, 2), generator=g)
+    ref_q, ref_k = rope(q, k, pos)
+    with context_parallel(mesh, buffers=[q, k, pos, ref_q, ref_k], buffer_seq_dims=[2, 2, 1, 2, 2]):
+        assert q.shape[2] == seq // WORLD
+        out = _no_comms(lambda: rope(q, k, pos))
+        _check_equal(out[0], ref_q, "q")
+        _check_equal(out[1], ref_k, "k")
+
+
 def _case_local_positions_errors(mesh):
     from rome.distributed import local_positions
 
@@ -247,6 +268,7 @@ CASES = {
     "module-dtensor": _case_module_dtensor,
     "sequence-parallel": _case_sequence_parallel,
     "sequence-parallel-uneven": lambda mesh: _case_sequence_parallel(mesh, seq=7),
+    "context-parallel": _case_context_parallel,
     "local-positions-errors": _case_local_positions_errors,
     "triton": _case_triton,
 }
