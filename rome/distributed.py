@@ -80,38 +80,45 @@ def _check_placements(names: Sequence[str], specs, matrix) -> None:
         )
 
 
-def _x_options(x, cos) -> list:
-    """One x's placements when cos/sin are replicated: Replicate, Partial, or Shard on a dim
-    the tables broadcast along (absent from cos, or of size 1 there)."""
-    options = [Replicate(), Partial()]
-    for d in range(x.ndim - 1):
-        e = d - x.ndim  # aligned from the right
-        if cos.ndim < -e or cos.shape[e] == 1:
-            options.append(Shard(d))
-    return options
+def _aligned_dims(specs) -> set[int]:
+    """The dims (counted from the right, -ndim..-2) that any of the specs is sharded on."""
+    return {
+        p.dim % spec.ndim - spec.ndim
+        for spec in specs
+        for p in spec.placements
+        if isinstance(p, Shard) and p.dim % spec.ndim != spec.ndim - 1
+    }
 
 
 def _strategies(n: int):
-    """The sharding function of an op on n tensors x (1: apply, 2: apply_qk)."""
+    """The sharding function of an op on n tensors x (1: apply, 2: apply_qk).
+
+    Only the rules the inputs can reach without communication are listed (all replicated; the
+    dims some input is sharded on; Partial if some x is): the placements DTensor then weighs
+    stay few on meshes of several dims, where it tries every rule on every mesh dim."""
 
     def rule(*args, **kwargs):
         *xs, cos, sin, matrix = args[: n + 3]
         names = ("q", "k") if n == 2 else ("x",)
         _check_placements((*names, "cos", "sin"), (*xs, cos, sin), matrix)
+        dims = sorted(_aligned_dims((*xs, cos, sin)))
+        partial = any(isinstance(p, Partial) for x in xs for p in x.placements)
         tail = [Replicate(), None]  # matrix, backend
         rules = []
-        # tables replicated: each x on its own (the Cartesian product over q and k)
+        # tables replicated: each x replicated, Partial (out is linear in x), or sharded on a
+        # dim the tables broadcast along (absent from cos, or of size 1); q and k independently
         combos = [[]]
         for x in xs:
-            combos = [c + [p] for c in combos for p in _x_options(x, cos)]
-        for c in combos:
-            rules.append((list(c), [*c, Replicate(), Replicate(), *tail]))
-        # tables sharded along with every x, on a dim where they do not broadcast
-        for e in range(-cos.ndim, -1):
-            if cos.shape[e] == 1:
-                continue
-            c = [Shard(x.ndim + e) for x in xs]  # cos broadcasts to x: x has dim e too
-            rules.append((list(c), [*c, Shard(cos.ndim + e), Shard(cos.ndim + e), *tail]))
+            options = [Replicate()] + [Partial()] * partial + [
+                Shard(x.ndim + e) for e in dims if x.ndim >= -e and (cos.ndim < -e or cos.shape[e] == 1)
+            ]
+            combos = [c + [p] for c in combos for p in options]
+        rules += [(c, [*c, Replicate(), Replicate(), *tail]) for c in combos]
+        # tables sharded with every x on a dim they do not broadcast along (x has it too)
+        for e in dims:
+            if cos.ndim >= -e and cos.shape[e] != 1:
+                c = [Shard(x.ndim + e) for x in xs]
+                rules.append((c, [*c, Shard(cos.ndim + e), Shard(cos.ndim + e), *tail]))
         return rules
 
     return rule
@@ -123,8 +130,8 @@ register_sharding([OPS[2], OPS[3]])(_strategies(2))
 
 def prepare(names: Sequence[str], *tensors: Tensor, backend: str = "auto") -> tuple[Tensor, ...]:
     """The arguments ``(*xs, cos, sin, matrix)`` of ``rome.apply``/``apply_qk`` (names: the xs'
-    names), checked as ``rome.apply`` checks plain tensors (on the global shapes), each plain (non-DTensor) one made a DTensor replicated on the mesh of the first
-    DTensor among them: ``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``. No
+    names), checked as ``rome.apply`` checks plain tensors (on the global shapes), each plain
+    (non-DTensor) one made a DTensor replicated on the mesh of the first DTensor among them: ``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``. No
     communication: each rank must hold the same values (as tables built from the same
     positions do). Differentiable; a gradient reaching such a tensor is summed over the mesh.
     Raises ValueError for a split head_dim (see the module doc)."""

@@ -31,12 +31,12 @@ B, NQ, NK, S, D = 2, 4, 2, 6, 8
 SECTIONS = (2, 6)  # 2 axes, D = 8
 
 
-def _inputs(dtype=torch.float32):
-    """q, k BNSD (GQA), per-token tables of S grid positions, the matrix; same on every rank."""
+def _inputs(dtype=torch.float32, seq=S):
+    """q, k BNSD (GQA), per-token tables of seq grid positions, the matrix; same on every rank."""
     g = torch.Generator().manual_seed(1)
-    q = torch.randn(B, NQ, S, D, generator=g).to(dtype)
-    k = torch.randn(B, NK, S, D, generator=g).to(dtype)
-    pos = torch.randint(0, 50, (S, 2), generator=g)
+    q = torch.randn(B, NQ, seq, D, generator=g).to(dtype)
+    k = torch.randn(B, NK, seq, D, generator=g).to(dtype)
+    pos = torch.randint(0, 50, (seq, 2), generator=g)
     cos, sin = rome.rope_cos_sin(pos, SECTIONS, mode="half")
     return q, k, cos, sin, rome.rotation_matrix(SECTIONS, "half")
 
@@ -71,28 +71,31 @@ def _no_comms(fn):
     return out
 
 
-def _qk_case(mesh, x_dim, tables, backward):
+def _qk_case(mesh, x_dim, tables, backward, seq=S):
     """apply_qk on q, k sharded on x_dim; tables: "plain" (plain tensors), "replicated"
     (DTensors), "sharded" (DTensors sharded on the sequence), "per-batch" ([B, 1, S, D]
-    DTensors sharded on the batch)."""
+    DTensors sharded on the batch). mesh: 1-D, or 2-D with the rule on its last dim."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-    q, k, cos, sin, m = _inputs()
+    q, k, cos, sin, m = _inputs(seq=seq)
+    lead = [Shard(0)] * (mesh.ndim - 1)  # the batch over the other mesh dims (of size 1 here)
     if tables == "per-batch":
-        cos, sin = cos * torch.linspace(0.5, 1, B)[:, None, None, None], sin.expand(B, 1, S, D)
+        cos, sin = cos * torch.linspace(0.5, 1, B)[:, None, None, None], sin.expand(B, 1, seq, D)
     leaves = [t.clone().requires_grad_(backward) for t in (q, k, cos, sin, m)]
     ref = rome.apply_qk(*leaves[:4], leaves[4], backend="torch")
 
-    dq, dk = (distribute_tensor(t, mesh, [Shard(x_dim)]).requires_grad_(backward) for t in (q, k))
+    x_place = [*lead, Shard(x_dim)]
+    dq, dk = (distribute_tensor(t, mesh, x_place).requires_grad_(backward) for t in (q, k))
     if tables == "plain":
         dcos, dsin = (t.clone().requires_grad_(backward) for t in (cos, sin))
     else:
         place = {"replicated": Replicate(), "sharded": Shard(0), "per-batch": Shard(0)}[tables]
-        dcos, dsin = (distribute_tensor(t, mesh, [place]).requires_grad_(backward) for t in (cos, sin))
+        place = [Replicate()] * len(lead) + [place]
+        dcos, dsin = (distribute_tensor(t, mesh, place).requires_grad_(backward) for t in (cos, sin))
     dm = m.clone().requires_grad_(backward)
     out = _no_comms(lambda: rome.apply_qk(dq, dk, dcos, dsin, dm, backend="torch"))
     for o, r, name in zip(out, ref, "qk"):
-        assert tuple(o.placements) == (Shard(x_dim),), f"{name} out placements {o.placements}"
+        assert list(o.placements) == x_place, f"{name} out placements {o.placements}"
         _check_equal(o, r, f"{name} out")
     if backward:
         g = torch.Generator().manual_seed(2)
@@ -262,6 +265,10 @@ CASES = {
     },
     "qk-seq-sharded-tables-fwd+bwd": lambda mesh: _qk_case(mesh, 2, "sharded", True),
     "qk-batch-per-batch-tables-fwd+bwd": lambda mesh: _qk_case(mesh, 0, "per-batch", True),
+    "qk-seq-uneven-fwd+bwd": lambda mesh: _qk_case(mesh, 2, "replicated", True, seq=7),
+    "qk-2d-mesh-fwd+bwd": lambda mesh: _qk_case(
+        _mesh_2d(), 2, "plain", True
+    ),
     "partial": _case_partial,
     "q-heads-k-replicated": _case_q_heads_k_replicated,
     "head-dim-refused": _case_head_dim_refused,
@@ -272,6 +279,13 @@ CASES = {
     "local-positions-errors": _case_local_positions_errors,
     "triton": _case_triton,
 }
+
+
+def _mesh_2d():
+    """A (1, WORLD) mesh: batch over "dp" (one rank), the rule's dim over "cp"."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", (1, WORLD), mesh_dim_names=("dp", "cp"))
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
