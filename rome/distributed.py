@@ -116,7 +116,7 @@ def _strategies(n: int):
         rules += [(c, [*c, Replicate(), Replicate(), *tail]) for c in combos]
         # tables sharded with every x on a dim they do not broadcast along (x has it too)
         for e in dims:
-            if cos.ndim >= -e and cos.shape[e] != 1:
+            if cos.ndim >= -e and cos.shape[e] != 1 and all(x.ndim >= -e for x in xs):
                 c = [Shard(x.ndim + e) for x in xs]
                 rules.append((c, [*c, Shard(cos.ndim + e), Shard(cos.ndim + e), *tail]))
         return rules
@@ -129,11 +129,12 @@ register_sharding([OPS[2], OPS[3]])(_strategies(2))
 
 
 def prepare(names: Sequence[str], *tensors: Tensor, backend: str = "auto") -> tuple[Tensor, ...]:
-    """The arguments ``(*xs, cos, sin, matrix)`` of ``rome.apply``/``apply_qk`` (names: the xs'
-    names), checked as ``rome.apply`` checks plain tensors (on the global shapes), each plain
-    (non-DTensor) one made a DTensor replicated on the mesh of the first DTensor among them: ``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``. No
-    communication: each rank must hold the same values (as tables built from the same
-    positions do). Differentiable; a gradient reaching such a tensor is summed over the mesh.
+    """The arguments ``(*xs, cos, sin, matrix)`` of ``rome.apply``/``apply_qk`` (names: the
+    xs' names), each plain (non-DTensor) one made a DTensor replicated on the mesh of the first
+    DTensor among them (``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``), then
+    checked as ``rome.apply`` checks plain tensors, on the global shapes. No communication:
+    each rank must hold the same values in a plain argument (as tables built from the same
+    positions do). Differentiable; a gradient reaching a plain argument is summed over the mesh.
     Raises ValueError for a split head_dim (see the module doc)."""
     mesh = next(t.device_mesh for t in tensors if isinstance(t, DTensor))
     placements = [Replicate()] * mesh.ndim
