@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import warnings
 
@@ -456,6 +457,17 @@ def _use_function(*tensors: Tensor) -> bool:
     return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
+def _distributed(*tensors: Tensor):
+    """rome.distributed (imported now: it registers the ops' DTensor sharding rules) when a
+    tensor is a DTensor, else None. No DTensor can exist before torch.distributed.tensor loads."""
+    dt = sys.modules.get("torch.distributed.tensor")
+    if dt is None or not any(isinstance(t, dt.DTensor) for t in tensors):
+        return None
+    from . import distributed
+
+    return distributed
+
+
 def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto") -> Tensor:
     """Rotary position embedding as a matrix: ``x*cos + (x @ matrix)*sin``, a new tensor.
 
@@ -471,6 +483,8 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     runs the same fused kernel with Mᵀ.
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
+    if (dist := _distributed(x, cos, sin, matrix)) is not None:
+        x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
     if _use_function(x, cos, sin, matrix):
         return _Rotate.apply(False, backend, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend)
@@ -482,6 +496,8 @@ def apply_qk(
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
     (GQA) and layout but share head_dim, dtype and the tables."""
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
+    if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
+        q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
     if _use_function(q, k, cos, sin, matrix):
         q_out, k_out = _Rotate.apply(False, backend, cos, sin, matrix, q, k)
         return q_out, k_out
