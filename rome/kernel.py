@@ -126,13 +126,45 @@ def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.co
     return acc
 
 
+# --- tables: per-row, or gathered from a cache by position ---------------------------------
+
+
+@triton.jit
+def _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D):
+    # several axes: the cache row of element (r, j) is pos[r, axis[j]]; and whether it is in range
+    a = tl.load(axis_ptr + tcols, mask=tcols < D, other=0).to(tl.int64)
+    p = tl.load(p_ptr + prow[:, None] + a[None, :] * stride_pa, mask=mask, other=0).to(tl.int64)
+    return p, (p >= 0) & (p < n_pos)
+
+
+@triton.jit
+def _table(t_ptr, offsets, mask, ok, RAW_T: tl.constexpr, POSITIONS: tl.constexpr):
+    # cos or sin at offsets; with positions, a position outside the cache is never read: NaN
+    if POSITIONS == 0:
+        return _load(t_ptr, offsets, mask, RAW_T)
+    v = _load(t_ptr, offsets, mask & ok, RAW_T)
+    return tl.where(ok, v, float("nan"))
+
+
+@triton.jit
+def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok, tcols, mask, D,
+            RAW_T: tl.constexpr, POSITIONS: tl.constexpr):
+    # sin at rows r and columns tcols (the transpose reads it at other columns than x's)
+    if POSITIONS == 2:
+        spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
+        return _table(s_ptr, sr[:, None] + spos * stride_ps + tcols[None, :], mask, ok, RAW_T, POSITIONS)
+    return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_T, POSITIONS)
+
+
 # --- one tensor's rows --------------------------------------------------------------------
 
 
 @triton.jit
 def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 x_ptr, o_ptr, c_ptr, s_ptr, n_rows, R1, R2,
-                 sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, D,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 x_ptr, o_ptr, c_ptr, s_ptr, p_ptr, n_rows, R1, R2,
+                 sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, sp0, sp1, sp2, D,
+                 POSITIONS: tl.constexpr,
                  TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -149,14 +181,27 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
         row_ok = (r < n_rows)[:, None]
         xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
         orow = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
-        cr = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
-        sr = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
+        cr = i0 * sc0 + i1 * sc1 + i2 * sc2  # [BLOCK_R] (0 with positions: a cache row per token)
+        sr = i0 * ss0 + i1 * ss1 + i2 * ss2
+        prow = i0 * sp0 + i1 * sp1 + i2 * sp2  # the row's positions (POSITIONS > 0)
+        if POSITIONS == 1:  # one axis: the row's cache row, once per tile
+            p = tl.load(p_ptr + prow, mask=r < n_rows, other=0).to(tl.int64)
+            cr += p * stride_pc
+            sr += p * stride_ps
+            p_ok = ((p >= 0) & (p < n_pos))[:, None]
+        else:
+            p_ok = row_ok
         for n in tl.static_range(NP):
             cols = n * BLOCK_N + pcols
             mask = row_ok & (cols < D)[None, :]
             x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
-            c = _load(c_ptr, cr + cols[None, :], mask, RAW_T)
-            s = _load(s_ptr, sr + cols[None, :], mask, RAW_T)
+            if POSITIONS == 2:  # cos and sin at cols share the positions read
+                cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+                c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
+                s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
+            else:
+                c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
+                s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
             acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
             for k in tl.static_range(NP):
                 if (NZ >> (k * NP + n)) & 1:
@@ -170,7 +215,8 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                         if k == n:
                             v = v * s
                         else:
-                            v = v * _load(s_ptr, sr + kcols[None, :], kmask, RAW_T)
+                            v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                                            n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS)
                     wmask = (kcols < D)[:, None] & (cols < D)[None, :]
                     w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
                                 mask=wmask, other=0.0)
@@ -181,7 +227,8 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
             else:
                 if GATHER_SIN:
                     src = tl.load(src_ptr + cols, mask=cols < D, other=0)
-                    s = _load(s_ptr, sr + src[None, :], mask, RAW_T)
+                    s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                                n_pos, p_ok, src, mask, D, RAW_T, POSITIONS)
                 y = _dot2(x, c, acc, s, F64)
             _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
@@ -191,15 +238,19 @@ def _rome_kernel(
     # the dot's matrix W ([D, D]: M forward, Mᵀ backward, by strides) and, with GATHER_SIN, src:
     # int32 [D], the row of W's nonzero in each column (where sin is read in the transpose)
     w_ptr, stride_wk, stride_wn, src_ptr,
-    # tensor a (q): x, out, cos, sin; rows = R0*R1*R2 with strides per row dim for each tensor
-    a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
+    # with POSITIONS: axis (int [D], the position axis of each column; POSITIONS == 2), the
+    # positions' axis stride, the row strides of the cos and sin caches and their row count
+    axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+    # tensor a (q): x, out, cos, sin, positions; rows = R0*R1*R2 with strides per row dim for each
+    a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
     a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-    a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2,
+    a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2,
     # tensor b (k), the same (b_rows = 0 when there is no k)
-    b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+    b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
     b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-    b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2,
+    b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2,
     D,  # head_dim
+    POSITIONS: tl.constexpr,  # 0: per-row tables; 1: cache row pos[r]; 2: pos[r, axis[j]]
     TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
     GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
     NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
@@ -213,15 +264,17 @@ def _rome_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
                  a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, D,
+                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2, D, POSITIONS,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
     _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
                  b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, D,
+                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2, D, POSITIONS,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
 
@@ -248,23 +301,46 @@ def _row_layout(shape, tensors):
     return dims
 
 
-def _launch_args(x, out, cos, sin):
-    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims)."""
-    tensors = (x, out, cos, sin)
+def _launch_args(x, out, cos, sin, pos):
+    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims).
+
+    cos, sin and pos are views with x's row dims (stride 0 where they broadcast)."""
+    tensors = (x, out, cos, sin, pos)
     dims = _row_layout(x.shape, tensors)
     if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
         return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
-    dims = [(1, [0] * 4)] * (3 - len(dims)) + dims
+    dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
     rows = dims[0][0] * dims[1][0] * dims[2][0]
-    strides = [dims[d][1][t] for t in range(4) for d in range(3)]
-    return [(x, out, cos, sin, rows, dims[1][0], dims[2][0], *strides)]
+    strides = [dims[d][1][t] for t in range(len(tensors)) for d in range(3)]
+    return [(x, out, cos, sin, pos, rows, dims[1][0], dims[2][0], *strides)]
 
 
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
+def _row_views(x, cos, sin, positions):
+    """cos, sin and positions as views with x's row dims: the tables broadcast to x, or (with
+    positions) the caches' first rows with stride 0 on every row dim and positions ``[..., A]``
+    broadcast to x's rows (the kernel adds ``pos * row stride``)."""
+    if positions is None:
+        return cos.expand(x.shape), sin.expand(x.shape), _dummy(x.device).expand(*x.shape[:-1], 1)
+    rows = (0,) * (x.ndim - 1)
+    return (cos.as_strided(x.shape, (*rows, cos.stride(-1))), sin.as_strided(x.shape, (*rows, sin.stride(-1))),
+            positions.expand(*x.shape[:-1], positions.shape[-1]))
+
+
+def _dummy(device):
+    return launch._dummy(device)
+
+
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
+    Without positions, cos/sin are per-row tables broadcasting to every x. With positions
+    (int32/int64 ``[..., A]``, ``[...]`` broadcasting to x's rows), cos/sin are caches ``[P, D]``
+    and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
+    axis: int ``[D]`` in ``[0, A)``). A position outside ``[0, P)`` is never read: the kernel
+    writes NaN there (the op checks the range on the host before the launch).
+
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
-    cos/sin broadcast to every x and have a unit last stride; matrix is [D, D].
+    cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
     """
     x0 = xs[0]
     if not INTERPRET and not x0.is_cuda:
@@ -275,10 +351,18 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     blocks = []
     for x, out in zip(xs, outs):
         if x.numel():
-            blocks += _launch_args(x, out, cos.expand(x.shape), sin.expand(x.shape))
+            blocks += _launch_args(x, out, *_row_views(x, cos, sin, positions))
     if not blocks:
         return
-    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET)
+    if positions is None:
+        mode, pos_args = 0, (_dummy(x0.device), 0, 0, 0, 0)
+    else:
+        a = positions.shape[-1]
+        mode = 1 if a == 1 else 2
+        axis_t = axis if mode == 2 else _dummy(x0.device)
+        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), sin.stride(0), cos.shape[0])
+    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
+                       positions=mode)
     cfg = plan.config
     w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
     swk, swn = w.stride()
@@ -287,16 +371,16 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a = group[0]
-        b = group[1] if len(group) == 2 else (*a[:4], 0, *a[5:])  # no k: zero rows
-        tiles = max(triton.cdiv(a[4], cfg.block_r), triton.cdiv(b[4], cfg.block_r))
+        b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
+        tiles = max(triton.cdiv(a[5], cfg.block_r), triton.cdiv(b[5], cfg.block_r))
         kwargs = dict(
-            TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
+            POSITIONS=cfg.positions, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
             BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
             SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
             RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        args = (w, swk, swn, plan.src, *a, *b, x0.shape[-1])
+        args = (w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1])
         grid = (min(tiles, max_programs),)
         if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
             _rome_kernel[grid](*args, **kwargs)
