@@ -4,13 +4,17 @@
 
     q_out, k_out = rope(q, k, positions)      # out = x*cos + (x @ M)*sin, M the layout's matrix
 
-- **Tables**: per-token ``cos``/``sin`` rows gathered from a cache of ``cos_sin_cache`` rows
-  (float64 angles rounded once to float32, float64 for float64 q), one row per position value.
+- **Tables**: a cache of ``cos_sin_cache`` rows (float64 angles rounded once to float32,
+  float64 for float64 q), one row per position value, read at each token's positions inside
+  the op (``rome.ops.apply_qk_at``: the kernel gathers the rows itself, no per-token table is
+  built; offsets and ``cu_seqlens`` are folded into the positions first).
   The cache is process-wide, one per (layout values, device, dtype): every layer of a model, and
   every module built from an equal configuration, shares one tensor pair. It is built on first
   use and grows on demand to the next power of two above the largest position asked for
   (capped at ``max_positions`` when that is set). ``cache_bytes()`` reports its size.
-  Fractional positions skip the cache: their tables come from float64 angles per call.
+  Fractional positions skip the cache: their tables come from float64 angles per call. Those,
+  length-dependent layouts (``dynamic``) and calls with ``unrotated`` tokens pass per-token tables
+  to ``rome.apply_qk`` instead (bitwise the same result where both apply).
 - **Matrix**: ``layout.matrix`` in q's dtype (exact: entries are 0 and ±1), built once per
   (dtype, device) and kept on the module.
 - **Attention scaling** (YaRN's ``0.1 ln(s) + 1``, LongRoPE's factor): multiplied into cos and
@@ -26,7 +30,9 @@
 
 ``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions: the
 host-side checks and the cache growth are skipped while compiling, so reserve the cache first
-(``reserve(n, device=...)``, or one eager call), and positions must lie inside it. Modules with
+(``reserve(n, device=...)``, or one eager call), and positions must lie inside it: the op checks
+them when the compiled graph runs (a host sync; ValueError outside the cache), and under CUDA
+graph capture, where no check can run, the kernel writes NaN for a position outside the cache. Modules with
 ``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not compile.
 """
 
@@ -53,7 +59,7 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
-from .ops import BACKENDS, apply_qk
+from .ops import BACKENDS, apply_qk, apply_qk_at, positions_checked
 from .positions import check_range, normalize_positions, token_mask
 
 __all__ = ["RoPE", "registry_bytes"]
@@ -245,6 +251,7 @@ class RoPE(nn.Module):
         self._key = _layout_key(layout)
         self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
         self._matrices: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        self._axes: dict[torch.device, Tensor] = {}  # layout.axis on each device (n_axes > 1)
         self._lengths: dict[int, RopeLayout | None] = {}  # dynamic's layouts by length, memo
 
     # --- constructors ---
@@ -355,6 +362,27 @@ class RoPE(nn.Module):
             m = self._matrices[key] = self.layout.matrix(dtype, device)
         return m
 
+    def _axis(self, device: torch.device) -> Tensor | None:
+        """``layout.axis`` on ``device``, kept (None for one axis: every column reads it)."""
+        if self.n_axes == 1:
+            return None
+        axis = self._axes.get(device)
+        if axis is None:
+            axis = self._axes[device] = self.layout.axis.to(device)
+        return axis
+
+    def _cached(self, q, k, pos, device, dtype, rows, packed):
+        """Rotate with the cache read at the positions inside the op: pos ``[B', S, A]``
+        (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``)."""
+        cache = self._cache(device, dtype)
+        m = self.matrix(q.dtype, device)
+        pos = pos[:, None]
+        if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+        cache.reserve(max(rows or 1, 1), self.max_positions)
+        with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+
     def _layout_for(self, length: int) -> RopeLayout | None:
         """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
         if length in self._lengths:
@@ -451,6 +479,8 @@ class RoPE(nn.Module):
                 rows = math.floor(span[1]) + 1
                 if self.dynamic is not None:
                     layout = self._layout_for(rows) or layout
+        if not pos.is_floating_point() and layout is self.layout and unrotated is None:
+            return self._cached(q, k, pos, device, dtype, rows, packed)
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
         if mask is not None:
