@@ -148,12 +148,72 @@ def _table(t_ptr, offsets, mask, ok, RAW_T: tl.constexpr, POSITIONS: tl.constexp
 
 @triton.jit
 def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok, tcols, mask, D,
-            RAW_T: tl.constexpr, POSITIONS: tl.constexpr):
+            RAW_T: tl.constexpr, POSITIONS: tl.constexpr,
+            ANGLES: tl.constexpr, c_ptr, stride_pc, prow_p, F64: tl.constexpr):
     # sin at rows r and columns tcols (the transpose reads it at other columns than x's)
+    if ANGLES:  # computed at the columns' own positions (prow_p: the row's position, one axis)
+        if POSITIONS == 2:
+            p, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
+        else:
+            p, ok = prow_p, p_ok
+        _, s = _angle_tables(c_ptr, stride_pc, s_ptr, p, ok, tcols, D, F64)
+        return s
     if POSITIONS == 2:
         spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
         return _table(s_ptr, sr[:, None] + spos * stride_ps + tcols[None, :], mask, ok, RAW_T, POSITIONS)
     return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_T, POSITIONS)
+
+
+# --- angles computed from positions (ANGLES): cos/sin of p * inv_freq to ~2 fp32 ulp -------------
+
+_PIO2_1: tl.constexpr = 1.5707963705062866  # pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 (fp32 pieces)
+_PIO2_2: tl.constexpr = -4.371139000186243e-08
+_PIO2_3: tl.constexpr = -1.7151245100059101e-15
+_TWO_OVER_PI: tl.constexpr = 0.6366197723675814
+
+
+@triton.jit
+def _cos_sin_angle(p, hi, lo, F64: tl.constexpr):
+    # cos, sin of p*(hi + lo): p an integer-valued fp32 (< 2**24), inv_freq = hi + lo (fp32 pair)
+    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + at
+    at = ae + p * lo
+    k = tl.floor(ah * _TWO_OVER_PI + 0.5)  # quadrant count
+    zero = tl.zeros_like(k)
+    p1, e1 = _two_prod(k, zero + _PIO2_1, F64)
+    p2, e2 = _two_prod(k, zero + _PIO2_2, F64)
+    d = ah - p1  # exact (Sterbenz: ah is within pi/4 of k*pi/2)
+    tail = (((at - e1) - p2) - e2) - k * _PIO2_3
+    r = d + tail  # r + rl = the angle - k*pi/2, |r| <= pi/4 (TwoSum)
+    z = r - d
+    rl = (d - (r - z)) + (tail - z)
+    r2, r2e = _two_prod(r, r, F64)
+    # minimax-style polynomials on [-pi/4, pi/4] (approximation error < 3e-9)
+    ps = r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4))
+    pc = r2 * r2 * (4.166664568298827e-2 + r2 * (-1.388731625493765e-3 + r2 * 2.443315711809948e-5))
+    h = 0.5 * r2
+    t = 1.0 - h  # 1 - r2/2 exactly as t + err (Fast2Sum), then the small terms, one rounding
+    err = (1.0 - t) - h
+    c = t + (((err - 0.5 * r2e) + pc) - r * rl)  # cos(r + rl) = cos r - rl sin r
+    s = r + (ps + (rl - h * rl))  # sin(r + rl) = sin r + rl cos r
+    q = k.to(tl.int32) & 3
+    cos = tl.where(q == 0, c, tl.where(q == 1, -s, tl.where(q == 2, -c, s)))
+    sin = tl.where(q == 0, s, tl.where(q == 1, c, tl.where(q == 2, -s, -c)))
+    return cos, sin
+
+
+@triton.jit
+def _angle_tables(f_ptr, stride_f, scale_ptr, p, ok, tcols, D, F64: tl.constexpr):
+    # cos and sin at columns tcols for positions p ([R, 1] or [R, N]): inv_freq = f[0] + f[1],
+    # times the column's scale; pass-through columns (inv_freq 0) are exactly 1 and 0
+    cmask = tcols < D
+    hi = tl.load(f_ptr + tcols, mask=cmask, other=0.0)[None, :]
+    lo = tl.load(f_ptr + stride_f + tcols, mask=cmask, other=0.0)[None, :]
+    sc = tl.load(scale_ptr + tcols, mask=cmask, other=0.0)[None, :]
+    c, s = _cos_sin_angle(p.to(tl.float32), hi, lo, F64)
+    rotated = (hi != 0.0) | (lo != 0.0)
+    c = tl.where(rotated, c * sc, 1.0)
+    s = tl.where(rotated, s * sc, 0.0)
+    return tl.where(ok, c, float("nan")), tl.where(ok, s, float("nan"))
 
 
 # --- one tensor's rows --------------------------------------------------------------------
@@ -164,7 +224,7 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                  axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
                  x_ptr, o_ptr, c_ptr, s_ptr, p_ptr, n_rows, R1, R2,
                  sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, sp0, sp1, sp2, D,
-                 POSITIONS: tl.constexpr,
+                 POSITIONS: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -184,18 +244,27 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
         cr = i0 * sc0 + i1 * sc1 + i2 * sc2  # [BLOCK_R] (0 with positions: a cache row per token)
         sr = i0 * ss0 + i1 * ss1 + i2 * ss2
         prow = i0 * sp0 + i1 * sp1 + i2 * sp2  # the row's positions (POSITIONS > 0)
+        p1 = r  # (one axis: the row's position, [BLOCK_R, 1])
         if POSITIONS == 1:  # one axis: the row's cache row, once per tile
             p = tl.load(p_ptr + prow, mask=r < n_rows, other=0).to(tl.int64)
-            cr += p * stride_pc
-            sr += p * stride_ps
+            if not ANGLES:
+                cr += p * stride_pc
+                sr += p * stride_ps
             p_ok = ((p >= 0) & (p < n_pos))[:, None]
+            p1 = p[:, None]
         else:
             p_ok = row_ok
         for n in tl.static_range(NP):
             cols = n * BLOCK_N + pcols
             mask = row_ok & (cols < D)[None, :]
             x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
-            if POSITIONS == 2:  # cos and sin at cols share the positions read
+            if ANGLES:  # cos and sin computed from the positions and frequencies
+                if POSITIONS == 2:
+                    cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+                else:
+                    cpos, ok = p1, p_ok
+                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, cpos, ok, cols, D, F64)
+            elif POSITIONS == 2:  # cos and sin at cols share the positions read
                 cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
                 c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
                 s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
@@ -216,7 +285,8 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                             v = v * s
                         else:
                             v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                                            n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS)
+                                            n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS,
+                                            ANGLES, c_ptr, stride_pc, p1, F64)
                     wmask = (kcols < D)[:, None] & (cols < D)[None, :]
                     w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
                                 mask=wmask, other=0.0)
@@ -228,7 +298,8 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                 if GATHER_SIN:
                     src = tl.load(src_ptr + cols, mask=cols < D, other=0)
                     s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                                n_pos, p_ok, src, mask, D, RAW_T, POSITIONS)
+                                n_pos, p_ok, src, mask, D, RAW_T, POSITIONS,
+                                ANGLES, c_ptr, stride_pc, p1, F64)
                 y = _dot2(x, c, acc, s, F64)
             _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
@@ -251,6 +322,7 @@ def _rome_kernel(
     b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2,
     D,  # head_dim
     POSITIONS: tl.constexpr,  # 0: per-row tables; 1: cache row pos[r]; 2: pos[r, axis[j]]
+    ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq hi/lo rows, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
     GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
     NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
@@ -267,14 +339,14 @@ def _rome_kernel(
                  axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
                  a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
                  a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2, D, POSITIONS,
+                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2, D, POSITIONS, ANGLES,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
     _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                  axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
                  b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
                  b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2, D, POSITIONS,
+                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2, D, POSITIONS, ANGLES,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
 
@@ -330,7 +402,10 @@ def _dummy(device):
     return launch._dummy(device)
 
 
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None) -> None:
+ANGLE_POSITIONS = 1 << 24  # angles from positions: positions below it are exact in fp32
+
+
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -338,6 +413,11 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
     axis: int ``[D]`` in ``[0, A)``). A position outside ``[0, P)`` is never read: the kernel
     writes NaN there (the op checks the range on the host before the launch).
+
+    ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
+    ``[D]`` scale of each column, and the kernel computes ``scale * cos(p * inv_freq)`` itself
+    (``_cos_sin_angle``: double-float angle and reduction by pi/2, then fp32 polynomials) for
+    positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
 
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
@@ -360,9 +440,11 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         a = positions.shape[-1]
         mode = 1 if a == 1 else 2
         axis_t = axis if mode == 2 else _dummy(x0.device)
-        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), sin.stride(0), cos.shape[0])
+        n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
+        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), 0 if angles else sin.stride(0),
+                    n_pos)
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
-                       positions=mode)
+                       positions=mode, angles=angles)
     cfg = plan.config
     w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
     swk, swn = w.stride()
@@ -374,7 +456,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
         tiles = max(triton.cdiv(a[5], cfg.block_r), triton.cdiv(b[5], cfg.block_r))
         kwargs = dict(
-            POSITIONS=cfg.positions, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
+            POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
             BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
             SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
             RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,

@@ -56,12 +56,14 @@ class Config:
     num_warps: int = 4
     num_stages: int = 1
     positions: int = 0  # 0: per-row tables; 1: cache rows by one position; 2: by pos[r, axis[j]]
+    angles: bool = False  # with positions: cos/sin computed from them and the frequencies
 
     @property
     def name(self) -> str:
         kind = "ieee" if self.fp32_dot else f"{self.split}x{str(self.op_dtype).split('.')[-1]}"
         gather = " gather-sin" if self.gather_sin else ""
         pos = f" positions={POSITIONS_NAME[self.positions]}" if self.positions else ""
+        pos += " angles" if self.angles else ""
         return (f"{_NAME[self.x_dtype]} {'bwd' if self.transpose else 'fwd'} D={self.head_dim} "
                 f"tables={_NAME[self.table_dtype]} dot={kind}{gather}{pos}")
 
@@ -71,7 +73,7 @@ def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
-           exact_in_bf16: bool, interpret: bool = False, positions: int = 0) -> Config:
+           exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False) -> Config:
     """The kernel specialisation for these inputs (see the module docstring)."""
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
@@ -104,7 +106,7 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
         block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
-        num_warps=num_warps, positions=positions,
+        num_warps=num_warps, positions=positions, angles=angles,
     )
 
 
@@ -147,13 +149,13 @@ def _gather_src(info):
 
 
 def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool,
-         positions: int = 0) -> Plan:
+         positions: int = 0, angles: bool = False) -> Plan:
     """Config, block mask and gather index for one launch (host work cached per matrix).
     ``positions``: 0 (per-row tables), 1 (one position axis) or 2 (several)."""
     info = describe(matrix)
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
-                 interpret=interpret, positions=positions)
+                 interpret=interpret, positions=positions, angles=angles)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
@@ -235,8 +237,8 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
 
     Positions read in the kernel (``meta["positions"]``, what ``rome.RoPE`` launches): x dtype ×
     head_dim × pass with a rotation matrix, fp32 caches and int64 positions, for one axis and for
-    several (int64 axis). Other position and table dtypes compile the same code on other pointer
-    types."""
+    several (int64 axis), reading a cache or computing the angles (``meta["angles"]``). Other
+    position and table dtypes compile the same code on other pointer types."""
     from . import kernel  # the kernel module imports this one
 
     if kernel.INTERPRET:
@@ -252,9 +254,9 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
                         cfg = choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
                                      exact_in_x=exact_x, exact_in_bf16=exact_bf16)
                         out.append(_kernel_config(fn, cfg, label))
-                for positions in (1, 2):
+                for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                     cfg = choose(x_dtype, torch.float32, d, transpose=transpose, gather=True,
-                                 exact_in_x=True, exact_in_bf16=True, positions=positions)
+                                 exact_in_x=True, exact_in_bf16=True, positions=positions, angles=angles)
                     out.append(_kernel_config(fn, cfg, "rotation"))
     return out
 
@@ -262,7 +264,7 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
 def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
     np_ = cfg.block_d // cfg.block_n
     constexprs = dict(
-        POSITIONS=cfg.positions, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
+        POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
         BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
         OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_T=False, F64=False,
     )
@@ -304,7 +306,7 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
     meta = dict(x_dtype=_NAME[cfg.x_dtype], head_dim=cfg.head_dim, pass_="bwd" if cfg.transpose else "fwd",
                 table_dtype=_NAME[cfg.table_dtype], matrix=matrix_kind,
                 block_r=cfg.block_r, block_d=cfg.block_d, block_n=cfg.block_n, split=cfg.split,
-                fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin, positions=cfg.positions,
+                fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin, positions=cfg.positions, angles=cfg.angles,
                 # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
                 bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
     return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,

@@ -15,6 +15,10 @@
   Fractional positions skip the cache: their tables come from float64 angles per call. Those,
   length-dependent layouts (``dynamic``) and calls with ``unrotated`` tokens pass per-token tables
   to ``rome.apply_qk`` instead (bitwise the same result where both apply).
+- **Angles in the kernel** (``angles="kernel"``): no cache at all; the kernel computes cos/sin
+  from the positions and the frequencies (``rome.ops.apply_qk_angles``): within 5.7e-8 of the
+  float64 value for positions up to 2**20 (the cache's fp32 rounding: 3.0e-8), positions below
+  2**24. Float32/16/bf16 q only (float64 q keeps the float64 cache).
 - **Matrix**: ``layout.matrix`` in q's dtype (exact: entries are 0 and ±1), built once per
   (dtype, device) and kept on the module.
 - **Attention scaling** (YaRN's ``0.1 ln(s) + 1``, LongRoPE's factor): multiplied into cos and
@@ -59,8 +63,8 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
-from .ops import BACKENDS, apply_qk, apply_qk_at, positions_checked
-from .positions import check_range, normalize_positions, token_mask
+from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
+from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 
 __all__ = ["RoPE", "registry_bytes"]
 
@@ -221,6 +225,8 @@ class RoPE(nn.Module):
     cache grows as needed. ``backend``: as ``rome.apply_qk`` (``"auto"``, ``"torch"``,
     ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
     whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
+    ``angles``: ``"cache"`` (cos/sin rows of the shared cache) or ``"kernel"`` (computed in the
+    op from positions and frequencies, no cache; see the module doc).
     The module has no parameters or buffers: caches and matrices follow q's device and dtype.
     """
 
@@ -231,8 +237,11 @@ class RoPE(nn.Module):
         max_positions: int | None = None,
         backend: str = "auto",
         dynamic: Callable[[int], RopeLayout] | None = None,
+        angles: str = "cache",
     ):
         super().__init__()
+        if angles not in ("cache", "kernel"):
+            raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
             raise TypeError(f"layout must be a rome.layouts.RopeLayout, got {type(layout).__name__}")
         if max_positions is not None:
@@ -248,6 +257,8 @@ class RoPE(nn.Module):
         self.max_positions = max_positions
         self.backend = backend
         self.dynamic = dynamic
+        self.angles = angles
+        self._freqs: dict[torch.device, tuple[Tensor, Tensor]] = {}  # angles="kernel"
         self._key = _layout_key(layout)
         self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
         self._matrices: dict[tuple[torch.dtype, torch.device], Tensor] = {}
@@ -328,6 +339,7 @@ class RoPE(nn.Module):
             f"head_dim={self.head_dim}, n_axes={self.n_axes}, blocks={list(self.layout.blocks)}, "
             f"attention_scaling={self.layout.attention_scaling}, max_positions="
             f"{self.max_positions}, backend={self.backend!r}, dynamic={self.dynamic is not None}"
+            + (f", angles={self.angles!r}" if self.angles != "cache" else "")
         )
 
     def _cache(self, device: torch.device, dtype: torch.dtype) -> _Cache:
@@ -374,9 +386,20 @@ class RoPE(nn.Module):
     def _cached(self, q, k, pos, device, dtype, rows, packed):
         """Rotate with the cache read at the positions inside the op: pos ``[B', S, A]``
         (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``)."""
-        cache = self._cache(device, dtype)
         m = self.matrix(q.dtype, device)
         pos = pos[:, None]
+        if self.angles == "kernel" and dtype == torch.float32:
+            freqs = self._freqs.get(device)
+            if freqs is None:
+                freqs = self._freqs[device] = tuple(
+                    t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
+            if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+            if rows is not None and rows > ANGLE_POSITIONS:
+                raise ValueError(f"positions must be < 2**24 with angles='kernel', got max {rows - 1}")
+            with positions_checked():
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+        cache = self._cache(device, dtype)
         if torch.compiler.is_compiling():  # the op checks positions when the graph runs
             return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
         cache.reserve(max(rows or 1, 1), self.max_positions)

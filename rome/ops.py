@@ -16,7 +16,9 @@ Positions (``apply_at``/``apply_qk_at``; the ops' optional ``positions``/``axis`
 sin are then caches ``[P, D]`` and element (r, j) of x reads row ``positions[r, axis[j]]`` of them
 (``rome.positions.gather_rows``); the kernel gathers them itself, no per-token table is
 materialised. dx is the same kernel transposed at the same positions; the cache grads are the
-per-token table grads scattered back (``scatter_rows``, an accumulating index_put).
+per-token table grads scattered back (``scatter_rows``, an accumulating index_put). With
+``angles=True`` (``apply_qk_angles``) there is no cache: cos holds inv_freq as float32 hi + lo
+``[2, D]``, sin the ``[D]`` scales, and the kernel computes the angles (no grads for those).
 Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
 same backward and a jvp, which the public functions use when one is active.
 """
@@ -33,7 +35,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
-from .positions import check_range, gather_rows, scatter_rows
+from .positions import angle_rows, check_range, gather_rows, scatter_rows
 
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -90,12 +92,12 @@ def _check_no_forward_ad(named: dict[str, Tensor]) -> None:
             )
 
 
-def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axis=None) -> str:
+def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axis=None, angles=False) -> str:
     """Validate the arguments of any of the four ops; return the backend that will run."""
     _check_types(xs, cos, sin, matrix, backend)
     named = {**xs, "cos": cos, "sin": sin, "matrix": matrix}
     _check_no_forward_ad(named)
-    if positions is not None or axis is not None:
+    if positions is not None or axis is not None or angles:
         named |= _check_position_types(positions, axis)
     if len({t.device for t in named.values()}) > 1:
         where = ", ".join(f"{n} on {t.device}" for n, t in named.items())
@@ -118,7 +120,9 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axi
             f"matrix must be [D, D] = [{d}, {d}] for {name0} of shape {_shape(x0)}, "
             f"got {_shape(matrix)}"
         )
-    if cos.shape != sin.shape:
+    if angles:
+        _check_angles(cos, sin, x0.shape[-1])
+    elif cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got cos {_shape(cos)} and sin {_shape(sin)}"
         )
@@ -127,7 +131,7 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axi
             f"cos/sin last dim must be D={d} ({name0} {_shape(x0)}), got cos {_shape(cos)}"
         )
     if positions is not None:
-        _check_positions(xs, cos, positions, axis)
+        _check_positions(xs, cos, positions, axis, angles)
     for name, x in (xs.items() if positions is None else ()):
         try:
             fits = torch.broadcast_shapes(x.shape, cos.shape) == x.shape
@@ -169,11 +173,21 @@ def _check_position_types(positions, axis) -> dict[str, Tensor]:
     return {"positions": positions} | ({} if axis is None else {"axis": axis})
 
 
-def _check_positions(xs: dict[str, Tensor], cos: Tensor, positions: Tensor, axis) -> None:
+def _check_angles(freqs: Tensor, scales: Tensor, d: int) -> None:
+    if freqs.shape != (2, d) or scales.shape != (d,) or freqs.dtype != torch.float32 \
+            or scales.dtype != torch.float32:
+        raise ValueError(
+            f"with angles, cos must be the float32 frequencies [2, D] = [2, {d}] (inv_freq as hi + lo, "
+            f"rome.positions.angle_frequencies) and sin the float32 scales [D] = [{d}], got cos "
+            f"{_shape(freqs)} {freqs.dtype} and sin {_shape(scales)} {scales.dtype}"
+        )
+
+
+def _check_positions(xs: dict[str, Tensor], cos: Tensor, positions: Tensor, axis, angles=False) -> None:
     """Shapes with positions: caches ``[P, D]``, positions ``[..., A]`` broadcasting to the rows
     of every x, axis ``[D]`` (needed for A > 1). Values are checked by ``_check_position_values``."""
     (name0, x0), d = next(iter(xs.items())), cos.shape[-1]
-    if cos.ndim != 2:
+    if cos.ndim != 2 and not angles:
         raise ValueError(
             f"with positions, cos/sin must be caches [P, D] = [P, {d}] (one row per position), "
             f"got cos {_shape(cos)}"
@@ -202,9 +216,15 @@ def _check_positions(xs: dict[str, Tensor], cos: Tensor, positions: Tensor, axis
         raise ValueError(f"axis must be [D] = [{d}], got {_shape(axis)}")
 
 
-def _check_position_values(positions: Tensor, axis, rows: int) -> None:
-    """``0 <= positions < P`` and ``0 <= axis < A`` on the host (syncs)."""
-    check_range(positions, rows, name="the caches' rows P")
+ANGLE_POSITIONS = 1 << 24  # angles: positions below it are exact in float32
+
+
+def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> None:
+    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs)."""
+    if angles:
+        check_range(positions, ANGLE_POSITIONS, name="2**24 (exact in float32) with angles, i.e.")
+    else:
+        check_range(positions, rows, name="the caches' rows P")
     if axis is not None:
         lo, hi = torch.stack(torch.aminmax(axis)).tolist()
         if lo < 0 or hi >= positions.shape[-1]:
@@ -257,11 +277,12 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None) -> list[Tensor]:
+def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None,
+            angles=False) -> list[Tensor]:
     names = ("q", "k") if len(xs) == 2 else ("x",)
-    backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis)
+    backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     if positions is not None and _needs_value_check(positions):
-        _check_position_values(positions, axis, cos.shape[0])
+        _check_position_values(positions, axis, cos.shape[0], angles)
     outs = [_out_like(x) for x in xs]
     if backend == "triton":
         kernel = _kernel()
@@ -275,16 +296,17 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
         with _INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
             kernel.rotate(
                 [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-                transpose=transpose, positions=positions, axis=axis,
+                transpose=transpose, positions=positions, axis=axis, angles=angles,
             )
     else:
-        torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis)
+        torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis,
+                                  angles=angles)
     return outs
 
 
-def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None) -> list[Tensor]:
+def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=False) -> list[Tensor]:
     names = ("q", "k") if len(xs) == 2 else ("x",)
-    _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis)
+    _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     return [_out_like(x) for x in xs]
 
 
@@ -292,49 +314,50 @@ def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None) -> list
 
 
 # positions=None: cos/sin are per-row tables; else caches [P, D] read at positions [..., A]
-# (axis [D]: the axis of each column, for A > 1)
+# (axis [D]: the axis of each column, for A > 1); angles=True: cos/sin are the frequencies [2, D]
+# and scales [D], the angles computed from the positions
 
 
 @torch.library.custom_op("rome::apply", mutates_args=())
 def _apply(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
-    positions: Tensor | None = None, axis: Tensor | None = None,
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, False, positions, axis)[0]
+    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles)[0]
 
 
 @torch.library.custom_op("rome::apply_transposed", mutates_args=())
 def _apply_t(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
-    positions: Tensor | None = None, axis: Tensor | None = None,
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, True, positions, axis)[0]
+    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles)[0]
 
 
 @torch.library.custom_op("rome::apply_qk", mutates_args=())
 def _apply_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
-    positions: Tensor | None = None, axis: Tensor | None = None,
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles)
     return q_out, k_out
 
 
 @torch.library.custom_op("rome::apply_qk_transposed", mutates_args=())
 def _apply_qk_t(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
-    positions: Tensor | None = None, axis: Tensor | None = None,
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles)
     return q_out, k_out
 
 
-def _fake_one(x, cos, sin, matrix, backend="auto", positions=None, axis=None):
-    return _fake([x], cos, sin, matrix, backend, positions, axis)[0]
+def _fake_one(x, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
+    return _fake([x], cos, sin, matrix, backend, positions, axis, angles)[0]
 
 
-def _fake_two(q, k, cos, sin, matrix, backend="auto", positions=None, axis=None):
-    q_out, k_out = _fake([q, k], cos, sin, matrix, backend, positions, axis)
+def _fake_two(q, k, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
+    q_out, k_out = _fake([q, k], cos, sin, matrix, backend, positions, axis, angles)
     return q_out, k_out
 
 
@@ -375,12 +398,18 @@ def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
     return dcos, dsin, dm
 
 
-def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, axis):
+def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, axis, angles=False):
     """``_table_grads`` with positions: the per-token table grads, scattered into the caches."""
     if positions is None:
         return _table_grads(xs, hs, cos, sin, matrix, transpose, needs)
     if not any(needs) or all(h is None for h in hs):
         return None, None, None
+    if angles:
+        if needs[0] or needs[1]:
+            raise RuntimeError("rome: no gradient for the frequencies and scales of the angles mode "
+                               "(apply_qk_angles); detach them")
+        _, rows_s = angle_rows(cos, sin, positions, axis)
+        return _table_grads(xs, hs, rows_s, rows_s, matrix, transpose, needs)
     rows_c, rows_s = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
     dcos, dsin, dm = _table_grads(xs, hs, rows_c, rows_s, matrix, transpose, needs)
     p = cos.shape[0]
@@ -390,7 +419,7 @@ def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, ax
 
 
 def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_tables,
-           positions=None, axis=None):
+           positions=None, axis=None, angles=False):
     """``(dxs, (dcos, dsin, dM))`` of op (transpose, len(grads)) given the grads of its outputs.
 
     dx is the adjoint map of the grad, ``rotate(not transpose, hs)``: one launch for q and k.
@@ -403,16 +432,16 @@ def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_
     else:
         for i in live:
             dxs[i] = rotate(not transpose, [grads[i]])[0]
-    return dxs, _cache_grads(xs, grads, cos, sin, matrix, transpose, needs_tables, positions, axis)
+    return dxs, _cache_grads(xs, grads, cos, sin, matrix, transpose, needs_tables, positions, axis, angles)
 
 
 # The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
 
 
 def _setup_context(ctx, inputs, output):
-    *xs, cos, sin, matrix, backend, positions, axis = inputs
+    *xs, cos, sin, matrix, backend, positions, axis, angles = inputs
     n = len(xs)
-    ctx.n, ctx.backend = n, backend
+    ctx.n, ctx.backend, ctx.angles = n, backend, angles
     table_grads = any(ctx.needs_input_grad[n : n + 3])
     ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
 
@@ -425,12 +454,12 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):
             with positions_checked():  # checked by the forward
-                out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend, positions, axis)
+                out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend, positions, axis, ctx.angles)
             return [out] if len(hs) == 1 else list(out)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
-                            positions, axis)
-        return (*dxs, *table, None, None, None)
+                            positions, axis, ctx.angles)
+        return (*dxs, *table, None, None, None, None)
 
     return backward
 
@@ -450,7 +479,7 @@ def _batch_front(t: Tensor, dim, size: int, rank: int) -> Tensor:
 
 def _make_vmap(transpose: bool, n: int):
     def rule(info, in_dims, *args):
-        *xs, cos, sin, matrix, backend, positions, axis = args
+        *xs, cos, sin, matrix, backend, positions, axis, angles = args
         op, b = _OPS[(transpose, n)], info.batch_size
         cached = positions is not None
         tables_batched = in_dims[n] is not None or in_dims[n + 1] is not None
@@ -471,7 +500,7 @@ def _make_vmap(transpose: bool, n: int):
                 cos, sin = (_batch_front(t, d, b, rank) for t, d in zip((cos, sin), in_dims[n : n + 2]))
             if in_dims[n + 4] is not None:  # positions [B, 1.., ..., A], as the tables
                 positions = _batch_front(positions, in_dims[n + 4], b, rank)
-            out = op(*bxs, cos, sin, matrix, backend, positions, axis)
+            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles)
             outs = [out] if n == 1 else list(out)
             outs = [o[(slice(None),) + (0,) * (rank - r)] for o, r in zip(outs, ranks)]
         return (outs[0], 0) if n == 1 else (tuple(outs), (0,) * n)
@@ -515,22 +544,22 @@ class _Rotate(torch.autograd.Function):
         ṫ = op(ẋ) + the table and matrix terms of ``_tangent_terms``
 
     (op(ẋ) alone, bitwise, when only x has a tangent; else one more rounding to x's dtype).
-    forward(transpose, backend, positions, axis, cos, sin, matrix, *xs) returns a tuple, one
-    output per x (positions None: per-row tables; else caches read at positions).
+    forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs) returns a tuple,
+    one output per x (positions None: per-row tables; else caches read at positions).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(transpose, backend, positions, axis, cos, sin, matrix, *xs):
-        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis)
+    def forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs):
+        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
         return (out,) if len(xs) == 1 else tuple(out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        transpose, backend, positions, axis, cos, sin, matrix, *xs = inputs
-        ctx.transpose, ctx.backend = transpose, backend
-        table_grads = any(ctx.needs_input_grad[4:7])
+        transpose, backend, positions, axis, angles, cos, sin, matrix, *xs = inputs
+        ctx.transpose, ctx.backend, ctx.angles = transpose, backend, angles
+        table_grads = any(ctx.needs_input_grad[5:8])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
         ctx.save_for_forward(positions, axis, cos, sin, matrix, *xs)
 
@@ -538,7 +567,7 @@ class _Rotate(torch.autograd.Function):
     def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
             with positions_checked():  # checked by the forward
-                return list(_Rotate.apply(t, ctx.backend, positions, axis, cos, sin, matrix, *hs))
+                return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, *hs))
 
         return rotate
 
@@ -547,15 +576,20 @@ class _Rotate(torch.autograd.Function):
         positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
         needs = ctx.needs_input_grad
         rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
-        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[7:], needs[4:7],
-                            positions, axis)
-        return (None, None, None, None, *table, *dxs)
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[8:], needs[5:8],
+                            positions, axis, ctx.angles)
+        return (None, None, None, None, None, *table, *dxs)
 
     @staticmethod
-    def jvp(ctx, _transpose, _backend, _positions, _axis, tcos, tsin, tm, *txs):
+    def jvp(ctx, _transpose, _backend, _positions, _axis, _angles, tcos, tsin, tm, *txs):
         positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
         rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
-        if positions is not None:  # the terms of the tables as per-token tables
+        if ctx.angles:
+            if tcos is not None or tsin is not None:
+                raise RuntimeError("rome: no forward-mode derivative for the frequencies and scales of "
+                                   "the angles mode (apply_qk_angles)")
+            sin = angle_rows(cos, sin, positions, axis)[1]
+        elif positions is not None:  # the terms of the tables as per-token tables
             tcos, tsin = (None if t is None else gather_rows(t, positions, axis) for t in (tcos, tsin))
             sin = gather_rows(sin, positions, axis)
         live = [i for i, t in enumerate(txs) if t is not None]
@@ -606,7 +640,7 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
     if _use_function(x, cos, sin, matrix):
-        return _Rotate.apply(False, backend, None, None, cos, sin, matrix, x)[0]
+        return _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend)
 
 
@@ -617,7 +651,7 @@ def apply_qk(
     (GQA) and layout but share head_dim, dtype and the tables."""
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if _use_function(q, k, cos, sin, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, None, None, cos, sin, matrix, q, k)
+        q_out, k_out = _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, q, k)
         return q_out, k_out
     return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend)
 
@@ -644,7 +678,7 @@ def apply_at(
     _check_types({"x": x}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     if _use_function(x, cos, sin, matrix):
-        return _Rotate.apply(False, backend, positions, axis, cos, sin, matrix, x)[0]
+        return _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend, positions, axis)
 
 
@@ -657,6 +691,29 @@ def apply_qk_at(
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     if _use_function(q, k, cos, sin, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, positions, axis, cos, sin, matrix, q, k)
+        q_out, k_out = _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, q, k)
         return q_out, k_out
     return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend, positions, axis)
+
+
+def apply_qk_angles(
+    q: Tensor, k: Tensor, freqs: Tensor, scales: Tensor, matrix: Tensor, positions: Tensor, *,
+    axis: Tensor | None = None, backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """``apply_qk_at`` without a cache: the kernel computes each element's table entries,
+
+        cos[r, j] = scales[j] * cos(p * inv_freq[j]),   p = positions[r, axis[j]]
+
+    from ``(freqs, scales) = rome.positions.angle_frequencies(inv_freq, scale)`` (inv_freq as
+    float32 hi + lo ``[2, D]``; pass-through columns, inv_freq 0, give exactly 1 and 0). The
+    angle is a double-float ``p*hi + p*lo`` reduced by pi/2 in double-float, then fp32
+    polynomials: max |cos - cos64| 5.7e-8 for positions up to 2**20, against 3.0e-8 for the
+    float64-derived fp32 table (fp32 angles: 6e-2). Positions must be in ``[0, 2**24)``.
+    The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
+    and matrix, not in freqs/scales."""
+    _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)
+    _check_position_types(positions, axis)
+    if _use_function(q, k, freqs, scales, matrix):
+        q_out, k_out = _Rotate.apply(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
+        return q_out, k_out
+    return torch.ops.rome.apply_qk(q, k, freqs, scales, matrix, backend, positions, axis, True)

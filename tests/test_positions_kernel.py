@@ -358,3 +358,119 @@ def test_inputs_untouched():
     for backend in BACKENDS:
         ops.apply_qk_at(q, k, cos, sin, layout.matrix(torch.float32, DEVICE), pos, backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(before, (q, k, cos, sin, pos)))
+
+
+# --- item 6: angles computed in the kernel from positions and frequencies -------------------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from rome import kernel  # noqa: E402
+from rome.positions import angle_frequencies, angle_rows  # noqa: E402
+
+
+@triton.jit
+def _angles_probe(p_ptr, f_ptr, c_ptr, s_ptr, n, D: tl.constexpr, BLOCK: tl.constexpr, F64: tl.constexpr):
+    # the kernel's own cos/sin of p * inv_freq for n positions × D columns, written out
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    m = (rows < n)[:, None]
+    p = tl.load(p_ptr + rows, mask=rows < n, other=0).to(tl.float32)[:, None]
+    hi = tl.load(f_ptr + cols)[None, :]
+    lo = tl.load(f_ptr + D + cols)[None, :]
+    c, s = kernel._cos_sin_angle(p, hi, lo, F64)
+    tl.store(c_ptr + rows[:, None] * D + cols[None, :], c, mask=m)
+    tl.store(s_ptr + rows[:, None] * D + cols[None, :], s, mask=m)
+
+
+ANGLE_ATOL = 6e-8  # max |cos - cos64| of the kernel's angles (measured 5.7e-8; the fp32 table: 2.98e-8)
+
+
+def test_angles_accuracy_against_float64_up_to_2_pow_20():
+    """The kernel's cos/sin from positions (double-float angle, reduction by pi/2) against the
+    float64 truth, next to the fp32 table's own rounding and plain fp32 angles."""
+    inv = rope_frequencies(128).inv_freq.repeat(2)  # Llama theta=1e4, D=128: frequencies 1 .. 1e-4
+    freqs, _ = angle_frequencies(inv)
+    g = torch.Generator().manual_seed(0)
+    pos = torch.cat([torch.arange(0, 2048), torch.randint(0, 2**20, (2048,), generator=g),
+                     torch.arange(2**20 - 2048, 2**20)]).to(DEVICE)
+    n, d = len(pos), len(inv)
+    c, s = (torch.empty(n, d, device=DEVICE) for _ in range(2))
+    _angles_probe[(triton.cdiv(n, 512),)](pos, freqs.to(DEVICE), c, s, n, d, 512, kernel.INTERPRET)
+    angle = pos.double()[:, None] * inv.to(DEVICE)
+    c64, s64 = angle.cos(), angle.sin()
+    kernel_err = max((c.double() - c64).abs().max().item(), (s.double() - s64).abs().max().item())
+    table_err = max((c64.float().double() - c64).abs().max().item(), (s64.float().double() - s64).abs().max().item())
+    fp32_angles = (pos.float()[:, None] * inv.float().to(DEVICE))
+    fp32_err = (fp32_angles.cos().double() - c64).abs().max().item()
+    print(f"\nmax |err| up to 2**20: kernel angles {kernel_err:.3g}, fp32 table {table_err:.3g}, fp32 angles {fp32_err:.3g}")
+    assert kernel_err <= ANGLE_ATOL and kernel_err <= 2 * table_err
+    assert table_err <= 2**-25 and fp32_err > 1e-3  # the two references are what they claim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["1d-half-32", "mrope-4/6/6"])
+def test_angles_op_against_float64(backend, dtype, name):
+    """apply_qk_angles: within the kernel's angle error of the exact x*cos + rot(x)*sin (float64
+    tables); the torch backend (float64 angles) is bitwise the cache path."""
+    layout = LAYOUTS[name]()
+    freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq, 0.9))
+    m, axis = layout.matrix(dtype, DEVICE), _axis(layout)
+    q, k = torch.randn(2, 3, 4, 32, device=DEVICE).to(dtype), torch.randn(2, 1, 4, 32, device=DEVICE).to(dtype)
+    positions = torch.randint(0, 2**20, (2, 1, 4, layout.n_axes), device=DEVICE)
+    got = ops.apply_qk_angles(q, k, freqs, scales, m, positions, axis=axis, backend=backend)
+    c64, s64 = angle_rows(freqs, scales, positions, axis, dtype=torch.float64)
+    for x, out in zip((q, k), got):
+        xd = x.double()
+        rot = xd @ m.double()
+        exact = xd * c64 + rot * s64
+        ulp = torch.finfo(dtype).eps * exact.abs().clamp_min(torch.finfo(dtype).tiny)
+        bound = ulp + (xd.abs() + rot.abs()) * ANGLE_ATOL
+        assert ((out.double() - exact).abs() <= bound).all()
+    if backend == "torch":
+        c32, s32 = angle_rows(freqs, scales, positions, axis)
+        _assert_equal(got, rome.apply_qk(q, k, c32, s32, m, backend="torch"), "torch backend angles")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_angles_module_grads_opcheck(backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    rope = RoPE(layout, backend=backend, angles="kernel")
+    cached = RoPE(layout, backend=backend)
+    q = torch.randn(2, 2, 5, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 1, 5, 32, device=DEVICE, requires_grad=True)
+    pos = torch.randint(0, 5000, (3, 2, 5), device=DEVICE)
+    out, want = rope(q, k, pos), cached(q, k, pos)
+    assert rope.cache_bytes() == 0  # no cache was built
+    # |x| + |rot x| <= 8 here: 8 * (kernel angle error + table rounding) + an ulp or two of |out| <= 4
+    atol = 8 * (ANGLE_ATOL + 2**-25) + 2 * 4 * 2**-23
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o, w, rtol=0, atol=atol)
+    (gq, gk) = torch.autograd.grad(out, (q, k), (torch.ones_like(q), torch.ones_like(k)))
+    (wq, wk) = torch.autograd.grad(want, (q, k), (torch.ones_like(q), torch.ones_like(k)))
+    torch.testing.assert_close(gq, wq, rtol=0, atol=2 * atol)  # two heads' grads summed for k
+    torch.testing.assert_close(gk, wk, rtol=0, atol=2 * atol)
+    freqs, scales = rope._freqs[torch.device(DEVICE)]
+    positions = torch.randint(0, 2**20, (2, 1, 5, 3), device=DEVICE)
+    for op in (torch.ops.rome.apply_qk.default, torch.ops.rome.apply_qk_transposed.default):
+        torch.library.opcheck(op, (q, k, freqs, scales, rope.matrix(torch.float32, torch.device(DEVICE)), backend,
+                                   positions, rope._axis(torch.device(DEVICE)), True))
+
+
+def test_angles_bad_input():
+    layout = LAYOUTS["mrope-4/6/6"]()
+    freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq))
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    q = torch.randn(1, 1, 3, 32, device=DEVICE)
+    pos = torch.randint(0, 9, (1, 1, 3, 3), device=DEVICE)
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 \(exact in float32\) with angles"):
+            ops.apply_qk_angles(q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
+        with pytest.raises(ValueError, match=r"with angles, cos must be the float32 frequencies \[2, D\] = \[2, 32\]"):
+            ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
+        with pytest.raises(RuntimeError, match=r"no gradient for the frequencies and scales"):
+            f = freqs.clone().requires_grad_()
+            ops.apply_qk_angles(q, q, f, scales, m, pos, axis=axis, backend=backend)[0].sum().backward()
+    with pytest.raises(ValueError, match=r"angles must be 'cache' or 'kernel', got 'fp32'"):
+        RoPE(layout, angles="fp32")
