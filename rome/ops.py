@@ -222,7 +222,11 @@ ANGLE_POSITIONS = 1 << 24  # angles: positions below it are exact in float32
 def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> None:
     """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs)."""
     if angles:
-        check_range(positions, ANGLE_POSITIONS, name="2**24 (exact in float32) with angles, i.e.")
+        span = check_range(positions)
+        if span is not None and span[1] >= ANGLE_POSITIONS:
+            raise ValueError(
+                f"positions must be < 2**24 = {ANGLE_POSITIONS} with angles (exact in float32), got max {span[1]}"
+            )
     else:
         check_range(positions, rows, name="the caches' rows P")
     if axis is not None:

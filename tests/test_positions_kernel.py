@@ -464,8 +464,9 @@ def test_angles_bad_input():
     m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
     q = torch.randn(1, 1, 3, 32, device=DEVICE)
     pos = torch.randint(0, 9, (1, 1, 3, 3), device=DEVICE)
+    pos[0, 0, 0, 0] = 8
     for backend in BACKENDS:
-        with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 \(exact in float32\) with angles"):
+        with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 = 16777216 with angles \(exact in float32\), got max 16777224"):
             ops.apply_qk_angles(q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
         with pytest.raises(ValueError, match=r"with angles, cos must be the float32 frequencies \[2, D\] = \[2, 32\]"):
             ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
@@ -474,3 +475,14 @@ def test_angles_bad_input():
             ops.apply_qk_angles(q, q, f, scales, m, pos, axis=axis, backend=backend)[0].sum().backward()
     with pytest.raises(ValueError, match=r"angles must be 'cache' or 'kernel', got 'fp32'"):
         RoPE(layout, angles="fp32")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_angles_module_compiles_fullgraph(backend):
+    rope = RoPE(LAYOUTS["mrope-4/6/6"](), backend=backend, angles="kernel")
+    q, k = torch.randn(2, 2, 5, 32, device=DEVICE), torch.randn(2, 1, 5, 32, device=DEVICE)
+    pos = torch.randint(0, 2**20, (3, 2, 5), device=DEVICE)
+    f = torch.compile(lambda q, k, p: rope(q, k, p, offsets=3), fullgraph=True, backend="aot_eager")
+    _assert_equal(f(q, k, pos), rope(q, k, pos, offsets=3), "compiled angles")
+    with pytest.raises(ValueError, match=r"positions must be < 2\*\*24"):  # checked when the graph runs
+        f(q, k, pos + 2**24)
