@@ -32,6 +32,25 @@ of the exact value (faithful except where the terms cancel past 2**-20 of their 
 more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. The launch disables the
 compiler's mul+add fusion so the TwoSum is computed as written.
 
+Positions (``POSITIONS`` > 0, one kernel with the table path, chosen by constexpr): cos/sin are
+then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32 or
+int64 ``[..., A]`` broadcast to x's rows (strides per collapsed row dim, 0 over heads), gives each
+element its cache row: ``pos[r]`` for one axis (read once per row tile), ``pos[r, axis[j]]`` for
+several (axis: int ``[D]``; the transpose's gathered sin at ``src[j]`` reads ``pos[r, axis[src[j]]]``
+at column ``src[j]``). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
+on the host (``rome.positions``: A ints per token, against 2·D floats for a per-token table), so
+the kernel has one indexing rule. A position outside ``[0, P)`` is never read: the load is masked
+and the element becomes NaN (the op raises on the host before launching; the mask is what
+protects a launch that skipped that check, e.g. under CUDA graph capture).
+
+Angles (``ANGLES``, with positions): no cache; c holds inv_freq as fp32 ``hi`` and ``lo`` rows
+(``[2, D]``) and s the per-column scale. ``_cos_sin_angle`` forms the angle ``p*hi + p*lo`` as a
+double-float (the product's error from fma), reduces it by π/2 in double-float (π/2 in three fp32
+pieces, the quadrant count's products exact), and evaluates fp32 polynomials on [-π/4, π/4] with
+the reduced angle's low part as a first-order correction: max |cos - cos64| 5.6e-8 for positions
+up to 2**20 (the fp32 table's own rounding: 3.0e-8; fp32 angles: 6e-2). Only IEEE fp32 adds and
+multiplies (fp fusion is off) and exact products, so the interpreter's results are a GPU's.
+
 Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), the
 interpreter converts bf16 subnormals wrongly and casts fp32 -> bf16 by truncation; there bf16 is
 loaded and stored as raw bits (exact), the dot gets fp32 operands holding the same values, the
