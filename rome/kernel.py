@@ -186,8 +186,8 @@ def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok,
 # --- angles computed from positions (ANGLES): cos/sin of p * inv_freq to ~2 fp32 ulp -------------
 
 _PIO2_1 = tl.constexpr(1.5707963705062866)  # pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 (fp32 pieces)
-_PIO2_2 = tl.constexpr(-4.371139000186243e-08)
-_PIO2_3 = tl.constexpr(-1.7151245100059101e-15)
+_PIO2_2 = tl.constexpr(-4.371138828673793e-08)  # exact in fp32
+_PIO2_3 = tl.constexpr(-1.7151244994428829e-15)
 _TWO_OVER_PI = tl.constexpr(0.6366197723675814)
 
 
