@@ -481,8 +481,13 @@ def _batch_front(t: Tensor, dim, size: int, rank: int) -> Tensor:
     return t[(slice(None),) + (None,) * (rank + 1 - t.ndim)]
 
 
+_TRAILING = ("auto", None, None, False)  # the ops' defaults of backend, positions, axis, angles
+
+
 def _make_vmap(transpose: bool, n: int):
     def rule(info, in_dims, *args):
+        pad = n + 3 + len(_TRAILING) - len(args)  # trailing defaults the caller left out
+        args, in_dims = (*args, *_TRAILING[len(_TRAILING) - pad :]), (*in_dims, *(None,) * pad)
         *xs, cos, sin, matrix, backend, positions, axis, angles = args
         op, b = _OPS[(transpose, n)], info.batch_size
         cached = positions is not None
