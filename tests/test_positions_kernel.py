@@ -263,9 +263,9 @@ def test_rope_module_reads_the_cache_in_the_op(backend, monkeypatch):
     seen = []
     real = ops._rotate
 
-    def spy(xs, cos, sin, matrix, backend_, transpose, positions=None, axis=None):
+    def spy(xs, cos, sin, matrix, backend_, transpose, positions=None, *rest):
         seen.append(positions is not None)
-        return real(xs, cos, sin, matrix, backend_, transpose, positions, axis)
+        return real(xs, cos, sin, matrix, backend_, transpose, positions, *rest)
 
     monkeypatch.setattr(ops, "_rotate", spy)
     rope = RoPE(mrope_layout(rope_frequencies(32), [4, 6, 6]), backend=backend)
