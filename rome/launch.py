@@ -100,6 +100,8 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r, block_n, num_warps = 16, PANEL, 8
     else:  # a general bf16 matrix's backward at D=256: 64-wide panels spilled on sm_80/sm_90
         block_r, block_n, num_warps = 16, 32, 4
+    if angles:  # the angle arithmetic holds ~30 more fp32 values per element: half the rows
+        block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs)
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
