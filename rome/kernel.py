@@ -32,6 +32,25 @@ of the exact value (faithful except where the terms cancel past 2**-20 of their 
 more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. The launch disables the
 compiler's mul+add fusion so the TwoSum is computed as written.
 
+Positions (``POSITIONS`` > 0, one kernel with the table path, chosen by constexpr): cos/sin are
+then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32 or
+int64 ``[..., A]`` broadcast to x's rows (strides per collapsed row dim, 0 over heads), gives each
+element its cache row: ``pos[r]`` for one axis (read once per row tile), ``pos[r, axis[j]]`` for
+several (axis: int ``[D]``; the transpose's gathered sin at ``src[j]`` reads ``pos[r, axis[src[j]]]``
+at column ``src[j]``). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
+on the host (``rome.positions``: A ints per token, against 2·D floats for a per-token table), so
+the kernel has one indexing rule. A position outside ``[0, P)`` is never read: the load is masked
+and the element becomes NaN (the op raises on the host before launching; the mask is what
+protects a launch that skipped that check, e.g. under CUDA graph capture).
+
+Angles (``ANGLES``, with positions): no cache; c holds inv_freq as fp32 ``hi`` and ``lo`` rows
+(``[2, D]``) and s the per-column scale. ``_cos_sin_angle`` forms the angle ``p*hi + p*lo`` as a
+double-float (the product's error from fma), reduces it by π/2 in double-float (π/2 in three fp32
+pieces, the quadrant count's products exact), and evaluates fp32 polynomials on [-π/4, π/4] with
+the reduced angle's low part as a first-order correction: max |cos - cos64| 5.6e-8 for positions
+up to 2**20 (the fp32 table's own rounding: 3.0e-8; fp32 angles: 6e-2). Only IEEE fp32 adds and
+multiplies (fp fusion is off) and exact products, so the interpreter's results are a GPU's.
+
 Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), the
 interpreter converts bf16 subnormals wrongly and casts fp32 -> bf16 by truncation; there bf16 is
 loaded and stored as raw bits (exact), the dot gets fp32 operands holding the same values, the
@@ -138,13 +157,105 @@ def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.co
     return acc
 
 
+# --- tables: per-row, or gathered from a cache by position ---------------------------------
+
+
+@triton.jit
+def _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D):
+    # several axes: the cache row of element (r, j) is pos[r, axis[j]]; and whether it is in range
+    a = tl.load(axis_ptr + tcols, mask=tcols < D, other=0).to(tl.int64)
+    p = tl.load(p_ptr + prow[:, None] + a[None, :] * stride_pa, mask=mask, other=0).to(tl.int64)
+    return p, (p >= 0) & (p < n_pos)
+
+
+@triton.jit
+def _table(t_ptr, offsets, mask, ok, RAW_T: tl.constexpr, POSITIONS: tl.constexpr):
+    # cos or sin at offsets; with positions, a position outside the cache is never read: NaN
+    if POSITIONS == 0:
+        return _load(t_ptr, offsets, mask, RAW_T)
+    v = _load(t_ptr, offsets, mask & ok, RAW_T)
+    return tl.where(ok, v, float("nan"))
+
+
+@triton.jit
+def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok, tcols, mask, D,
+            RAW_T: tl.constexpr, POSITIONS: tl.constexpr,
+            ANGLES: tl.constexpr, c_ptr, stride_pc, prow_p, F64: tl.constexpr):
+    # sin at rows r and columns tcols (the transpose reads it at other columns than x's)
+    if ANGLES:  # computed at the columns' own positions (prow_p: the row's position, one axis)
+        if POSITIONS == 2:
+            p, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
+        else:
+            p, ok = prow_p, p_ok
+        _, s = _angle_tables(c_ptr, stride_pc, s_ptr, p, ok, tcols, D, F64)
+        return s
+    if POSITIONS == 2:
+        spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
+        return _table(s_ptr, sr[:, None] + spos * stride_ps + tcols[None, :], mask, ok, RAW_T, POSITIONS)
+    return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_T, POSITIONS)
+
+
+# --- angles computed from positions (ANGLES): cos/sin of p * inv_freq to ~2 fp32 ulp -------------
+
+_PIO2_1 = tl.constexpr(1.5707963705062866)  # pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 (fp32 pieces)
+_PIO2_2 = tl.constexpr(-4.371138828673793e-08)  # exact in fp32
+_PIO2_3 = tl.constexpr(-1.7151244994428829e-15)
+_TWO_OVER_PI = tl.constexpr(0.6366197723675814)
+
+
+@triton.jit
+def _cos_sin_angle(p, hi, lo, F64: tl.constexpr):
+    # cos, sin of p*(hi + lo): p an integer-valued fp32 (< 2**24), inv_freq = hi + lo (fp32 pair)
+    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + at
+    at = ae + p * lo
+    k = tl.floor(ah * _TWO_OVER_PI + 0.5)  # quadrant count
+    zero = tl.zeros_like(k)
+    p1, e1 = _two_prod(k, zero + _PIO2_1, F64)
+    p2, e2 = _two_prod(k, zero + _PIO2_2, F64)
+    d = ah - p1  # exact (Sterbenz: ah is within pi/4 of k*pi/2)
+    tail = (((at - e1) - p2) - e2) - k * _PIO2_3
+    r = d + tail  # r + rl = the angle - k*pi/2, |r| <= pi/4 (TwoSum)
+    z = r - d
+    rl = (d - (r - z)) + (tail - z)
+    r2, r2e = _two_prod(r, r, F64)
+    # minimax-style polynomials on [-pi/4, pi/4] (approximation error < 3e-9)
+    ps = r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4))
+    pc = r2 * r2 * (4.166664568298827e-2 + r2 * (-1.388731625493765e-3 + r2 * 2.443315711809948e-5))
+    h = 0.5 * r2
+    t = 1.0 - h  # 1 - r2/2 exactly as t + err (Fast2Sum), then the small terms, one rounding
+    err = (1.0 - t) - h
+    c = t + (((err - 0.5 * r2e) + pc) - r * rl)  # cos(r + rl) = cos r - rl sin r
+    s = r + (ps + (rl - h * rl))  # sin(r + rl) = sin r + rl cos r
+    q = k.to(tl.int32) & 3
+    cos = tl.where(q == 0, c, tl.where(q == 1, -s, tl.where(q == 2, -c, s)))
+    sin = tl.where(q == 0, s, tl.where(q == 1, c, tl.where(q == 2, -s, -c)))
+    return cos, sin
+
+
+@triton.jit
+def _angle_tables(f_ptr, stride_f, scale_ptr, p, ok, tcols, D, F64: tl.constexpr):
+    # cos and sin at columns tcols for positions p ([R, 1] or [R, N]): inv_freq = f[0] + f[1],
+    # times the column's scale; pass-through columns (inv_freq 0) are exactly 1 and 0
+    cmask = tcols < D
+    hi = tl.load(f_ptr + tcols, mask=cmask, other=0.0)[None, :]
+    lo = tl.load(f_ptr + stride_f + tcols, mask=cmask, other=0.0)[None, :]
+    sc = tl.load(scale_ptr + tcols, mask=cmask, other=0.0)[None, :]
+    c, s = _cos_sin_angle(p.to(tl.float32), hi, lo, F64)
+    rotated = (hi != 0.0) | (lo != 0.0)
+    c = tl.where(rotated, c * sc, 1.0)
+    s = tl.where(rotated, s * sc, 0.0)
+    return tl.where(ok, c, float("nan")), tl.where(ok, s, float("nan"))
+
+
 # --- one tensor's rows --------------------------------------------------------------------
 
 
 @triton.jit
 def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 x_ptr, o_ptr, c_ptr, s_ptr, n_rows, R1, R2,
-                 sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, D,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 x_ptr, o_ptr, c_ptr, s_ptr, p_ptr, n_rows, R1, R2,
+                 sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, sp0, sp1, sp2, D,
+                 POSITIONS: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -161,14 +272,36 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
         row_ok = (r < n_rows)[:, None]
         xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
         orow = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
-        cr = (i0 * sc0 + i1 * sc1 + i2 * sc2)[:, None]
-        sr = (i0 * ss0 + i1 * ss1 + i2 * ss2)[:, None]
+        cr = i0 * sc0 + i1 * sc1 + i2 * sc2  # [BLOCK_R] (0 with positions: a cache row per token)
+        sr = i0 * ss0 + i1 * ss1 + i2 * ss2
+        prow = i0 * sp0 + i1 * sp1 + i2 * sp2  # the row's positions (POSITIONS > 0)
+        p1 = r  # (one axis: the row's position, [BLOCK_R, 1])
+        if POSITIONS == 1:  # one axis: the row's cache row, once per tile
+            p = tl.load(p_ptr + prow, mask=r < n_rows, other=0).to(tl.int64)
+            if not ANGLES:
+                cr += p * stride_pc
+                sr += p * stride_ps
+            p_ok = ((p >= 0) & (p < n_pos))[:, None]
+            p1 = p[:, None]
+        else:
+            p_ok = row_ok
         for n in tl.static_range(NP):
             cols = n * BLOCK_N + pcols
             mask = row_ok & (cols < D)[None, :]
             x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
-            c = _load(c_ptr, cr + cols[None, :], mask, RAW_T)
-            s = _load(s_ptr, sr + cols[None, :], mask, RAW_T)
+            if ANGLES:  # cos and sin computed from the positions and frequencies
+                if POSITIONS == 2:
+                    cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+                else:
+                    cpos, ok = p1, p_ok
+                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, cpos, ok, cols, D, F64)
+            elif POSITIONS == 2:  # cos and sin at cols share the positions read
+                cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+                c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
+                s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
+            else:
+                c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
+                s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
             acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
             for k in tl.static_range(NP):
                 if (NZ >> (k * NP + n)) & 1:
@@ -182,7 +315,9 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                         if k == n:
                             v = v * s
                         else:
-                            v = v * _load(s_ptr, sr + kcols[None, :], kmask, RAW_T)
+                            v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                                            n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS,
+                                            ANGLES, c_ptr, stride_pc, p1, F64)
                     wmask = (kcols < D)[:, None] & (cols < D)[None, :]
                     w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
                                 mask=wmask, other=0.0)
@@ -193,7 +328,9 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
             else:
                 if GATHER_SIN:
                     src = tl.load(src_ptr + cols, mask=cols < D, other=0)
-                    s = _load(s_ptr, sr + src[None, :], mask, RAW_T)
+                    s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                                n_pos, p_ok, src, mask, D, RAW_T, POSITIONS,
+                                ANGLES, c_ptr, stride_pc, p1, F64)
                 y = _dot2(x, c, acc, s, F64)
             _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
@@ -203,15 +340,20 @@ def _rome_kernel(
     # the dot's matrix W ([D, D]: M forward, Mᵀ backward, by strides) and, with GATHER_SIN, src:
     # int32 [D], the row of W's nonzero in each column (where sin is read in the transpose)
     w_ptr, stride_wk, stride_wn, src_ptr,
-    # tensor a (q): x, out, cos, sin; rows = R0*R1*R2 with strides per row dim for each tensor
-    a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
+    # with POSITIONS: axis (int [D], the position axis of each column; POSITIONS == 2), the
+    # positions' axis stride, the row strides of the cos and sin caches and their row count
+    axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+    # tensor a (q): x, out, cos, sin, positions; rows = R0*R1*R2 with strides per row dim for each
+    a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
     a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-    a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2,
+    a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2,
     # tensor b (k), the same (b_rows = 0 when there is no k)
-    b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+    b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
     b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-    b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2,
+    b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2,
     D,  # head_dim
+    POSITIONS: tl.constexpr,  # 0: per-row tables; 1: cache row pos[r]; 2: pos[r, axis[j]]
+    ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq hi/lo rows, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
     GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
     NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
@@ -225,15 +367,17 @@ def _rome_kernel(
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 a_x, a_o, a_c, a_s, a_rows, a_R1, a_R2,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
                  a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, D,
+                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2, D, POSITIONS, ANGLES,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
     _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 b_x, b_o, b_c, b_s, b_rows, b_R1, b_R2,
+                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
                  b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, D,
+                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2, D, POSITIONS, ANGLES,
                  TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
                  RAW_X, RAW_T, F64)
 
@@ -260,23 +404,54 @@ def _row_layout(shape, tensors):
     return dims
 
 
-def _launch_args(x, out, cos, sin):
-    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims)."""
-    tensors = (x, out, cos, sin)
+def _launch_args(x, out, cos, sin, pos):
+    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims).
+
+    cos, sin and pos are views with x's row dims (stride 0 where they broadcast)."""
+    tensors = (x, out, cos, sin, pos)
     dims = _row_layout(x.shape, tensors)
     if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
         return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
-    dims = [(1, [0] * 4)] * (3 - len(dims)) + dims
+    dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
     rows = dims[0][0] * dims[1][0] * dims[2][0]
-    strides = [dims[d][1][t] for t in range(4) for d in range(3)]
-    return [(x, out, cos, sin, rows, dims[1][0], dims[2][0], *strides)]
+    strides = [dims[d][1][t] for t in range(len(tensors)) for d in range(3)]
+    return [(x, out, cos, sin, pos, rows, dims[1][0], dims[2][0], *strides)]
 
 
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
+def _row_views(x, cos, sin, positions):
+    """cos, sin and positions as views with x's row dims: the tables broadcast to x, or (with
+    positions) the caches' first rows with stride 0 on every row dim and positions ``[..., A]``
+    broadcast to x's rows (the kernel adds ``pos * row stride``)."""
+    if positions is None:
+        return cos.expand(x.shape), sin.expand(x.shape), _dummy(x.device).expand(*x.shape[:-1], 1)
+    rows = (0,) * (x.ndim - 1)
+    return (cos.as_strided(x.shape, (*rows, cos.stride(-1))), sin.as_strided(x.shape, (*rows, sin.stride(-1))),
+            positions.expand(*x.shape[:-1], positions.shape[-1]))
+
+
+def _dummy(device):
+    return launch._dummy(device)
+
+
+ANGLE_POSITIONS = 1 << 24  # angles from positions: positions below it are exact in fp32
+
+
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
+    Without positions, cos/sin are per-row tables broadcasting to every x. With positions
+    (int32/int64 ``[..., A]``, ``[...]`` broadcasting to x's rows), cos/sin are caches ``[P, D]``
+    and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
+    axis: int ``[D]`` in ``[0, A)``). A position outside ``[0, P)`` is never read: the kernel
+    writes NaN there (the op checks the range on the host before the launch).
+
+    ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
+    ``[D]`` scale of each column, and the kernel computes ``scale * cos(p * inv_freq)`` itself
+    (``_cos_sin_angle``: double-float angle and reduction by pi/2, then fp32 polynomials) for
+    positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
+
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
-    cos/sin broadcast to every x and have a unit last stride; matrix is [D, D].
+    cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
     """
     x0 = xs[0]
     if not INTERPRET and not x0.is_cuda:
@@ -287,10 +462,20 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     blocks = []
     for x, out in zip(xs, outs):
         if x.numel():
-            blocks += _launch_args(x, out, cos.expand(x.shape), sin.expand(x.shape))
+            blocks += _launch_args(x, out, *_row_views(x, cos, sin, positions))
     if not blocks:
         return
-    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET)
+    if positions is None:
+        mode, pos_args = 0, (_dummy(x0.device), 0, 0, 0, 0)
+    else:
+        a = positions.shape[-1]
+        mode = 1 if a == 1 else 2
+        axis_t = axis if mode == 2 else _dummy(x0.device)
+        n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
+        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), 0 if angles else sin.stride(0),
+                    n_pos)
+    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
+                       positions=mode, angles=angles)
     cfg = plan.config
     w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
     swk, swn = w.stride()
@@ -299,16 +484,16 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool) -> None:
     max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a = group[0]
-        b = group[1] if len(group) == 2 else (*a[:4], 0, *a[5:])  # no k: zero rows
-        tiles = max(triton.cdiv(a[4], cfg.block_r), triton.cdiv(b[4], cfg.block_r))
+        b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
+        tiles = max(triton.cdiv(a[5], cfg.block_r), triton.cdiv(b[5], cfg.block_r))
         kwargs = dict(
-            TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
+            POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
             BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
             SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
             RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        args = (w, swk, swn, plan.src, *a, *b, x0.shape[-1])
+        args = (w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1])
         grid = (min(tiles, max_programs),)
         if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
             _rome_kernel[grid](*args, **kwargs)

@@ -30,6 +30,7 @@ MAX_HEAD_DIM = 256
 TL_DTYPE = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 _NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 PANEL = 64
+POSITIONS_NAME = {0: "none", 1: "1-axis", 2: "axes"}
 _PROGRAMS_PER_SM = 8
 _INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
 _INTERPRET_BLOCK_R = 16
@@ -54,13 +55,17 @@ class Config:
     raw_t: bool
     num_warps: int = 4
     num_stages: int = 1
+    positions: int = 0  # 0: per-row tables; 1: cache rows by one position; 2: by pos[r, axis[j]]
+    angles: bool = False  # with positions: cos/sin computed from them and the frequencies
 
     @property
     def name(self) -> str:
         kind = "ieee" if self.fp32_dot else f"{self.split}x{str(self.op_dtype).split('.')[-1]}"
         gather = " gather-sin" if self.gather_sin else ""
+        pos = f" positions={POSITIONS_NAME[self.positions]}" if self.positions else ""
+        pos += " angles" if self.angles else ""
         return (f"{_NAME[self.x_dtype]} {'bwd' if self.transpose else 'fwd'} D={self.head_dim} "
-                f"tables={_NAME[self.table_dtype]} dot={kind}{gather}")
+                f"tables={_NAME[self.table_dtype]} dot={kind}{gather}{pos}")
 
 
 def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -68,7 +73,7 @@ def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
-           exact_in_bf16: bool, interpret: bool = False) -> Config:
+           exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False) -> Config:
     """The kernel specialisation for these inputs (see the module docstring)."""
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
@@ -95,13 +100,15 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r, block_n, num_warps = 16, PANEL, 8
     else:  # a general bf16 matrix's backward at D=256: 64-wide panels spilled on sm_80/sm_90
         block_r, block_n, num_warps = 16, 32, 4
+    if angles:  # the angle arithmetic holds ~30 more fp32 values per element: half the rows
+        block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs)
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
         block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
-        num_warps=num_warps,
+        num_warps=num_warps, positions=positions, angles=angles,
     )
 
 
@@ -145,12 +152,14 @@ def _gather_src(info):
     return info.index_t.to(torch.int32)
 
 
-def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool) -> Plan:
-    """Config, block mask and gather index for one launch (host work cached per matrix)."""
+def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool,
+         positions: int = 0, angles: bool = False) -> Plan:
+    """Config, block mask and gather index for one launch (host work cached per matrix).
+    ``positions``: 0 (per-row tables), 1 (one position axis) or 2 (several)."""
     info = describe(matrix)
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
-                 interpret=interpret)
+                 interpret=interpret, positions=positions, angles=angles)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
@@ -228,7 +237,12 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
     """Every specialisation ``rotate`` can launch on a GPU: x dtype × head_dim × pass × fp32 or
     x-dtype tables × matrix kind, with every block of M nonzero (the most work; a rotation
     matrix's mask only removes dots). One tensor or q+k is the same kernel (a lone x launches with
-    an empty second tensor), so it is not a dimension. ``arch`` does not change the choice today."""
+    an empty second tensor), so it is not a dimension. ``arch`` does not change the choice today.
+
+    Positions read in the kernel (``meta["positions"]``, what ``rome.RoPE`` launches): x dtype ×
+    head_dim × pass with a rotation matrix, fp32 caches and int64 positions, for one axis and for
+    several (int64 axis), reading a cache or computing the angles (``meta["angles"]``). Other
+    position and table dtypes compile the same code on other pointer types."""
     from . import kernel  # the kernel module imports this one
 
     if kernel.INTERPRET:
@@ -244,13 +258,17 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
                         cfg = choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
                                      exact_in_x=exact_x, exact_in_bf16=exact_bf16)
                         out.append(_kernel_config(fn, cfg, label))
+                for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
+                    cfg = choose(x_dtype, torch.float32, d, transpose=transpose, gather=True,
+                                 exact_in_x=True, exact_in_bf16=True, positions=positions, angles=angles)
+                    out.append(_kernel_config(fn, cfg, "rotation"))
     return out
 
 
 def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
     np_ = cfg.block_d // cfg.block_n
     constexprs = dict(
-        TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
+        POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
         BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
         OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_T=False, F64=False,
     )
@@ -258,25 +276,41 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
     # is specialised to the constant 1 either way
     unit = "stride_wk" if cfg.transpose else "stride_wn"
     constexprs[unit] = 1
-    ptr_type = {"w_ptr": _PTR[operand_dtype(cfg)], "src_ptr": "*i32"}
+    # positions: int64 [..., A] and (several axes) an int64 axis; without, a dummy int32 [1]
+    pos_ptr = "*i64" if cfg.positions else "*i32"
+    ptr_type = {"w_ptr": _PTR[operand_dtype(cfg)], "src_ptr": "*i32",
+                "axis_ptr": "*i64" if cfg.positions == 2 else "*i32"}
     for t in "ab":
         ptr_type |= {f"{t}_x": _PTR[cfg.x_dtype], f"{t}_o": _PTR[cfg.x_dtype],
-                     f"{t}_c": _PTR[cfg.table_dtype], f"{t}_s": _PTR[cfg.table_dtype]}
+                     f"{t}_c": _PTR[cfg.table_dtype], f"{t}_s": _PTR[cfg.table_dtype], f"{t}_p": pos_ptr}
+    # ints of the positions, as rome.RoPE launches BNSD q/k with positions [B, 1, S, A]: row dims
+    # (B, N, S) with strides (S*A, 0, A), the axis stride 1 (A > 1) or 0 (one axis, unused), and
+    # a power-of-two cache (>= 16 rows). Without positions they are all 0 (divisible).
+    pos_ints = ("stride_pa", "n_pos", "a_sp0", "a_sp1", "a_sp2", "b_sp0", "b_sp1", "b_sp2")
+    pos_divisible = ("n_pos", "a_sp1", "b_sp1") + (("stride_pa",) if cfg.positions == 1 else ())
+    if cfg.positions == 1:
+        constexprs |= {"a_sp2": 1, "b_sp2": 1}
+    elif cfg.positions == 2:
+        constexprs["stride_pa"] = 1
     signature, divisible = {}, []
     for name in fn.arg_names:
         if name in constexprs:
             continue
         signature[name] = ptr_type.get(name, "i32")
         # pointers are 16-byte aligned; strides of BNSD/BSND tensors with D % 16 == 0 are
-        # multiples of 16, as are D itself and the matrix's other stride; row counts are not
-        if name in ptr_type or (cfg.head_dim % 16 == 0 and not name.endswith(("rows", "R1", "R2"))):
+        # multiples of 16, as are D itself and the matrix's other stride (and the caches' row
+        # strides); row counts are not
+        if name in pos_ints:
+            if not cfg.positions or name in pos_divisible:
+                divisible.append(name)
+        elif name in ptr_type or (cfg.head_dim % 16 == 0 and not name.endswith(("rows", "R1", "R2"))):
             divisible.append(name)
     xb, tb = cfg.x_dtype.itemsize, cfg.table_dtype.itemsize
     name = f"{cfg.name} M={matrix_kind}"
     meta = dict(x_dtype=_NAME[cfg.x_dtype], head_dim=cfg.head_dim, pass_="bwd" if cfg.transpose else "fwd",
                 table_dtype=_NAME[cfg.table_dtype], matrix=matrix_kind,
                 block_r=cfg.block_r, block_d=cfg.block_d, block_n=cfg.block_n, split=cfg.split,
-                fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin,
+                fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin, positions=cfg.positions, angles=cfg.angles,
                 # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
                 bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
     return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,

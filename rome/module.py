@@ -4,13 +4,21 @@
 
     q_out, k_out = rope(q, k, positions)      # out = x*cos + (x @ M)*sin, M the layout's matrix
 
-- **Tables**: per-token ``cos``/``sin`` rows gathered from a cache of ``cos_sin_cache`` rows
-  (float64 angles rounded once to float32, float64 for float64 q), one row per position value.
+- **Tables**: a cache of ``cos_sin_cache`` rows (float64 angles rounded once to float32,
+  float64 for float64 q), one row per position value, read at each token's positions inside
+  the op (``rome.ops.apply_qk_at``: the kernel gathers the rows itself, no per-token table is
+  built; offsets and ``cu_seqlens`` are folded into the positions first).
   The cache is process-wide, one per (layout values, device, dtype): every layer of a model, and
   every module built from an equal configuration, shares one tensor pair. It is built on first
   use and grows on demand to the next power of two above the largest position asked for
   (capped at ``max_positions`` when that is set). ``cache_bytes()`` reports its size.
-  Fractional positions skip the cache: their tables come from float64 angles per call.
+  Fractional positions skip the cache: their tables come from float64 angles per call. Those,
+  length-dependent layouts (``dynamic``) and calls with ``unrotated`` tokens pass per-token tables
+  to ``rome.apply_qk`` instead (bitwise the same result where both apply).
+- **Angles in the kernel** (``angles="kernel"``): no cache at all; the kernel computes cos/sin
+  from the positions and the frequencies (``rome.ops.apply_qk_angles``): within 5.7e-8 of the
+  float64 value for positions up to 2**20 (the cache's fp32 rounding: 3.0e-8), positions below
+  2**24. Float32/16/bf16 q only (float64 q keeps the float64 cache).
 - **Matrix**: ``layout.matrix`` in q's dtype (exact: entries are 0 and ±1), built once per
   (dtype, device) and kept on the module.
 - **Attention scaling** (YaRN's ``0.1 ln(s) + 1``, LongRoPE's factor): multiplied into cos and
@@ -26,7 +34,9 @@
 
 ``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions: the
 host-side checks and the cache growth are skipped while compiling, so reserve the cache first
-(``reserve(n, device=...)``, or one eager call), and positions must lie inside it. Modules with
+(``reserve(n, device=...)``, or one eager call), and positions must lie inside it: the op checks
+them when the compiled graph runs (a host sync; ValueError outside the cache), and under CUDA
+graph capture, where no check can run, the kernel writes NaN for a position outside the cache. Modules with
 ``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not compile.
 """
 
@@ -53,8 +63,8 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
-from .ops import BACKENDS, apply_qk
-from .positions import check_range, normalize_positions, token_mask
+from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
+from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 
 __all__ = ["RoPE", "registry_bytes"]
 
@@ -215,6 +225,8 @@ class RoPE(nn.Module):
     cache grows as needed. ``backend``: as ``rome.apply_qk`` (``"auto"``, ``"torch"``,
     ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
     whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
+    ``angles``: ``"cache"`` (cos/sin rows of the shared cache) or ``"kernel"`` (computed in the
+    op from positions and frequencies, no cache; see the module doc).
     The module has no parameters or buffers: caches and matrices follow q's device and dtype.
     """
 
@@ -225,8 +237,11 @@ class RoPE(nn.Module):
         max_positions: int | None = None,
         backend: str = "auto",
         dynamic: Callable[[int], RopeLayout] | None = None,
+        angles: str = "cache",
     ):
         super().__init__()
+        if angles not in ("cache", "kernel"):
+            raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
             raise TypeError(f"layout must be a rome.layouts.RopeLayout, got {type(layout).__name__}")
         if max_positions is not None:
@@ -242,9 +257,12 @@ class RoPE(nn.Module):
         self.max_positions = max_positions
         self.backend = backend
         self.dynamic = dynamic
+        self.angles = angles
+        self._freqs: dict[torch.device, tuple[Tensor, Tensor]] = {}  # angles="kernel"
         self._key = _layout_key(layout)
         self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
         self._matrices: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        self._axes: dict[torch.device, Tensor] = {}  # layout.axis on each device (n_axes > 1)
         self._lengths: dict[int, RopeLayout | None] = {}  # dynamic's layouts by length, memo
 
     # --- constructors ---
@@ -321,6 +339,7 @@ class RoPE(nn.Module):
             f"head_dim={self.head_dim}, n_axes={self.n_axes}, blocks={list(self.layout.blocks)}, "
             f"attention_scaling={self.layout.attention_scaling}, max_positions="
             f"{self.max_positions}, backend={self.backend!r}, dynamic={self.dynamic is not None}"
+            + (f", angles={self.angles!r}" if self.angles != "cache" else "")
         )
 
     def _cache(self, device: torch.device, dtype: torch.dtype) -> _Cache:
@@ -354,6 +373,38 @@ class RoPE(nn.Module):
         if m is None:
             m = self._matrices[key] = self.layout.matrix(dtype, device)
         return m
+
+    def _axis(self, device: torch.device) -> Tensor | None:
+        """``layout.axis`` on ``device``, kept (None for one axis: every column reads it)."""
+        if self.n_axes == 1:
+            return None
+        axis = self._axes.get(device)
+        if axis is None:
+            axis = self._axes[device] = self.layout.axis.to(device)
+        return axis
+
+    def _cached(self, q, k, pos, device, dtype, rows, packed):
+        """Rotate with the cache read at the positions inside the op: pos ``[B', S, A]``
+        (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``)."""
+        m = self.matrix(q.dtype, device)
+        pos = pos[:, None]
+        if self.angles == "kernel" and dtype == torch.float32:
+            freqs = self._freqs.get(device)
+            if freqs is None:
+                freqs = self._freqs[device] = tuple(
+                    t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
+            if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+            if rows is not None and rows > ANGLE_POSITIONS:
+                raise ValueError(f"positions must be < 2**24 with angles='kernel', got max {rows - 1}")
+            with positions_checked():
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+        cache = self._cache(device, dtype)
+        if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+        cache.reserve(max(rows or 1, 1), self.max_positions)
+        with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
 
     def _layout_for(self, length: int) -> RopeLayout | None:
         """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
@@ -451,6 +502,8 @@ class RoPE(nn.Module):
                 rows = math.floor(span[1]) + 1
                 if self.dynamic is not None:
                     layout = self._layout_for(rows) or layout
+        if not pos.is_floating_point() and layout is self.layout and unrotated is None:
+            return self._cached(q, k, pos, device, dtype, rows, packed)
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
         if mask is not None:

@@ -11,6 +11,14 @@ The backward of one family calls the other (so double backward works), plus the 
 forward:   dcos = Σ h*x,  dsin = Σ h*(x@M),  dM = Σ xᵀ(h*sin)
 transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
 (Σ over the dims cos/sin/M were broadcast along). The ops also have batching rules (vmap).
+
+Positions (``apply_at``/``apply_qk_at``; the ops' optional ``positions``/``axis`` args): cos and
+sin are then caches ``[P, D]`` and element (r, j) of x reads row ``positions[r, axis[j]]`` of them
+(``rome.positions.gather_rows``); the kernel gathers them itself, no per-token table is
+materialised. dx is the same kernel transposed at the same positions; the cache grads are the
+per-token table grads scattered back (``scatter_rows``, an accumulating index_put). With
+``angles=True`` (``apply_qk_angles``) there is no cache: cos holds inv_freq as float32 hi + lo
+``[2, D]``, sin the ``[D]`` scales, and the kernel computes the angles (no grads for those).
 Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
 same backward and a jvp, which the public functions use when one is active.
 """
@@ -28,6 +36,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
+from .positions import angle_rows, check_range, gather_rows, scatter_rows
 
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -84,11 +93,13 @@ def _check_no_forward_ad(named: dict[str, Tensor]) -> None:
             )
 
 
-def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
+def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axis=None, angles=False) -> str:
     """Validate the arguments of any of the four ops; return the backend that will run."""
     _check_types(xs, cos, sin, matrix, backend)
     named = {**xs, "cos": cos, "sin": sin, "matrix": matrix}
     _check_no_forward_ad(named)
+    if positions is not None or axis is not None or angles:
+        named |= _check_position_types(positions, axis)
     if len({t.device for t in named.values()}) > 1:
         where = ", ".join(f"{n} on {t.device}" for n, t in named.items())
         raise ValueError(f"all tensors must be on one device, got {where}")
@@ -110,7 +121,9 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
             f"matrix must be [D, D] = [{d}, {d}] for {name0} of shape {_shape(x0)}, "
             f"got {_shape(matrix)}"
         )
-    if cos.shape != sin.shape:
+    if angles:
+        _check_angles(cos, sin, x0.shape[-1])
+    elif cos.shape != sin.shape:
         raise ValueError(
             f"cos and sin must have the same shape, got cos {_shape(cos)} and sin {_shape(sin)}"
         )
@@ -118,7 +131,9 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
         raise ValueError(
             f"cos/sin last dim must be D={d} ({name0} {_shape(x0)}), got cos {_shape(cos)}"
         )
-    for name, x in xs.items():
+    if positions is not None:
+        _check_positions(xs, cos, positions, axis, angles)
+    for name, x in (xs.items() if positions is None else ()):
         try:
             fits = torch.broadcast_shapes(x.shape, cos.shape) == x.shape
         except RuntimeError:
@@ -143,6 +158,109 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend) -> str:
     return backend
 
 
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_position_types(positions, axis) -> dict[str, Tensor]:
+    for name, t in (("positions", positions), ("axis", axis)):
+        if t is None and name == "axis":
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be an int32/int64 torch.Tensor, got {type(t).__name__}")
+        if t.is_nested or t.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor")
+        if t.dtype not in _INT_DTYPES:
+            raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
+    return {"positions": positions} | ({} if axis is None else {"axis": axis})
+
+
+def _check_angles(freqs: Tensor, scales: Tensor, d: int) -> None:
+    if freqs.shape != (2, d) or scales.shape != (d,) or freqs.dtype != torch.float32 \
+            or scales.dtype != torch.float32:
+        raise ValueError(
+            f"with angles, cos must be the float32 frequencies [2, D] = [2, {d}] (inv_freq as hi + lo, "
+            f"rome.positions.angle_frequencies) and sin the float32 scales [D] = [{d}], got cos "
+            f"{_shape(freqs)} {freqs.dtype} and sin {_shape(scales)} {scales.dtype}"
+        )
+
+
+def _check_positions(xs: dict[str, Tensor], cos: Tensor, positions: Tensor, axis, angles=False) -> None:
+    """Shapes with positions: caches ``[P, D]``, positions ``[..., A]`` broadcasting to the rows
+    of every x, axis ``[D]`` (needed for A > 1). Values are checked by ``_check_position_values``."""
+    (name0, x0), d = next(iter(xs.items())), cos.shape[-1]
+    if cos.ndim != 2 and not angles:
+        raise ValueError(
+            f"with positions, cos/sin must be caches [P, D] = [P, {d}] (one row per position), "
+            f"got cos {_shape(cos)}"
+        )
+    if positions.ndim == 0 or positions.shape[-1] == 0:
+        raise ValueError(
+            f"positions must be [..., A] with A >= 1 position axes, got {_shape(positions)}"
+        )
+    for name, x in xs.items():
+        try:
+            fits = torch.broadcast_shapes(x.shape[:-1], positions.shape[:-1]) == x.shape[:-1]
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(
+                f"positions of shape {_shape(positions)} ([..., A]) must broadcast to the rows of "
+                f"{name} {_shape(x)} (e.g. [B, 1, S, A] or [S, A] for BNSD x, [T, 1, A] for THD)"
+            )
+    a = positions.shape[-1]
+    if axis is None and a > 1:
+        raise ValueError(
+            f"positions with A={a} axes ({_shape(positions)}) need axis, the int [D={d}] axis "
+            f"each column reads"
+        )
+    if axis is not None and axis.shape != (d,):
+        raise ValueError(f"axis must be [D] = [{d}], got {_shape(axis)}")
+
+
+ANGLE_POSITIONS = 1 << 24  # angles: positions below it are exact in float32
+
+
+def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> None:
+    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs)."""
+    if angles:
+        span = check_range(positions)
+        if span is not None and span[1] >= ANGLE_POSITIONS:
+            raise ValueError(
+                f"positions must be < 2**24 = {ANGLE_POSITIONS} with angles (exact in float32), got max {span[1]}"
+            )
+    else:
+        check_range(positions, rows, name="the caches' rows P")
+    if axis is not None:
+        lo, hi = torch.stack(torch.aminmax(axis)).tolist()
+        if lo < 0 or hi >= positions.shape[-1]:
+            raise ValueError(
+                f"axis values must lie in [0, A) = [0, {positions.shape[-1]}), got min {lo} max {hi}"
+            )
+
+
+# The host check of positions costs a sync; a caller that has checked them (rome.RoPE, the ops'
+# own backward) runs the op inside ``positions_checked()`` to skip it. Under CUDA graph capture
+# the check cannot run either: there the kernel writes NaN for a position outside the cache.
+_CHECKED = threading.local()
+
+
+@contextlib.contextmanager
+def positions_checked():
+    """Inside: the ops trust that positions lie in ``[0, P)`` and axis in ``[0, A)``."""
+    before = getattr(_CHECKED, "on", False)
+    _CHECKED.on = True
+    try:
+        yield
+    finally:
+        _CHECKED.on = before
+
+
+def _needs_value_check(positions: Tensor) -> bool:
+    if getattr(_CHECKED, "on", False):
+        return False
+    return not (positions.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _out_like(x: Tensor) -> Tensor:
     """The output buffer, always with a unit last stride (the kernel writes rows of D).
 
@@ -164,11 +282,14 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, outs=None) -> list[Tensor]:
+def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None,
+            angles=False, outs=None) -> list[Tensor]:
     """The one launcher: into ``outs`` (x's shape and dtype, unit last stride; rome.inplace checks
     them and whether one may be its x) or, by default, into new tensors."""
     names = ("q", "k") if len(xs) == 2 else ("x",)
-    backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend)
+    backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
+    if positions is not None and _needs_value_check(positions):
+        _check_position_values(positions, axis, cos.shape[0], angles)
     outs = [_out_like(x) for x in xs] if outs is None else list(outs)
     if backend == "triton":
         kernel = _kernel()
@@ -182,54 +303,68 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, outs=None) -> l
         with _INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
             kernel.rotate(
                 [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-                transpose=transpose,
+                transpose=transpose, positions=positions, axis=axis, angles=angles,
             )
     else:
-        torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose)
+        torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis,
+                                  angles=angles)
     return outs
 
 
-def _fake(xs, cos, sin, matrix, backend: str) -> list[Tensor]:
+def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=False) -> list[Tensor]:
     names = ("q", "k") if len(xs) == 2 else ("x",)
-    _check(dict(zip(names, xs)), cos, sin, matrix, backend)
+    _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     return [_out_like(x) for x in xs]
 
 
 # --- the four ops -------------------------------------------------------------------------
 
 
+# positions=None: cos/sin are per-row tables; else caches [P, D] read at positions [..., A]
+# (axis [D]: the axis of each column, for A > 1); angles=True: cos/sin are the frequencies [2, D]
+# and scales [D], the angles computed from the positions
+
+
 @torch.library.custom_op("rome::apply", mutates_args=())
-def _apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto") -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, transpose=False)[0]
+def _apply(
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+) -> Tensor:
+    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles)[0]
 
 
 @torch.library.custom_op("rome::apply_transposed", mutates_args=())
-def _apply_t(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto") -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, transpose=True)[0]
+def _apply_t(
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+) -> Tensor:
+    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles)[0]
 
 
 @torch.library.custom_op("rome::apply_qk", mutates_args=())
 def _apply_qk(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, transpose=False)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles)
     return q_out, k_out
 
 
 @torch.library.custom_op("rome::apply_qk_transposed", mutates_args=())
 def _apply_qk_t(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, transpose=True)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles)
     return q_out, k_out
 
 
-def _fake_one(x, cos, sin, matrix, backend="auto"):
-    return _fake([x], cos, sin, matrix, backend)[0]
+def _fake_one(x, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
+    return _fake([x], cos, sin, matrix, backend, positions, axis, angles)[0]
 
 
-def _fake_two(q, k, cos, sin, matrix, backend="auto"):
-    q_out, k_out = _fake([q, k], cos, sin, matrix, backend)
+def _fake_two(q, k, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
+    q_out, k_out = _fake([q, k], cos, sin, matrix, backend, positions, axis, angles)
     return q_out, k_out
 
 
@@ -270,7 +405,28 @@ def _table_grads(xs, hs, cos, sin, matrix, transpose: bool, needs):
     return dcos, dsin, dm
 
 
-def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_tables):
+def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, axis, angles=False):
+    """``_table_grads`` with positions: the per-token table grads, scattered into the caches."""
+    if positions is None:
+        return _table_grads(xs, hs, cos, sin, matrix, transpose, needs)
+    if not any(needs) or all(h is None for h in hs):
+        return None, None, None
+    if angles:
+        if needs[0] or needs[1]:
+            raise RuntimeError("rome: no gradient for the frequencies and scales of the angles mode "
+                               "(apply_qk_angles); detach them")
+        _, rows_s = angle_rows(cos, sin, positions, axis)
+        return _table_grads(xs, hs, rows_s, rows_s, matrix, transpose, needs)
+    rows_c, rows_s = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
+    dcos, dsin, dm = _table_grads(xs, hs, rows_c, rows_s, matrix, transpose, needs)
+    p = cos.shape[0]
+    dcos = None if dcos is None else scatter_rows(dcos, positions, axis, p)
+    dsin = None if dsin is None else scatter_rows(dsin, positions, axis, p)
+    return dcos, dsin, dm
+
+
+def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_tables,
+           positions=None, axis=None, angles=False):
     """``(dxs, (dcos, dsin, dM))`` of op (transpose, len(grads)) given the grads of its outputs.
 
     dx is the adjoint map of the grad, ``rotate(not transpose, hs)``: one launch for q and k.
@@ -283,32 +439,34 @@ def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_
     else:
         for i in live:
             dxs[i] = rotate(not transpose, [grads[i]])[0]
-    return dxs, _table_grads(xs, grads, cos, sin, matrix, transpose, needs_tables)
+    return dxs, _cache_grads(xs, grads, cos, sin, matrix, transpose, needs_tables, positions, axis, angles)
 
 
 # The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
 
 
 def _setup_context(ctx, inputs, output):
-    *xs, cos, sin, matrix, backend = inputs
+    *xs, cos, sin, matrix, backend, positions, axis, angles = inputs
     n = len(xs)
-    ctx.n, ctx.backend = n, backend
+    ctx.n, ctx.backend, ctx.angles = n, backend, angles
     table_grads = any(ctx.needs_input_grad[n : n + 3])
-    ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix)
+    ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
 
 
 def _make_backward(transpose: bool):
     def backward(ctx, *grads):
         n = ctx.n
-        *xs, cos, sin, matrix = ctx.saved_tensors
+        *xs, cos, sin, matrix, positions, axis = ctx.saved_tensors
         needs = ctx.needs_input_grad
 
         def rotate(t, hs):
-            out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend)
+            with positions_checked():  # checked by the forward
+                out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend, positions, axis, ctx.angles)
             return [out] if len(hs) == 1 else list(out)
 
-        dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3])
-        return (*dxs, *table, None)
+        dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
+                            positions, axis, ctx.angles)
+        return (*dxs, *table, None, None, None, None)
 
     return backward
 
@@ -326,15 +484,23 @@ def _batch_front(t: Tensor, dim, size: int, rank: int) -> Tensor:
     return t[(slice(None),) + (None,) * (rank + 1 - t.ndim)]
 
 
+_TRAILING = ("auto", None, None, False)  # the ops' defaults of backend, positions, axis, angles
+
+
 def _make_vmap(transpose: bool, n: int):
     def rule(info, in_dims, *args):
-        *xs, cos, sin, matrix, backend = args
+        pad = n + 3 + len(_TRAILING) - len(args)  # trailing defaults the caller left out
+        args, in_dims = (*args, *_TRAILING[len(_TRAILING) - pad :]), (*in_dims, *(None,) * pad)
+        *xs, cos, sin, matrix, backend, positions, axis, angles = args
         op, b = _OPS[(transpose, n)], info.batch_size
-        if in_dims[n + 2] is not None:  # a batch of matrices: one launch per matrix
-            per = [
-                op(*(t if d is None else t.select(d, i) for t, d in zip(args[:-1], in_dims)), backend)
-                for i in range(b)
-            ]
+        cached = positions is not None
+        tables_batched = in_dims[n] is not None or in_dims[n + 1] is not None
+        if in_dims[n + 2] is not None or in_dims[n + 5] is not None or (cached and tables_batched):
+            # a batch of matrices, axes or caches: one launch per sample
+            def sample(i):
+                return [t if d is None or t is None else t.select(d, i) for t, d in zip(args, in_dims)]
+
+            per = [op(*sample(i)) for i in range(b)]
             outs = [torch.stack([p if n == 1 else p[j] for p in per]) for j in range(n)]
         else:
             # x as [B, 1.., *x], the tables (if batched) as [B, 1.., *cos]: one launch, which
@@ -342,9 +508,11 @@ def _make_vmap(transpose: bool, n: int):
             ranks = [x.ndim - (d is not None) for x, d in zip(xs, in_dims)]
             rank = max(ranks)
             bxs = [_batch_front(x, d, b, rank) for x, d in zip(xs, in_dims)]
-            if in_dims[n] is not None or in_dims[n + 1] is not None:
+            if tables_batched:
                 cos, sin = (_batch_front(t, d, b, rank) for t, d in zip((cos, sin), in_dims[n : n + 2]))
-            out = op(*bxs, cos, sin, matrix, backend)
+            if in_dims[n + 4] is not None:  # positions [B, 1.., ..., A], as the tables
+                positions = _batch_front(positions, in_dims[n + 4], b, rank)
+            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles)
             outs = [out] if n == 1 else list(out)
             outs = [o[(slice(None),) + (0,) * (rank - r)] for o, r in zip(outs, ranks)]
         return (outs[0], 0) if n == 1 else (tuple(outs), (0,) * n)
@@ -388,43 +556,54 @@ class _Rotate(torch.autograd.Function):
         ṫ = op(ẋ) + the table and matrix terms of ``_tangent_terms``
 
     (op(ẋ) alone, bitwise, when only x has a tangent; else one more rounding to x's dtype).
-    forward(transpose, backend, cos, sin, matrix, *xs) returns a tuple, one output per x.
+    forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs) returns a tuple,
+    one output per x (positions None: per-row tables; else caches read at positions).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(transpose, backend, cos, sin, matrix, *xs):
-        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend)
+    def forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs):
+        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
         return (out,) if len(xs) == 1 else tuple(out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        transpose, backend, cos, sin, matrix, *xs = inputs
-        ctx.transpose, ctx.backend = transpose, backend
-        table_grads = any(ctx.needs_input_grad[2:5])
-        ctx.save_for_backward(cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
-        ctx.save_for_forward(cos, sin, matrix, *xs)
+        transpose, backend, positions, axis, angles, cos, sin, matrix, *xs = inputs
+        ctx.transpose, ctx.backend, ctx.angles = transpose, backend, angles
+        table_grads = any(ctx.needs_input_grad[5:8])
+        ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
+        ctx.save_for_forward(positions, axis, cos, sin, matrix, *xs)
 
     @staticmethod
-    def _rotate(ctx, cos, sin, matrix):
+    def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
-            return list(_Rotate.apply(t, ctx.backend, cos, sin, matrix, *hs))
+            with positions_checked():  # checked by the forward
+                return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, *hs))
 
         return rotate
 
     @staticmethod
     def backward(ctx, *grads):
-        cos, sin, matrix, *xs = ctx.saved_tensors
+        positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        rotate = _Rotate._rotate(ctx, cos, sin, matrix)
-        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[5:], needs[2:5])
-        return (None, None, *table, *dxs)
+        rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[8:], needs[5:8],
+                            positions, axis, ctx.angles)
+        return (None, None, None, None, None, *table, *dxs)
 
     @staticmethod
-    def jvp(ctx, _transpose, _backend, tcos, tsin, tm, *txs):
-        cos, sin, matrix, *xs = ctx.saved_tensors
-        rotate = _Rotate._rotate(ctx, cos, sin, matrix)
+    def jvp(ctx, _transpose, _backend, _positions, _axis, _angles, tcos, tsin, tm, *txs):
+        positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
+        rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
+        if ctx.angles:
+            if tcos is not None or tsin is not None:
+                raise RuntimeError("rome: no forward-mode derivative for the frequencies and scales of "
+                                   "the angles mode (apply_qk_angles)")
+            sin = angle_rows(cos, sin, positions, axis)[1]
+        elif positions is not None:  # the terms of the tables as per-token tables
+            tcos, tsin = (None if t is None else gather_rows(t, positions, axis) for t in (tcos, tsin))
+            sin = gather_rows(sin, positions, axis)
         live = [i for i, t in enumerate(txs) if t is not None]
         base = [None] * len(xs)
         if len(live) == len(xs):
@@ -486,7 +665,7 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
         x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
     if _use_function(x, cos, sin, matrix):
-        return _Rotate.apply(False, backend, cos, sin, matrix, x)[0]
+        return _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend)
 
 
@@ -499,6 +678,69 @@ def apply_qk(
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
         q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
     if _use_function(q, k, cos, sin, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, cos, sin, matrix, q, k)
+        q_out, k_out = _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, q, k)
         return q_out, k_out
     return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend)
+
+
+def apply_at(
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
+    axis: Tensor | None = None, backend: str = "auto",
+) -> Tensor:
+    """``apply`` with the tables read from caches at positions, no per-token table built:
+
+        out[r, j] = x[r, j]*cos[p, j] + (x @ matrix)[r, j]*sin[p, j],   p = positions[r, axis[j]]
+
+    cos, sin: caches ``[P, D]`` (one row per position value, float32 or x's dtype). positions:
+    int32/int64 ``[..., A]`` whose ``[...]`` broadcasts to x's rows (``[B, 1, S, A]`` or
+    ``[S, A]`` for BNSD x, ``[T, 1, A]`` for THD); ``axis``: int ``[D]`` in ``[0, A)``, the axis
+    each column reads (needed for A > 1; for A = 1 every column reads ``positions[r, 0]``).
+    Offsets and packed sequences are added into positions by the caller (``rome.positions``).
+
+    Bitwise ``apply(x, gather_rows(cos, positions, axis), ...)`` on either backend, gradients
+    included (the cache grads scattered back). Positions are checked on the host, ``0 <= p < P``
+    (a sync), except inside ``positions_checked()`` and under CUDA graph capture, where the
+    kernel writes NaN for a position outside the cache rather than read it.
+    """
+    _check_types({"x": x}, cos, sin, matrix, backend)
+    _check_position_types(positions, axis)
+    if _use_function(x, cos, sin, matrix):
+        return _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, x)[0]
+    return torch.ops.rome.apply(x, cos, sin, matrix, backend, positions, axis)
+
+
+def apply_qk_at(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
+    axis: Tensor | None = None, backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """``apply_at`` of q and k in one kernel launch (shared positions and caches, any head
+    counts: positions broadcast over heads)."""
+    _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
+    _check_position_types(positions, axis)
+    if _use_function(q, k, cos, sin, matrix):
+        q_out, k_out = _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, q, k)
+        return q_out, k_out
+    return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend, positions, axis)
+
+
+def apply_qk_angles(
+    q: Tensor, k: Tensor, freqs: Tensor, scales: Tensor, matrix: Tensor, positions: Tensor, *,
+    axis: Tensor | None = None, backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """``apply_qk_at`` without a cache: the kernel computes each element's table entries,
+
+        cos[r, j] = scales[j] * cos(p * inv_freq[j]),   p = positions[r, axis[j]]
+
+    from ``(freqs, scales) = rome.positions.angle_frequencies(inv_freq, scale)`` (inv_freq as
+    float32 hi + lo ``[2, D]``; pass-through columns, inv_freq 0, give exactly 1 and 0). The
+    angle is a double-float ``p*hi + p*lo`` reduced by pi/2 in double-float, then fp32
+    polynomials: max |cos - cos64| 5.7e-8 for positions up to 2**20, against 3.0e-8 for the
+    float64-derived fp32 table (fp32 angles: 6e-2). Positions must be in ``[0, 2**24)``.
+    The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
+    and matrix, not in freqs/scales."""
+    _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)
+    _check_position_types(positions, axis)
+    if _use_function(q, k, freqs, scales, matrix):
+        q_out, k_out = _Rotate.apply(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
+        return q_out, k_out
+    return torch.ops.rome.apply_qk(q, k, freqs, scales, matrix, backend, positions, axis, True)

@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["check_cu_seqlens", "check_range", "normalize_positions", "token_mask"]
+__all__ = ["angle_frequencies", "angle_rows", "cache_index", "check_cu_seqlens", "check_range",
+           "gather_rows", "normalize_positions", "scatter_rows", "token_mask"]
 
 
 def _shape(t) -> list[int]:
@@ -163,9 +164,11 @@ def normalize_positions(
     return pos[0] if packed else pos
 
 
-def check_range(positions: Tensor, limit: int | None = None) -> tuple[float, float] | None:
-    """``(min, max)`` of the positions (one host sync) after checking ``0 <= p < limit``; None
-    for no positions."""
+def check_range(
+    positions: Tensor, limit: int | None = None, *, name: str = "max_positions"
+) -> tuple[float, float] | None:
+    """``(min, max)`` of the positions (one host sync) after checking ``0 <= p < limit``
+    (``name`` names the limit in the message); None for no positions."""
     if positions.numel() == 0:
         return None
     if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
@@ -174,7 +177,7 @@ def check_range(positions: Tensor, limit: int | None = None) -> tuple[float, flo
     if lo < 0:
         raise ValueError(f"positions must be >= 0, got min {lo}")
     if limit is not None and hi >= limit:
-        raise ValueError(f"positions must be < max_positions={limit}, got max {hi}")
+        raise ValueError(f"positions must be < {name}={limit}, got max {hi}")
     return lo, hi
 
 
@@ -208,3 +211,60 @@ def token_mask(unrotated, *, batch: int, seq: int, device=None) -> Tensor | None
         f"unrotated must be a slice, a sequence of slices or a bool tensor, got "
         f"{type(unrotated).__name__}"
     )
+
+
+# --- a cache read by position: what the kernel does with positions, in torch ------------------
+
+
+def cache_index(positions: Tensor, axis: Tensor | None, head_dim: int) -> Tensor:
+    """int64 ``[..., D]``: the cache row of each element, ``positions[..., axis[j]]`` for
+    positions ``[..., A]`` (``positions[..., 0]`` on every column for A = 1 without axis)."""
+    if axis is None:
+        return positions[..., :1].expand(*positions.shape[:-1], head_dim).long()
+    return positions.long()[..., axis.to(positions.device, torch.int64)]
+
+
+def gather_rows(cache: Tensor, positions: Tensor, axis: Tensor | None = None) -> Tensor:
+    """Per-token tables ``[..., D]`` from a cache ``[P, D]``: ``out[..., j] = cache[index[..., j], j]``
+    with ``index = cache_index(positions, axis, D)`` (differentiable in the cache)."""
+    columns = torch.arange(cache.shape[-1], device=cache.device)
+    return cache[cache_index(positions, axis, cache.shape[-1]).to(cache.device), columns]
+
+
+def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int) -> Tensor:
+    """The adjoint of ``gather_rows``: ``[rows, D]`` with ``grad[..., j]`` added into row
+    ``index[..., j]`` of column j (an accumulating ``index_put``, as the gather's autograd)."""
+    d = grad.shape[-1]
+    columns = torch.arange(d, device=grad.device)
+    index = cache_index(positions, axis, d).to(grad.device)
+    zeros = torch.zeros(rows, d, dtype=grad.dtype, device=grad.device)
+    return zeros.index_put((index, columns), grad, accumulate=True)
+
+
+# --- angles from positions and frequencies (no cache): the kernel's ANGLES mode ------------------
+
+
+def angle_frequencies(inv_freq: Tensor, scale=1.0) -> tuple[Tensor, Tensor]:
+    """``(freqs, scales)`` for the angles mode: float32 ``[2, D]`` with ``freqs[0] + freqs[1]``
+    = float64 ``inv_freq`` ``[D]`` to 2**-48 relative, and float32 ``[D]`` ``scale`` on rotated
+    columns (1 on pass-through ones, ``inv_freq == 0``)."""
+    inv = inv_freq.to(torch.float64)
+    hi = inv.to(torch.float32)
+    lo = (inv - hi.to(torch.float64)).to(torch.float32)
+    scales = torch.where(inv != 0, torch.as_tensor(scale, dtype=torch.float64, device=inv.device), 1.0)
+    return torch.stack([hi, lo]), scales.to(torch.float32)
+
+
+def angle_rows(freqs: Tensor, scales: Tensor, positions: Tensor, axis: Tensor | None = None,
+               dtype=torch.float32) -> tuple[Tensor, Tensor]:
+    """Per-token ``(cos, sin)`` ``[..., D]`` of the angles mode in float64, rounded once to
+    ``dtype``: ``scale * cos(p * (freqs[0] + freqs[1]))`` with ``p = positions[..., axis[j]]``
+    (the torch backend's tables and the tests' oracle); pass-through columns 1 and 0."""
+    inv = freqs[0].to(torch.float64) + freqs[1].to(torch.float64)
+    p = cache_index(positions, axis, freqs.shape[-1]).to(inv.device, torch.float64)
+    angles = p * inv
+    rotated = inv != 0
+    s = scales.to(torch.float64)
+    cos = torch.where(rotated, angles.cos() * s, 1.0)
+    sin = torch.where(rotated, angles.sin() * s, 0.0)
+    return cos.to(dtype), sin.to(dtype)

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from . import structure
+from .positions import angle_rows, gather_rows
 
 CHUNK_ELEMENTS = {"cpu": 1 << 16}  # elements of x per chunk (CPU: fp64 temporaries in L2)
 _DEFAULT_CHUNK = 1 << 22  # other devices: bounds the float64 temporaries to 32 MiB each
@@ -130,8 +131,21 @@ def rotate(
     return out
 
 
-def rotate_into(xs, outs, cos: Tensor, sin: Tensor, matrix: Tensor, *, transpose: bool = False) -> None:
-    """``rotate`` of every x in ``xs`` (one dtype, sharing the tables) into its ``outs``."""
+def rotate_into(
+    xs, outs, cos: Tensor, sin: Tensor, matrix: Tensor, *, transpose: bool = False,
+    positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+) -> None:
+    """``rotate`` of every x in ``xs`` (one dtype, sharing the tables) into its ``outs``.
+
+    With ``positions`` (int ``[..., A]``, broadcasting to x's rows), cos/sin are caches ``[P, D]``
+    read at ``positions[..., axis[j]]`` (``rome.positions.gather_rows``): the per-token tables are
+    gathered here, once for q and k, so the result is bitwise that of the gathered tables.
+    ``angles``: cos is float32 ``[2, D]`` inv_freq (hi + lo), sin the ``[D]`` scales; the tables
+    come from float64 angles (``rome.positions.angle_rows``)."""
+    if angles:
+        cos, sin = angle_rows(cos, sin, positions, axis)
+    elif positions is not None:
+        cos, sin = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
     for x, out in zip(xs, outs, strict=True):
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ValueError(

@@ -1,0 +1,489 @@
+"""Positions read inside the op (``rome.ops.apply_at`` / ``apply_qk_at``, the ops' ``positions``
+and ``axis`` args): cos/sin are caches ``[P, D]`` and element (r, j) reads row
+``positions[r, axis[j]]``. The reference is the table path, ``rome.apply``/``apply_qk`` on the
+per-token tables gathered in torch (``rome.positions.gather_rows``, the same gather as
+``rome.layouts.tables_for_positions``): outputs, grads of q/k and of the caches must be bitwise
+equal on both backends; plus opcheck, torch.compile, vmap/jvp, rome.RoPE's routing and bad input.
+"""
+
+import pytest
+import torch
+
+import rome
+from rome import ops
+from rome.layouts import cos_sin_cache, mrope_layout, rope_layout, section_layout, tables_for_positions
+from rome.frequencies import rope_frequencies
+from rome.module import RoPE
+from rome.positions import gather_rows, normalize_positions, scatter_rows
+
+from conftest import BACKENDS, DEVICE, DTYPES
+
+P = 48  # cache rows
+
+LAYOUTS = {
+    "1d-half-32": lambda: rope_layout(rope_frequencies(32), mode="half"),
+    "mrope-4/6/6": lambda: mrope_layout(rope_frequencies(32), [4, 6, 6]),
+    "video-8/12/12-interleave": lambda: section_layout((8, 12, 12), mode="interleave", theta=256.0),
+}
+
+
+def _caches(layout, requires_grad=False):
+    cos, sin = cos_sin_cache(layout, P, device=DEVICE)
+    return cos.requires_grad_(requires_grad), sin.requires_grad_(requires_grad)
+
+
+def _axis(layout):
+    return layout.axis.to(DEVICE) if layout.n_axes > 1 else None
+
+
+def _both(layout, q, k, positions, *, backend, matrix=None, grads=None):
+    """(outputs, grads of q, k, cache cos, cache sin) of the positions path and the table path."""
+    m = layout.matrix(q.dtype, DEVICE) if matrix is None else matrix
+    axis = _axis(layout)
+    results = []
+    for at in (True, False):
+        qq, kk = (t.detach().clone().requires_grad_() for t in (q, k))
+        cos, sin = _caches(layout, requires_grad=True)
+        if at:
+            out = ops.apply_qk_at(qq, kk, cos, sin, m, positions, axis=axis, backend=backend)
+        else:
+            out = rome.apply_qk(qq, kk, gather_rows(cos, positions, axis), gather_rows(sin, positions, axis), m,
+                                backend=backend)
+        torch.autograd.backward(out, grads)
+        results.append((out, (qq.grad, kk.grad, cos.grad, sin.grad)))
+    return results
+
+
+def _assert_equal(a, b, what):
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert x.dtype == y.dtype and x.shape == y.shape, (what, i)
+        assert torch.equal(x, y), f"{what}[{i}]: max diff {(x.double() - y.double()).abs().max().item()}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("shared", [True, False], ids=["pos[S,A]", "pos[B,1,S,A]"])
+def test_bitwise_the_table_path_forward_and_grads(backend, dtype, name, shared):
+    layout = LAYOUTS[name]()
+    d, a = layout.head_dim, layout.n_axes
+    q = torch.randn(2, 3, 5, d, device=DEVICE).to(dtype)
+    k = torch.randn(2, 5, 1, d, device=DEVICE).to(dtype).transpose(1, 2)  # GQA, BSND storage
+    positions = torch.randint(0, P, (5, a) if shared else (2, 1, 5, a), device=DEVICE)
+    positions[..., -1, :] = P - 1  # the last cache row is read
+    grads = [torch.randn(q.shape, device=DEVICE).to(dtype), torch.randn(k.shape, device=DEVICE).to(dtype)]
+    (out, g), (want, g_want) = _both(layout, q, k, positions, backend=backend, grads=grads)
+    _assert_equal(out, want, "outputs")
+    _assert_equal(g, g_want, "grads of q, k, cos cache, sin cache")
+    assert g[2].shape == (P, d) and g[2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_head_dim_128_three_axes_int32(backend):
+    layout = section_layout((44, 44, 40), mode="half")
+    q, k = torch.randn(1, 2, 4, 128, device=DEVICE, dtype=torch.bfloat16), torch.randn(1, 1, 4, 128, device=DEVICE,
+                                                                                        dtype=torch.bfloat16)
+    positions = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE, dtype=torch.int32)
+    grads = [torch.randn_like(q), torch.randn_like(k)]
+    (out, g), (want, g_want) = _both(layout, q, k, positions, backend=backend, grads=grads)
+    _assert_equal(out, want, "outputs")
+    _assert_equal(g, g_want, "grads")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_general_matrix(backend, dtype):
+    """A matrix that is not a signed permutation: the transpose reads sin at other columns
+    (the kernel's non-gather backward) at the same cache rows."""
+    layout = LAYOUTS["mrope-4/6/6"]()
+    m = torch.randn(32, 32, device=DEVICE).to(dtype)
+    q, k = torch.randn(2, 2, 3, 32, device=DEVICE).to(dtype), torch.randn(2, 1, 3, 32, device=DEVICE).to(dtype)
+    positions = torch.randint(0, P, (2, 1, 3, 3), device=DEVICE)
+    grads = [torch.randn_like(q), torch.randn_like(k)]
+    with pytest.warns(UserWarning) if DEVICE == "cuda" and dtype != torch.float32 else _nothing():
+        (out, g), (want, g_want) = _both(layout, q, k, positions, backend=backend, matrix=m, grads=grads)
+    _assert_equal(out, want, "outputs")
+    _assert_equal(g[:2], g_want[:2], "grads of q, k")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("multi", [False, True], ids=["1-axis", "3-axes"])
+def test_offsets_and_cu_seqlens_folded_into_positions(backend, multi):
+    """Offsets and packed sequences become positions on the host (rome.positions), then the op
+    reads the cache at them: bitwise the tables gathered from those positions."""
+    layout = LAYOUTS["mrope-4/6/6" if multi else "1d-half-32"]()
+    a, cos, sin = layout.n_axes, *_caches(layout)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    # BNSD decode/chunked prefill: per-sequence offsets
+    q, k = torch.randn(3, 2, 4, 32, device=DEVICE), torch.randn(3, 1, 4, 32, device=DEVICE)
+    pos = normalize_positions(None, n_axes=a, batch=3, seq=4, offsets=torch.tensor([0, 7, 40]), device=DEVICE)
+    got = ops.apply_qk_at(q, k, cos, sin, m, pos[:, None], axis=axis, backend=backend)
+    tc, ts = tables_for_positions(layout, (cos, sin), pos, axes_dim=-1)
+    _assert_equal(got, rome.apply_qk(q, k, tc[:, None], ts[:, None], m, backend=backend), "BNSD offsets")
+    # THD: packed sequences with cu_seqlens and offsets
+    cu = torch.tensor([0, 3, 3, 7, 9])
+    q, k = torch.randn(9, 2, 32, device=DEVICE), torch.randn(9, 1, 32, device=DEVICE)
+    raw = torch.randint(0, 20, (9, a)) if multi else None
+    pos = normalize_positions(raw, n_axes=a, batch=1, seq=9, offsets=torch.tensor([1, 2, 3, 25]), cu_seqlens=cu,
+                              device=DEVICE)
+    got = ops.apply_qk_at(q, k, cos, sin, m, pos[:, None], axis=axis, backend=backend)
+    tc, ts = tables_for_positions(layout, (cos, sin), pos, axes_dim=-1)
+    _assert_equal(got, rome.apply_qk(q, k, tc[:, None], ts[:, None], m, backend=backend), "THD cu_seqlens")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_tensor_and_transposed_ops(backend):
+    layout = LAYOUTS["video-8/12/12-interleave"]()
+    cos, sin = _caches(layout)
+    m, axis = layout.matrix(torch.float16, DEVICE), _axis(layout)
+    x = torch.randn(2, 6, 3, 32, device=DEVICE, dtype=torch.float16)[:, ::2]  # strided rows
+    positions = torch.randint(0, P, (2, 3, 1, 3), device=DEVICE)  # BSND: broadcast over heads
+    tc, ts = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
+    assert torch.equal(ops.apply_at(x, cos, sin, m, positions, axis=axis, backend=backend),
+                       rome.apply(x, tc, ts, m, backend=backend))
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cos, sin, m, backend, positions, axis),
+                       torch.ops.rome.apply_transposed(x, tc, ts, m, backend))
+
+
+def test_scatter_rows_is_the_adjoint_of_gather_rows():
+    layout = LAYOUTS["mrope-4/6/6"]()
+    positions, axis = torch.randint(0, 6, (4, 5, 3)), layout.axis
+    cache = torch.randn(6, 32, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(4, 5, 32, dtype=torch.float64)
+    gather_rows(cache, positions, axis).backward(grad)
+    assert torch.equal(scatter_rows(grad, positions, axis, 6), cache.grad)
+    # by hand: element (t, j) goes to row positions[t, axis[j]]
+    want = torch.zeros(6, 32, dtype=torch.float64)
+    for t in range(20):
+        for j in range(32):
+            want[positions.reshape(20, 3)[t, axis[j]], j] += grad.reshape(20, 32)[t, j]
+    torch.testing.assert_close(cache.grad, want, rtol=1e-12, atol=1e-12)
+
+
+# --- the op's registration: opcheck, compile, autograd transforms --------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_opcheck(backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    cos, sin = _caches(layout, requires_grad=True)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    q = torch.randn(2, 3, 4, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 4, 1, 32, device=DEVICE).transpose(1, 2).requires_grad_()
+    positions = torch.randint(0, P, (2, 1, 4, 3), device=DEVICE)
+    for op in (torch.ops.rome.apply.default, torch.ops.rome.apply_transposed.default):
+        torch.library.opcheck(op, (q, cos, sin, m, backend, positions, axis))
+    for op in (torch.ops.rome.apply_qk.default, torch.ops.rome.apply_qk_transposed.default):
+        torch.library.opcheck(op, (q, k, cos, sin, m, backend, positions, axis))
+    one = LAYOUTS["1d-half-32"]()
+    c1, s1 = _caches(one)
+    torch.library.opcheck(torch.ops.rome.apply_qk.default,
+                          (q, k, c1, s1, m, backend, positions[..., :1].int(), None))
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compile_fullgraph_bitwise(compiler, backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+
+    def layer(q, k, cos, sin, positions):
+        q_out, k_out = ops.apply_qk_at(q * 2, k, cos, sin, m, positions, axis=axis, backend=backend)
+        return (q_out * k_out).sum()
+
+    q, k = torch.randn(2, 2, 4, 32, device=DEVICE), torch.randn(2, 2, 4, 32, device=DEVICE)
+    positions = torch.randint(0, P, (2, 1, 4, 3), device=DEVICE)
+    results = []
+    for f in (torch.compile(layer, fullgraph=True, backend=compiler), layer):
+        qq, kk = (t.clone().requires_grad_() for t in (q, k))
+        cos, sin = _caches(layout, requires_grad=True)
+        y = f(qq, kk, cos, sin, positions)
+        y.backward()
+        results.append((y, qq.grad, kk.grad, cos.grad, sin.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_gradcheck_and_gradgradcheck_float64():
+    """float64, so the torch backend (the kernel's grads are bitwise these code paths' above)."""
+    backend = "torch"
+    layout = section_layout((4, 4), mode="half")
+    positions = torch.randint(0, 6, (2, 1, 3, 2))
+    positions[0, 0, :, 0] = 5  # repeated rows: the scatter accumulates
+    axis = layout.axis
+    q = torch.randn(2, 2, 3, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 1, 3, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.requires_grad_() for t in cos_sin_cache(layout, 6, dtype=torch.float64))
+    m = layout.matrix(torch.float64)
+
+    def f(q, k, cos, sin):
+        return ops.apply_qk_at(q, k, cos, sin, m, positions, axis=axis, backend=backend)
+
+    assert torch.autograd.gradcheck(f, (q, k, cos, sin))
+    assert torch.autograd.gradgradcheck(f, (q, k, cos, sin))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_jvp_and_vmap(backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    cos, sin = _caches(layout)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    x = torch.randn(2, 2, 3, 32, device=DEVICE)
+    positions = torch.randint(0, P, (2, 1, 3, 3), device=DEVICE)
+    tc, ts = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
+    tx, tcos = torch.randn_like(x), torch.randn_like(cos)
+    out, tan = torch.func.jvp(lambda x, c: ops.apply_at(x, c, sin, m, positions, axis=axis, backend=backend),
+                              (x, cos), (tx, tcos))
+    want, want_tan = torch.func.jvp(lambda x, c: rome.apply(x, c, ts, m, backend=backend),
+                                    (x, tc), (tx, gather_rows(tcos, positions, axis)))
+    assert torch.equal(out, want) and torch.equal(tan, want_tan)
+    # vmap over x (positions shared), then over x and positions together
+    xs = torch.randn(3, 2, 2, 3, 32, device=DEVICE)
+    got = torch.func.vmap(lambda x: ops.apply_at(x, cos, sin, m, positions, axis=axis, backend=backend))(xs)
+    assert torch.equal(got, rome.apply(xs, tc, ts, m, backend=backend))
+    ps = torch.randint(0, P, (3, 2, 1, 3, 3), device=DEVICE)
+    got = torch.func.vmap(lambda x, p: ops.apply_at(x, cos, sin, m, p, axis=axis, backend=backend))(xs, ps)
+    want = rome.apply(xs, gather_rows(cos, ps, axis), gather_rows(sin, ps, axis), m, backend=backend)
+    assert torch.equal(got, want)
+
+
+# --- rome.RoPE routes integer positions through the op's positions --------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_module_reads_the_cache_in_the_op(backend, monkeypatch):
+    seen = []
+    real = ops._rotate
+
+    def spy(xs, cos, sin, matrix, backend_, transpose, positions=None, *rest):
+        seen.append(positions is not None)
+        return real(xs, cos, sin, matrix, backend_, transpose, positions, *rest)
+
+    monkeypatch.setattr(ops, "_rotate", spy)
+    rope = RoPE(mrope_layout(rope_frequencies(32), [4, 6, 6]), backend=backend)
+    q, k = torch.randn(2, 2, 5, 32, device=DEVICE, requires_grad=True), torch.randn(2, 1, 5, 32, device=DEVICE)
+    pos = torch.randint(0, 30, (3, 2, 5), device=DEVICE)
+    out = rope(q, k, pos, offsets=torch.tensor([1, 4]))
+    out[0].sum().backward()
+    assert seen == [True, True]  # forward and the backward's transposed launch: positions, no tables
+    cache = rope._cache(torch.device(DEVICE), torch.float32)
+    p = normalize_positions(pos, n_axes=3, batch=2, seq=5, offsets=torch.tensor([1, 4]), device=DEVICE)
+    tc, ts = tables_for_positions(rope.layout, (cache.cos, cache.sin), p, axes_dim=-1)
+    want = rome.apply_qk(q, k, tc[:, None], ts[:, None], rope.matrix(torch.float32, torch.device(DEVICE)),
+                         backend=backend)
+    _assert_equal(out, want, "module")
+    seen.clear()
+    rope(q, k, pos, unrotated=slice(0, 2))  # tables (masked tokens)
+    rope(q, k, pos.double() / 2)  # fractional positions: float64 angles
+    assert seen == [False, False]
+
+
+def test_rope_module_out_of_range_is_an_error_not_a_read():
+    rope = RoPE(rope_layout(rope_frequencies(32)), max_positions=40, backend="triton")
+    q = torch.randn(1, 1, 3, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"positions must be < max_positions=40, got max 40"):
+        rope(q, q, torch.tensor([0, 1, 40]))
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_input(backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    cos, sin = _caches(layout)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    x = torch.randn(2, 2, 3, 32, device=DEVICE)
+    pos = torch.randint(0, P, (2, 1, 3, 3), device=DEVICE)
+
+    def at(positions, axis=axis, cos=cos, sin=sin):
+        return ops.apply_at(x, cos, sin, m, positions, axis=axis, backend=backend)
+
+    cases = [
+        (lambda: at(pos.float()), TypeError, r"positions must be an int32 or int64 tensor, got torch.float32"),
+        (lambda: at([0, 1]), TypeError, r"positions must be an int32/int64 torch.Tensor, got list"),
+        (lambda: at(pos, axis=axis.float()), TypeError, r"axis must be an int32 or int64 tensor, got torch.float32"),
+        (lambda: at(pos[:, :, :2]), ValueError,
+         r"positions of shape \[2, 1, 2, 3\] \(\[\.\.\., A\]\) must broadcast to the rows of x \[2, 2, 3, 32\]"),
+        (lambda: at(pos, axis=None), ValueError,
+         r"positions with A=3 axes \(\[2, 1, 3, 3\]\) need axis, the int \[D=32\] axis each column reads"),
+        (lambda: at(pos, axis=axis[:8]), ValueError, r"axis must be \[D\] = \[32\], got \[8\]"),
+        (lambda: at(pos, cos=cos[None], sin=sin[None]), ValueError,
+         r"with positions, cos/sin must be caches \[P, D\] = \[P, 32\] \(one row per position\), got cos \[1, 48, 32\]"),
+        (lambda: at(pos[..., :0]), ValueError, r"positions must be \[\.\.\., A\] with A >= 1 position axes, got \[2, 1, 3, 0\]"),
+        (lambda: at(pos + P), ValueError, rf"positions must be < the caches' rows P={P}, got max"),
+        (lambda: at(pos - P), ValueError, r"positions must be >= 0, got min"),
+        (lambda: at(pos, axis=axis + 1), ValueError, r"axis values must lie in \[0, A\) = \[0, 3\), got min 1 max 3"),
+    ]
+    for fn, exc, match in cases:
+        with pytest.raises(exc, match=match):
+            fn()
+
+
+def test_kernel_never_reads_outside_the_cache():
+    """Without the host check (positions_checked(), as under CUDA graph capture) a position
+    outside the cache is not read: the kernel writes NaN for those elements, and only those."""
+    layout = LAYOUTS["mrope-4/6/6"]()
+    cos, sin = _caches(layout)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    x = torch.randn(1, 2, 4, 32, device=DEVICE)
+    pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
+    pos[0, 0, 1, 2] = P  # token 1's axis 2 (its last 12 columns) past the end
+    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its first 8 columns) before the start
+    with ops.positions_checked():
+        out = ops.apply_at(x, cos, sin, m, pos, axis=axis, backend="triton")
+    bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
+    bad[0, 0, 1] = axis == 2
+    bad[0, 0, 3] = axis == 0
+    assert torch.isnan(out).eq(bad.expand_as(out)).all()
+    ok = pos.clamp(0, P - 1)
+    want = rome.apply(x, gather_rows(cos, ok, axis), gather_rows(sin, ok, axis), m, backend="triton")
+    assert torch.equal(out[~bad.expand_as(out)], want[~bad.expand_as(out)])
+
+
+def test_inputs_untouched():
+    layout = LAYOUTS["1d-half-32"]()
+    cos, sin = _caches(layout)
+    q, k = torch.randn(1, 2, 3, 32, device=DEVICE), torch.randn(1, 1, 3, 32, device=DEVICE)
+    pos = torch.randint(0, P, (3, 1), device=DEVICE)
+    before = [t.clone() for t in (q, k, cos, sin, pos)]
+    for backend in BACKENDS:
+        ops.apply_qk_at(q, k, cos, sin, layout.matrix(torch.float32, DEVICE), pos, backend=backend)
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, cos, sin, pos)))
+
+
+# --- item 6: angles computed in the kernel from positions and frequencies -------------------------
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from rome import kernel  # noqa: E402
+from rome.positions import angle_frequencies, angle_rows  # noqa: E402
+
+
+@triton.jit
+def _angles_probe(p_ptr, f_ptr, c_ptr, s_ptr, n, D: tl.constexpr, BLOCK: tl.constexpr, F64: tl.constexpr):
+    # the kernel's own cos/sin of p * inv_freq for n positions × D columns, written out
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    m = (rows < n)[:, None]
+    p = tl.load(p_ptr + rows, mask=rows < n, other=0).to(tl.float32)[:, None]
+    hi = tl.load(f_ptr + cols)[None, :]
+    lo = tl.load(f_ptr + D + cols)[None, :]
+    c, s = kernel._cos_sin_angle(p, hi, lo, F64)
+    tl.store(c_ptr + rows[:, None] * D + cols[None, :], c, mask=m)
+    tl.store(s_ptr + rows[:, None] * D + cols[None, :], s, mask=m)
+
+
+ANGLE_ATOL = 6e-8  # max |cos - cos64| of the kernel's angles (measured 5.7e-8; the fp32 table: 2.98e-8)
+
+
+def test_angles_accuracy_against_float64_up_to_2_pow_20():
+    """The kernel's cos/sin from positions (double-float angle, reduction by pi/2) against the
+    float64 truth, next to the fp32 table's own rounding and plain fp32 angles."""
+    inv = rope_frequencies(128).inv_freq.repeat(2)  # Llama theta=1e4, D=128: frequencies 1 .. 1e-4
+    freqs, _ = angle_frequencies(inv)
+    g = torch.Generator().manual_seed(0)
+    pos = torch.cat([torch.arange(0, 2048), torch.randint(0, 2**20, (2048,), generator=g),
+                     torch.arange(2**20 - 2048, 2**20)]).to(DEVICE)
+    n, d = len(pos), len(inv)
+    c, s = (torch.empty(n, d, device=DEVICE) for _ in range(2))
+    fusion = {} if kernel.INTERPRET else {"enable_fp_fusion": False}  # as the rotation kernel is launched
+    _angles_probe[(triton.cdiv(n, 512),)](pos, freqs.to(DEVICE), c, s, n, d, 512, kernel.INTERPRET, **fusion)
+    angle = pos.double()[:, None] * inv.to(DEVICE)
+    c64, s64 = angle.cos(), angle.sin()
+    kernel_err = max((c.double() - c64).abs().max().item(), (s.double() - s64).abs().max().item())
+    table_err = max((c64.float().double() - c64).abs().max().item(), (s64.float().double() - s64).abs().max().item())
+    fp32_angles = (pos.float()[:, None] * inv.float().to(DEVICE))
+    fp32_err = (fp32_angles.cos().double() - c64).abs().max().item()
+    print(f"\nmax |err| up to 2**20: kernel angles {kernel_err:.3g}, fp32 table {table_err:.3g}, fp32 angles {fp32_err:.3g}")
+    assert kernel_err <= ANGLE_ATOL and kernel_err <= 2 * table_err
+    assert table_err <= 2**-25 and fp32_err > 1e-3  # the two references are what they claim
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["1d-half-32", "mrope-4/6/6"])
+def test_angles_op_against_float64(backend, dtype, name):
+    """apply_qk_angles: within the kernel's angle error of the exact x*cos + rot(x)*sin (float64
+    tables); the torch backend (float64 angles) is bitwise the cache path."""
+    layout = LAYOUTS[name]()
+    freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq, 0.9))
+    m, axis = layout.matrix(dtype, DEVICE), _axis(layout)
+    q, k = torch.randn(2, 3, 4, 32, device=DEVICE).to(dtype), torch.randn(2, 1, 4, 32, device=DEVICE).to(dtype)
+    positions = torch.randint(0, 2**20, (2, 1, 4, layout.n_axes), device=DEVICE)
+    got = ops.apply_qk_angles(q, k, freqs, scales, m, positions, axis=axis, backend=backend)
+    c64, s64 = angle_rows(freqs, scales, positions, axis, dtype=torch.float64)
+    for x, out in zip((q, k), got):
+        xd = x.double()
+        rot = xd @ m.double()
+        exact = xd * c64 + rot * s64
+        ulp = torch.finfo(dtype).eps * exact.abs().clamp_min(torch.finfo(dtype).tiny)
+        bound = ulp + (xd.abs() + rot.abs()) * ANGLE_ATOL
+        assert ((out.double() - exact).abs() <= bound).all()
+    if backend == "torch":
+        c32, s32 = angle_rows(freqs, scales, positions, axis)
+        _assert_equal(got, rome.apply_qk(q, k, c32, s32, m, backend="torch"), "torch backend angles")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_angles_module_grads_opcheck(backend):
+    layout = LAYOUTS["mrope-4/6/6"]()
+    rope = RoPE(layout, backend=backend, angles="kernel")
+    cached = RoPE(layout, backend=backend)
+    q = torch.randn(2, 2, 5, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(2, 1, 5, 32, device=DEVICE, requires_grad=True)
+    pos = torch.randint(0, 5000, (3, 2, 5), device=DEVICE)
+    out, want = rope(q, k, pos), cached(q, k, pos)
+    assert rope.cache_bytes() == 0  # no cache was built
+    # |x| + |rot x| <= 8 here: 8 * (kernel angle error + table rounding) + an ulp or two of |out| <= 4
+    atol = 8 * (ANGLE_ATOL + 2**-25) + 2 * 4 * 2**-23
+    for o, w in zip(out, want):
+        torch.testing.assert_close(o, w, rtol=0, atol=atol)
+    (gq, gk) = torch.autograd.grad(out, (q, k), (torch.ones_like(q), torch.ones_like(k)))
+    (wq, wk) = torch.autograd.grad(want, (q, k), (torch.ones_like(q), torch.ones_like(k)))
+    torch.testing.assert_close(gq, wq, rtol=0, atol=2 * atol)  # two heads' grads summed for k
+    torch.testing.assert_close(gk, wk, rtol=0, atol=2 * atol)
+    freqs, scales = rope._freqs[torch.device(DEVICE)]
+    positions = torch.randint(0, 2**20, (2, 1, 5, 3), device=DEVICE)
+    for op in (torch.ops.rome.apply_qk.default, torch.ops.rome.apply_qk_transposed.default):
+        torch.library.opcheck(op, (q, k, freqs, scales, rope.matrix(torch.float32, torch.device(DEVICE)), backend,
+                                   positions, rope._axis(torch.device(DEVICE)), True))
+
+
+def test_angles_bad_input():
+    layout = LAYOUTS["mrope-4/6/6"]()
+    freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq))
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    q = torch.randn(1, 1, 3, 32, device=DEVICE)
+    pos = torch.randint(0, 9, (1, 1, 3, 3), device=DEVICE)
+    pos[0, 0, 0, 0] = 8
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 = 16777216 with angles \(exact in float32\), got max 16777224"):
+            ops.apply_qk_angles(q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
+        with pytest.raises(ValueError, match=r"with angles, cos must be the float32 frequencies \[2, D\] = \[2, 32\]"):
+            ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
+        with pytest.raises(RuntimeError, match=r"no gradient for the frequencies and scales"):
+            f = freqs.clone().requires_grad_()
+            ops.apply_qk_angles(q, q, f, scales, m, pos, axis=axis, backend=backend)[0].sum().backward()
+    with pytest.raises(ValueError, match=r"angles must be 'cache' or 'kernel', got 'fp32'"):
+        RoPE(layout, angles="fp32")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_angles_module_compiles_fullgraph(backend):
+    rope = RoPE(LAYOUTS["mrope-4/6/6"](), backend=backend, angles="kernel")
+    q, k = torch.randn(2, 2, 5, 32, device=DEVICE), torch.randn(2, 1, 5, 32, device=DEVICE)
+    pos = torch.randint(0, 2**20, (3, 2, 5), device=DEVICE)
+    f = torch.compile(lambda q, k, p: rope(q, k, p, offsets=3), fullgraph=True, backend="aot_eager")
+    _assert_equal(f(q, k, pos), rope(q, k, pos, offsets=3), "compiled angles")
+    with pytest.raises(ValueError, match=r"positions must be < 2\*\*24"):  # checked when the graph runs
+        f(q, k, pos + 2**24)
