@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -71,6 +72,11 @@ __all__ = ["RoPE", "registry_bytes"]
 _MIN_ROWS = 16
 
 # --- the process-wide cache registry ---------------------------------------------------------
+
+
+def _is_dtensor(*tensors: Tensor) -> bool:
+    dt = sys.modules.get("torch.distributed.tensor")  # no DTensor exists before it is imported
+    return dt is not None and any(isinstance(t, dt.DTensor) for t in tensors)
 
 
 def _layout_key(layout: RopeLayout) -> tuple:
@@ -502,7 +508,10 @@ class RoPE(nn.Module):
                 rows = math.floor(span[1]) + 1
                 if self.dynamic is not None:
                     layout = self._layout_for(rows) or layout
-        if not pos.is_floating_point() and layout is self.layout and unrotated is None:
+        # integer positions into the shared cache, read inside the op; DTensor q/k take the table
+        # path, whose op has sharding rules (rome.distributed) for tables sharded like q and k
+        if (not pos.is_floating_point() and layout is self.layout and unrotated is None
+                and not _is_dtensor(q, k)):
             return self._cached(q, k, pos, device, dtype, rows, packed)
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)

@@ -636,6 +636,16 @@ def _use_function(*tensors: Tensor) -> bool:
     return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
+def _no_dtensor(fn: str, named: dict) -> None:
+    """The positions/angles ops have no DTensor sharding rules (their positions index the cache
+    rows, which a shard of x cannot know): a clear error instead of DTensor's own."""
+    if _distributed(*named.values()) is not None:
+        raise TypeError(
+            f"rome.{fn} takes no DTensor ({', '.join(named)}): use rome.apply/apply_qk with "
+            "per-token tables sharded like q and k (rome.RoPE does this for DTensor q/k)"
+        )
+
+
 def _distributed(*tensors: Tensor):
     """rome.distributed (imported now: it registers the ops' DTensor sharding rules) when a
     tensor is a DTensor, else None. No DTensor can exist before torch.distributed.tensor loads."""
@@ -704,6 +714,7 @@ def apply_at(
     """
     _check_types({"x": x}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
+    _no_dtensor("apply_at", {"x": x, "cos": cos, "sin": sin, "positions": positions})
     if _use_function(x, cos, sin, matrix):
         return _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, x)[0]
     return torch.ops.rome.apply(x, cos, sin, matrix, backend, positions, axis)
@@ -717,6 +728,7 @@ def apply_qk_at(
     counts: positions broadcast over heads)."""
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
+    _no_dtensor("apply_qk_at", {"q": q, "k": k, "cos": cos, "sin": sin, "positions": positions})
     if _use_function(q, k, cos, sin, matrix):
         q_out, k_out = _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, q, k)
         return q_out, k_out
@@ -740,6 +752,7 @@ def apply_qk_angles(
     and matrix, not in freqs/scales."""
     _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)
     _check_position_types(positions, axis)
+    _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
     if _use_function(q, k, freqs, scales, matrix):
         q_out, k_out = _Rotate.apply(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
         return q_out, k_out
