@@ -55,7 +55,7 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
     seq = w.seq if tokens is None else len(tokens)
     for dtype in DTYPES:
         q, k = qk(w, dtype=dtype, device=device, seq=seq, seed=1)
-        for mode in rome.MODES:
+        for mode in w.modes:
             t64 = tables(w, mode=mode, dtype=torch.float64, device=device, tokens=tokens)
             true = _flat(exact(q, t64.cos, t64.sin, w.sections, mode), exact(k, t64.cos, t64.sin, w.sections, mode))
             matrix = rome.rotation_matrix(w.sections, mode, dtype=dtype, device=device)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 import rome
+from rome.frequencies import rope_frequencies
+from rome.layouts import RopeLayout, angles_for_positions, cos_sin_for_positions, mrope_layout, rope_layout
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,10 @@ class Workload:
     grid: tuple[int, ...] | None = None  # (t, h, w) token grid of a video latent, C order
     decode: bool = False  # one new token per sequence, each at its own position
     dtype: torch.dtype = torch.bfloat16
+    # a model's RoPE configuration (scaled frequencies, mRoPE axes) as rome.layouts builds it, per
+    # mode: its tables replace the sections' plain theta tables; M is still rotation_matrix(sections)
+    layout: Callable[[str], RopeLayout] | None = None
+    modes: tuple[str, ...] = rome.MODES  # the modes the precision part runs (a layout may fix one)
 
     @property
     def head_dim(self) -> int:
@@ -44,6 +51,26 @@ class Workload:
         return torch.arange(self.seq)
 
 
+def _llama(scaling: dict) -> Callable[[str], RopeLayout]:
+    """Llama-3 8B's 1D RoPE (head_dim 128, theta 5e5) with a transformers rope_parameters dict."""
+
+    def layout(mode: str) -> RopeLayout:
+        freqs = rope_frequencies(128, theta=500000.0, scaling=scaling, max_position_embeddings=131072)
+        return rope_layout(freqs, mode=mode)
+
+    return layout
+
+
+def _qwen2_vl(mode: str) -> RopeLayout:
+    """Qwen2-VL 7B's mRoPE: head_dim 128, theta 1e6, mrope_section [16, 24, 24] (t, h, w) over one
+    global half rotation."""
+    return mrope_layout(rope_frequencies(128, theta=1000000.0), [16, 24, 24])
+
+
+YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 8192}
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192}
+
 WORKLOADS = {
     w.name: w
     for w in [
@@ -57,6 +84,15 @@ WORKLOADS = {
                  1, 40, 40, 21 * 30 * 52, (44, 42, 42), "interleave", grid=(21, 30, 52)),
         Workload("cogvideox", "CogVideoX-5B: 16/24/24 interleave of D=64, 48 heads, 13x30x45",
                  1, 48, 48, 13 * 30 * 45, (16, 24, 24), "interleave", grid=(13, 30, 45)),
+        Workload("llama-yarn-128k", "Llama-3 8B at 128k positions, YaRN x16 of 8k (attention factor "
+                 "in the tables): 1D half RoPE, 32 q / 8 kv heads", 1, 32, 8, 131072, (128,), "half",
+                 theta=500000.0, layout=_llama(YARN)),
+        Workload("llama3-128k", "Llama-3.1 8B at 128k positions, llama3 scaling x8 of 8k: 1D half "
+                 "RoPE, 32 q / 8 kv heads", 1, 32, 8, 131072, (128,), "half", theta=500000.0,
+                 layout=_llama(LLAMA3)),
+        Workload("qwen2-vl", "Qwen2-VL 7B mRoPE over a 16x36x64 video grid: sections 16/24/24 of "
+                 "one global half rotation, 28 q / 4 kv heads", 1, 28, 4, 16 * 36 * 64, (128,), "half",
+                 theta=1000000.0, grid=(16, 36, 64), layout=_qwen2_vl, modes=("half",)),
         Workload("decode", "batched decode: 64 sequences, one token each at its own position, 32/8 heads",
                  64, 32, 8, 1, (128,), "half", theta=500000.0, decode=True),
     ]
@@ -74,7 +110,8 @@ def scaled_for_cpu(w: Workload) -> Workload:
 class Tables:
     cos: torch.Tensor  # broadcasts to BNSD q: [S, D], or [B, 1, 1, D] for decode
     sin: torch.Tensor
-    angles: torch.Tensor  # float64, same shape: the exact tables are cos/sin of these
+    angles: torch.Tensor  # float64, same shape: the exact tables are cos/sin of these (times the
+    # layout's attention scaling where it has one)
 
 
 def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=None, tokens=None) -> Tables:
@@ -83,10 +120,17 @@ def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=
     pos = w.positions()
     if tokens is not None and not w.decode:
         pos = pos[tokens]
-    angles = rome.rope_angles(pos.to(device), w.sections, mode=mode, theta=w.theta)
+    pos = pos.to(device)
+    if w.layout is not None:  # the model's scaled / mRoPE tables: float64 angles rounded once
+        layout = w.layout(mode)
+        angles = angles_for_positions(layout, pos)
+        cos, sin = cos_sin_for_positions(layout, pos, dtype=dtype)
+    else:
+        angles = rome.rope_angles(pos, w.sections, mode=mode, theta=w.theta)
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     if w.decode:
-        angles = angles[:, None, None, :]
-    return Tables(angles.cos().to(dtype), angles.sin().to(dtype), angles)
+        angles, cos, sin = (t[:, None, None, :] for t in (angles, cos, sin))
+    return Tables(cos, sin, angles)
 
 
 def qk(w: Workload, *, dtype=None, device=None, seed=0, seq=None) -> tuple[torch.Tensor, torch.Tensor]:
