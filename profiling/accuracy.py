@@ -13,6 +13,7 @@ import torch
 
 import rome
 from rome.precision import error_stats, ulp_error
+from rome import ops
 from rome.reference import exact
 
 from .variants import Setup, Unavailable, Unsupported
@@ -91,3 +92,42 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
                         "elements": out.numel(),
                     })
     return records, table_records, skipped
+
+
+def angles_accuracy(device, *, backend: str, head_dim: int = 128, theta: float = 500000.0,
+                    max_position: int = 2**20, samples: int = 2048) -> dict:
+    """How near float64 the tables are that the op applies, for positions up to ``max_position``
+    (Llama-3's frequencies): the kernel's own angles (``apply_qk_angles``), the float64-derived
+    fp32 cache rows (``cos_sin_for_positions``, bitwise the rows ``apply_qk_at`` reads; applied
+    with ``apply_qk``) and fp32 angles (what transformers and diffusers build).
+
+    Measured through the ops: q = [1, .., 1, 0, .., 0] (half mode) makes the output column j the
+    table's cos_j and column j + D/2 its sin_j, rounded once to fp32. Positions: the first and
+    last ``samples`` and ``samples`` random ones in between."""
+    from rome.layouts import cos_sin_for_positions, rope_layout
+    from rome.positions import angle_frequencies
+
+    g = torch.Generator().manual_seed(0)
+    pos = torch.cat([torch.arange(samples), torch.randint(0, max_position, (samples,), generator=g),
+                     torch.arange(max_position - samples, max_position)])
+    layout = rope_layout(rome.rope_frequencies(head_dim, theta=theta), mode="half")
+    inv = layout.inv_freq.double()[: head_dim // 2]
+    angles = pos.double()[:, None] * inv
+    true = torch.cat([angles.cos(), angles.sin()], -1)
+    half = head_dim // 2
+    q = torch.cat([torch.ones(half), torch.zeros(half)]).expand(1, 1, len(pos), head_dim).to(device)
+    m = layout.matrix(device=device)
+    p = pos[:, None].to(device)
+    freqs, scales = (t.to(device) for t in angle_frequencies(layout.inv_freq, layout.attention_scaling))
+    kernel, _ = ops.apply_qk_angles(q, q, freqs, scales, m, p, backend=backend)
+    cos_c, sin_c = cos_sin_for_positions(layout, pos.to(device))
+    cached, _ = ops.apply_qk(q, q, cos_c, sin_c, m, backend=backend)
+    fp32 = pos.float()[:, None] * inv.float()
+    fp32_tables = torch.cat([fp32.cos(), fp32.sin()], -1)
+
+    def err(t):
+        return (t.reshape(len(pos), head_dim).double().cpu() - true).abs().max().item()
+
+    return {"head_dim": head_dim, "theta": theta, "max_position": max_position, "positions": len(pos),
+            "backend": backend, "kernel_angles_max_abs": err(kernel), "fp32_cache_max_abs": err(cached),
+            "fp32_angles_max_abs": err(fp32_tables)}
