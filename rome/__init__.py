@@ -19,7 +19,7 @@ from .layouts import (
 )
 from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
 from .module import RoPE, registry_bytes
-from .ops import BACKENDS, apply, apply_qk
+from .ops import BACKENDS, apply, apply_at, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .tables import grid_positions, rope_angles, rope_cos_sin
 
 __all__ = [
@@ -40,6 +40,10 @@ __all__ = [
     "tables_for_positions",
     "apply",
     "apply_",
+    "apply_at",
+    "apply_qk_angles",
+    "apply_qk_at",
+    "positions_checked",
     "apply_out",
     "apply_qk",
     "apply_qk_",
