@@ -102,6 +102,8 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r, block_n, num_warps = 16, 32, 4
     if angles:  # the angle arithmetic holds ~30 more fp32 values per element: half the rows
         block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs)
+        if x_dtype == torch.float32:  # and fp32 x's three pieces 8 warps (4: 24 B at D=128)
+            num_warps = max(num_warps, 8)
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
