@@ -381,3 +381,44 @@ def test_gradients(case, wrt):
         (dq,) = torch.autograd.grad(q_out, [x], dy)
         assert torch.equal(dq, grads[names.index("x")]), "apply_qk's dq differs from apply's dx"
     assert_unmodified(storages, before)
+
+
+@given(cases(), st.integers(1, 3), st.data())
+def test_positions_and_in_place_entry_points(case, n_axes, data):
+    """The other entry points on the same drawn inputs: ``apply_at``/``apply_qk_at`` (cos/sin
+    read from caches at positions, A axes, each column its own axis) bitwise ``apply`` on the
+    gathered tables, forward and dx; ``apply_``/``apply_qk_`` (in place) and ``apply_out``
+    bitwise ``apply``; inputs other than the written ones unmodified."""
+    v, storages = build(case)
+    x, k, m = v["x"], v["k"], v["matrix"]
+    g = torch.Generator().manual_seed(case.seed + 1)
+    rows = 1 + data.draw(st.integers(0, 40), label="cache rows - 1")
+    cos_c, sin_c = (torch.randn(rows, case.d, generator=g, dtype=torch.float64).to(case.table_dtype).to(DEVICE)
+                    for _ in range(2))
+    # positions [..., A] over x's row dims (size 1 where k differs: broadcast over heads there)
+    pos_shape = [nx if nx == nk else 1 for nx, nk in zip(x.shape[:-1], k.shape[:-1])]
+    positions = torch.randint(0, rows, (*pos_shape, n_axes), generator=g).to(DEVICE)
+    axis = torch.randint(0, n_axes, (case.d,), generator=g).to(DEVICE) if n_axes > 1 else None
+    cos, sin = rome.positions.gather_rows(cos_c, positions, axis), rome.positions.gather_rows(sin_c, positions, axis)
+    before = snapshot(storages)
+
+    want = rome.apply(x, cos, sin, m, backend=case.backend)
+    assert torch.equal(rome.apply_at(x, cos_c, sin_c, m, positions, axis=axis, backend=case.backend), want)
+    wq, wk = rome.apply_qk(x, k, cos, sin, m, backend=case.backend)
+    gq, gk = rome.apply_qk_at(x, k, cos_c, sin_c, m, positions, axis=axis, backend=case.backend)
+    assert torch.equal(gq, wq) and torch.equal(gk, wk), "apply_qk_at differs from the table path"
+    dx = torch.ops.rome.apply_transposed(x, cos, sin, m, case.backend)
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cos_c, sin_c, m, case.backend, positions, axis), dx)
+
+    with torch.no_grad():
+        # in place needs storage of its own (x may be an overlapping view); the reference runs on
+        # the same layout (a dense matrix's dot may add in another order for another layout)
+        y, z = x.clone(), k.clone()
+        want_y = rome.apply(y, cos, sin, m, backend=case.backend)
+        wq, wk = rome.apply_qk(y, z, cos, sin, m, backend=case.backend)
+        assert torch.equal(rome.apply_(y, cos, sin, m, backend=case.backend), want_y)
+        rome.apply_qk_(y.copy_(x), z, cos, sin, m, backend=case.backend)
+        assert torch.equal(y, wq) and torch.equal(z, wk), "apply_qk_ differs from apply_qk"
+        out = torch.empty_like(y)
+        assert torch.equal(rome.apply_out(x, cos, sin, m, out=out, backend=case.backend), want)
+    assert_unmodified(storages, before)
