@@ -240,6 +240,9 @@ MODELS = {
 }
 
 
+STEPS = 6  # on_step calls per case: 2 passes unpatched, 2 patched, 2 RoPE-alone timings
+
+
 # --- timing -----------------------------------------------------------------------------------
 
 
