@@ -193,7 +193,7 @@ def _transformer_engine(s: Setup):
 # --- the models' own RoPE functions (what users run today) ------------------------------------
 
 
-def _library(s: Setup, package: str, module: str, attr: str):
+def _library(package: str, module: str, attr: str):
     """``module.attr`` of an installed model library (any device), else Unavailable."""
     try:
         return getattr(importlib.import_module(module), attr)
@@ -212,7 +212,7 @@ def _diffusers_apply_rotary_emb(s: Setup):
     HunyuanVideo), ``-2`` the halves of the whole head (Cosmos, CogView4). fp32 math, x's dtype out."""
     _one_rotation_over_head(s, "diffusers' apply_rotary_emb")
     _one_table(s, "diffusers' apply_rotary_emb")
-    f = _library(s, "diffusers", "diffusers.models.embeddings", "apply_rotary_emb")
+    f = _library("diffusers", "diffusers.models.embeddings", "apply_rotary_emb")
     tables, unbind = (s.cos, s.sin), (-1 if s.mode == "interleave" else -2)
     return _pair(lambda x: f(x, tables, use_real=True, use_real_unbind_dim=unbind))
 
@@ -224,10 +224,7 @@ def wan_rotary():
     where diffusers or that nested function is missing."""
     import types
 
-    try:
-        from diffusers.models.transformers import transformer_wan as wan
-    except ImportError as e:
-        raise Unavailable(f"diffusers not installed ({e})") from None
+    wan = _library("diffusers", "diffusers.models.transformers", "transformer_wan")
     code = getattr(getattr(wan, "WanAttnProcessor", None), "__call__", None)
     consts = getattr(getattr(code, "__code__", None), "co_consts", ())
     found = [c for c in consts if getattr(c, "co_name", None) == "apply_rotary_emb" and not c.co_freevars]
@@ -254,7 +251,7 @@ def _transformers_apply_rotary_pos_emb(s: Setup):
     returns them (so q's-dtype math; fp32 tables are rounded to q's dtype first)."""
     if s.mode != "half" or len(s.sections) > 1:
         raise Unsupported("transformers' apply_rotary_pos_emb rotates the halves of the whole head: 1D half only")
-    f = _library(s, "transformers", "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb")
+    f = _library("transformers", "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb")
     dtype = s.matrix.dtype  # q's
     cos, sin = ((t[None] if t.ndim == 2 else t[:, 0]).to(dtype) for t in (s.cos, s.sin))  # [1|B, S, D]
     return lambda q, k: f(q, k, cos, sin)
