@@ -1,4 +1,4 @@
-"""``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR]``
+"""``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR] [--skip-models]``
 ``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``."""
 
 import argparse
@@ -28,6 +28,8 @@ def main(argv=None):
                    help="CPU only: tokens sampled across the sequence for precision (default 256)")
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--skip-precision", action="store_true")
+    p.add_argument("--skip-models", action="store_true",
+                   help="leave out the model workload (a Wan block and a Llama layer, unpatched vs patched)")
     p.add_argument("--skip-kernels", action="store_true", help="leave out the ahead-of-time kernel compile")
     p.add_argument("--arch", help="archs of the kernels section (see `kernels --help`)")
     k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed) and read its cubins")

@@ -1,4 +1,5 @@
-"""``make report``: speed, kernels per call, memory and precision of every variant, written to
+"""``make report``: speed, kernels per call, memory and precision of every variant, and the model
+workload (a Wan block and a Llama layer, unpatched vs rome-patched), written to
 ``reports/<workload>-<timestamp>/`` as report.md, results.json, CSV, PNG plots and traces."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 import rome
 
-from . import accuracy, kernels, speed
+from . import accuracy, kernels, models, speed
 from .variants import VARIANTS, Setup, Unavailable, Unsupported
 from .workloads import WORKLOADS, Workload, qk, scaled_for_cpu, tables
 
@@ -203,10 +204,39 @@ def _plots(out: Path, results: dict):
         plt.close(fig)
 
 
+def models_section(r: dict) -> str:
+    """The "Models" part of report.md from ``results["models"]`` (None: not run)."""
+    m = r.get("models")
+    lines = ["## Models", ""]
+    if m is None:
+        return "\n".join(lines + ["Not run (--skip-models).", ""])
+    lines += ["One Wan block and one Llama layer, forward and forward+backward, with the model's own RoPE "
+              "(unpatched) and with `rome.integrations.patch` (patched, undone afterwards). RoPE ms: the "
+              "RoPE call alone on the q, k and tables the layer passes it (captured from one forward); "
+              "share = RoPE ms / model ms of the same pass. Method: " + m["method"], ""]
+    for c in m["cases"]:
+        lines += [f"- **{c['model']}**: {c['description']}. Built: {c['built']} ({c['dtype']}"
+                  f"{'' if c['full_size'] else ', scaled down for the CPU'}). Before: {c['rope_before']}. "
+                  f"After: {c['rope_after']}. Patched output vs unpatched: max |diff| / max |out| = "
+                  f"{c['patched_vs_unpatched_rel']:.2g}."]
+    lines += [f"- {s['model']}: not measured: {s['reason']}" for s in m["skipped"]]
+    lines += [""]
+    if m["cases"]:
+        lines += [_table(models.rows(m), [
+            ("model", "model", ""), ("pass", "pass", ""), ("unpatched ms", "unpatched_ms", ".4g"),
+            ("patched ms", "patched_ms", ".4g"), ("speedup", "speedup", ".3f"),
+            ("RoPE ms before", "rope_ms_before", ".4g"), ("RoPE share before", "rope_share_before", ".2%"),
+            ("RoPE ms after", "rope_ms_after", ".4g"), ("RoPE share after", "rope_share_after", ".2%"),
+        ]), ""]
+    return "\n".join(lines)
+
+
 def write_report(out: Path, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     _write_csv(out / "speed.csv", results["speed"])
+    if results.get("models"):
+        _write_csv(out / "models.csv", models.rows(results["models"]))
     _write_csv(out / "precision.csv", results["precision"])
     _plots(out, results)
     (out / "report.md").write_text(markdown(results))
@@ -281,8 +311,9 @@ def markdown(r: dict) -> str:
         lines += ["### Not measured", ""]
         lines += [f"- {v}: {st}: {why} ({', '.join(dict.fromkeys(c))})" for (v, st, why), c in reasons.items()]
         lines += [""]
+    lines += [models_section(r)]
     lines += [kernels.kernels_section(r)]
-    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, gbps.png, ulp_hist.png, traces/ "
+    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, gbps.png, ulp_hist.png, traces/ "
               "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
     return "\n".join(lines)
 
@@ -327,9 +358,11 @@ def report(args) -> Path:
     prec_backend = "triton"  # the kernel itself: on a GPU, or through the interpreter on the CPU
     n_speed = 0 if args.skip_speed else 3 * len(VARIANTS)
     n_prec = 0 if args.skip_precision else 10 * len(VARIANTS)
+    skip_models = getattr(args, "skip_models", False)
+    n_models = 0 if skip_models else models.STEPS * len(models.MODELS)
     with Progress(TextColumn("{task.description:<58}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("starting", total=n_speed + n_prec)
+        task = progress.add_task("starting", total=n_speed + n_prec + n_models)
 
         def step(text):
             progress.update(task, description=text[:58], advance=1)
@@ -341,7 +374,8 @@ def report(args) -> Path:
         if not args.skip_precision:
             prec, table_err, skipped = accuracy.run_precision(VARIANTS.values(), prec_w, device, backend=prec_backend,
                                                               tokens=tokens, on_step=step)
-        progress.update(task, completed=n_speed + n_prec, description="done")
+        model_results = None if skip_models else models.run_models(device, on_step=step)
+        progress.update(task, completed=n_speed + n_prec + n_models, description="done")
 
     seq_p = prec_w.seq if tokens is None else len(tokens)
     results = {
@@ -373,6 +407,7 @@ def report(args) -> Path:
         "precision": prec,
         "table_error": table_err,
         "precision_skipped": skipped,
+        "models": model_results,
     }
     if not getattr(args, "skip_kernels", False):
         results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console)
@@ -395,6 +430,15 @@ def report(args) -> Path:
         ptab.add_row(name, (f32 or own or {}).get("backend", ""), _fmt(f32 and f32["max_ulp"]), _fmt(f32 and f32["ok"]),
                      _fmt(own and own["max_ulp"]), _fmt(own and own["ok"]))
     console.print(ptab)
+    if model_results and model_results["cases"]:
+        mtab = Table(title="models: unpatched vs rome-patched (median ms; RoPE share of the pass)")
+        for col in ("model", "pass", "unpatched ms", "patched ms", "speedup", "RoPE share before", "after"):
+            mtab.add_column(col)
+        for row in models.rows(model_results):
+            mtab.add_row(row["model"], row["pass"], _fmt(row["unpatched_ms"], ".4g"), _fmt(row["patched_ms"], ".4g"),
+                         _fmt(row["speedup"], ".3f"), _fmt(row["rope_share_before"], ".2%"),
+                         _fmt(row["rope_share_after"], ".2%"))
+        console.print(mtab)
     if device.type == "cpu":
         console.print(f"[bold yellow]{GPU_LINE}[/]")
     console.print(f"report: {out / 'report.md'}")

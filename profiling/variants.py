@@ -5,6 +5,7 @@ A variant is built for a ``Setup`` (tables, matrix, workload) and returns ``run(
 region): the seed's BNSD for rome and the references, BSND storage for kernels written for it.
 Outputs are always BNSD-shaped (views are fine). A variant that cannot express a workload
 raises ``Unsupported`` with the reason; one that is not installed here raises ``Unavailable``.
+The ``model`` variants are the RoPE functions diffusers and transformers models call today.
 The seed's v4 (``per_section``) runs an anchor's 1D kernel once per section and concatenates.
 """
 
@@ -49,7 +50,7 @@ class Setup:
 class Variant:
     name: str
     description: str
-    kind: str  # reference | compiled | rome | anchor
+    kind: str  # reference | compiled | rome | anchor | model
     build: Callable[[Setup], Callable]
     layout: str = "bnsd"  # what prepare() hands to run()
     differentiable: bool = True
@@ -189,6 +190,73 @@ def _transformer_engine(s: Setup):
     return run
 
 
+# --- the models' own RoPE functions (what users run today) ------------------------------------
+
+
+def _library(package: str, module: str, attr: str):
+    """``module.attr`` of an installed model library (any device), else Unavailable."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise Unavailable(f"{package} not installed ({e})") from None
+
+
+def _one_table(s: Setup, who: str):
+    if s.cos.ndim != 2:
+        raise Unsupported(f"{who} takes one [S, D] table shared by the batch, not one row per sequence (decode)")
+
+
+def _diffusers_apply_rotary_emb(s: Setup):
+    """diffusers.models.embeddings.apply_rotary_emb(x, (cos, sin), use_real=True): x [B, N, S, D],
+    tables [S, D] as rome's; ``use_real_unbind_dim=-1`` pairs (x0, x1) (Flux, CogVideoX,
+    HunyuanVideo), ``-2`` the halves of the whole head (Cosmos, CogView4). fp32 math, x's dtype out."""
+    _one_rotation_over_head(s, "diffusers' apply_rotary_emb")
+    _one_table(s, "diffusers' apply_rotary_emb")
+    f = _library("diffusers", "diffusers.models.embeddings", "apply_rotary_emb")
+    tables, unbind = (s.cos, s.sin), (-1 if s.mode == "interleave" else -2)
+    return _pair(lambda x: f(x, tables, use_real=True, use_real_unbind_dim=unbind))
+
+
+def wan_rotary():
+    """diffusers' Wan RoPE: the function nested in ``WanAttnProcessor.__call__`` (not importable),
+    rebuilt from its code object with the Wan module's globals, so it is the library's own code.
+    ``f(x, cos, sin)``: x [B, S, N, D], tables [1, S, 1, D] (interleave layout); Unavailable
+    where diffusers or that nested function is missing."""
+    import types
+
+    wan = _library("diffusers", "diffusers.models.transformers", "transformer_wan")
+    code = getattr(getattr(wan, "WanAttnProcessor", None), "__call__", None)
+    consts = getattr(getattr(code, "__code__", None), "co_consts", ())
+    found = [c for c in consts if getattr(c, "co_name", None) == "apply_rotary_emb" and not c.co_freevars]
+    if len(found) != 1:
+        raise Unavailable("this diffusers' WanAttnProcessor.__call__ has no nested apply_rotary_emb")
+    return types.FunctionType(found[0], vars(wan), "apply_rotary_emb")
+
+
+def _diffusers_wan(s: Setup):
+    if s.mode != "interleave":
+        raise Unsupported("Wan's rotary rotates pairs (x0, x1): interleave only")
+    f = wan_rotary()
+    cos, sin = ((t[None, :, None] if t.ndim == 2 else t) for t in (s.cos, s.sin))  # [1, S, 1, D] / [B, 1, 1, D]
+
+    def run(q, k):  # q, k: [B, S, N, D]
+        return f(q, cos, sin).transpose(1, 2), f(k, cos, sin).transpose(1, 2)
+
+    return run
+
+
+def _transformers_apply_rotary_pos_emb(s: Setup):
+    """transformers' Llama ``apply_rotary_pos_emb(q, k, cos, sin)``: rotate_half of the whole
+    head, tables [B|1, S, D] unsqueezed at dim 1, cast to q's dtype as ``LlamaRotaryEmbedding``
+    returns them (so q's-dtype math; fp32 tables are rounded to q's dtype first)."""
+    if s.mode != "half" or len(s.sections) > 1:
+        raise Unsupported("transformers' apply_rotary_pos_emb rotates the halves of the whole head: 1D half only")
+    f = _library("transformers", "transformers.models.llama.modeling_llama", "apply_rotary_pos_emb")
+    dtype = s.matrix.dtype  # q's
+    cos, sin = ((t[None] if t.ndim == 2 else t[:, 0]).to(dtype) for t in (s.cos, s.sin))  # [1|B, S, D]
+    return lambda q, k: f(q, k, cos, sin)
+
+
 # --- seed v4: a fused 1D RoPE kernel per section, outputs concatenated -----------------------
 
 
@@ -237,6 +305,9 @@ VARIANTS = {
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
         Variant("rome.apply", "rome.apply on q, then on k", "rome", _rome_apply),
         Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch", "rome", _rome_apply_qk),
+        Variant("diffusers apply_rotary_emb", "diffusers.models.embeddings.apply_rotary_emb (Flux, CogVideoX, HunyuanVideo), on q then k", "model", _diffusers_apply_rotary_emb),
+        Variant("diffusers Wan rotary", "diffusers' Wan RoPE (nested in WanAttnProcessor.__call__), on q then k, BSND", "model", _diffusers_wan, "bsnd"),
+        Variant("transformers apply_rotary_pos_emb", "transformers' Llama apply_rotary_pos_emb (rotate_half), tables in q's dtype", "model", _transformers_apply_rotary_pos_emb),
         Variant("liger-kernel", "liger_kernel.transformers.rope.liger_rotary_pos_emb (in place)", "anchor", _liger, "bsnd"),
         Variant("flash-attn", "flash_attn.layers.rotary.apply_rotary_emb on q and k", "anchor", _flash_attn, "bsnd"),
         Variant("flashinfer", "flashinfer.rope.apply_rope_with_cos_sin_cache (inference only)", "anchor", _flashinfer, "bsnd", False),

@@ -8,11 +8,11 @@ import torch
 
 import rome
 from einops import repeat
-from profiling import accuracy, speed, variants
+from profiling import accuracy, models, speed, variants
 from profiling.__main__ import main
 from profiling.variants import VARIANTS, Setup, Unavailable, Unsupported, per_section, section_setups
 from profiling.workloads import WORKLOADS, qk, scaled_for_cpu, tables
-from rome.reference import rotate_every_two, rotate_half, slice_concat
+from rome.reference import exact, rotate_every_two, rotate_half, slice_concat
 from helpers import assert_rope_close
 
 from conftest import DEVICE
@@ -52,13 +52,72 @@ def test_every_runnable_variant_matches_the_oracle(mode, workload):
         try:
             run = v.build(Setup(w, mode, t.cos, t.sin, t.angles, m, "triton"))
         except (Unsupported, Unavailable) as e:
-            assert v.kind == "anchor" and str(e)
+            assert v.kind in ("anchor", "model") and str(e)
             continue
         q_out, k_out = run(v.prepare(q), v.prepare(k))
         assert_rope_close(q_out, q, t.cos, t.sin, w.sections, mode)
         assert_rope_close(k_out, k, t.cos, t.sin, w.sections, mode)
         ran += 1
     assert ran >= 7
+
+
+MODEL_FNS = ("diffusers apply_rotary_emb", "diffusers Wan rotary", "transformers apply_rotary_pos_emb")
+# where each model function can express a workload: (mode, one section?, decode?) -> runs
+MODEL_SUPPORT = {
+    "diffusers apply_rotary_emb": lambda mode, one, decode: not decode and (mode == "interleave" or one),
+    "diffusers Wan rotary": lambda mode, one, decode: mode == "interleave",
+    "transformers apply_rotary_pos_emb": lambda mode, one, decode: mode == "half" and one,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mode", rome.MODES)
+@pytest.mark.parametrize("workload", ["default", "llama-1d", "wan", "decode"])
+def test_model_rope_functions_match_the_oracle(workload, mode, dtype):
+    """diffusers' and transformers' own RoPE functions, as variants: RoPE wherever they run
+    (fp32: to 1 ulp + fp32 math; bf16 with bf16 tables, what Llama passes: Wan's and Llama's
+    compute in bf16, three roundings), Unsupported with a reason exactly where their formula cannot
+    express the workload."""
+    w, q, k, t, _ = _workload_setup(workload, mode, dtype)
+    cos, sin = t.cos.to(dtype), t.sin.to(dtype)
+    s = Setup(w, mode, cos, sin, t.angles, rome.rotation_matrix(w.sections, mode, dtype=dtype, device=DEVICE), "torch")
+    for name in MODEL_FNS:
+        v = VARIANTS[name]
+        runs = MODEL_SUPPORT[name](mode, len(w.sections) == 1, w.decode)
+        if not runs:
+            with pytest.raises(Unsupported, match="interleave only|1D half|halves|decode"):
+                v.build(s)
+            continue
+        assert v.kind == "model"
+        q_out, k_out = v.build(s)(v.prepare(q), v.prepare(k))
+        assert q_out.shape == q.shape and k_out.shape == k.shape and q_out.dtype == dtype
+        for out, x in ((q_out, q), (k_out, k)):
+            if dtype == torch.float32 or name == "diffusers apply_rotary_emb":  # fp32 math, rounded once
+                assert_rope_close(out, x, cos, sin, w.sections, mode)
+            else:  # bf16 math with bf16 tables: x*cos, rot(x)*sin and their sum each rounded, 2^-8 relative
+                expected, magnitude = exact(x, cos, sin, w.sections, mode, magnitude=True)
+                assert ((out.double() - expected).abs() <= 3 * 2.0**-8 * magnitude).all(), name
+
+
+def test_model_rope_functions_are_the_libraries_own(monkeypatch):
+    """The Wan variant runs diffusers' nested function's own code object; without the library
+    the model variants are Unavailable, not silently replaced."""
+    from diffusers.models.transformers import transformer_wan
+
+    f = variants.wan_rotary()
+    assert f.__code__ in transformer_wan.WanAttnProcessor.__call__.__code__.co_consts
+    w, q, k, t, s = _workload_setup("wan", "interleave")
+    real = variants.importlib.import_module
+
+    def no_libraries(name, *a):
+        if name.split(".")[0] in ("diffusers", "transformers"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *a)
+
+    monkeypatch.setattr(variants.importlib, "import_module", no_libraries)
+    for name in MODEL_FNS:
+        with pytest.raises(Unavailable, match="not installed"):
+            VARIANTS[name].build(s if name != "transformers apply_rotary_pos_emb" else _workload_setup("llama-1d", "half")[-1])
 
 
 ANCHORS = ("liger-kernel", "flash-attn", "flashinfer", "transformer-engine")
@@ -227,7 +286,7 @@ def test_passes_and_kernel_counts_on_cpu(tmp_path):
 def test_report_cli_end_to_end(tmp_path):
     out = tmp_path / "rep"
     main(["report", "--workload", "cogvideox", "--shape", "1,2,1,32,64", "--precision-tokens", "32", "--out", str(out),
-          "--skip-kernels"])  # the kernels section compiles every config for minutes: its own tests
+          "--skip-kernels", "--skip-models"])  # each section has its own tests (kernels: minutes)
     for f in ("report.md", "results.json", "speed.csv", "precision.csv", "gbps.png", "ulp_hist.png"):
         assert (out / f).stat().st_size > 0, f
     r = json.loads((out / "results.json").read_text())
@@ -236,11 +295,13 @@ def test_report_cli_end_to_end(tmp_path):
     assert {"v1 slice+concat", "v1 torch.compile", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
     assert all(s["reason"] for s in r["variants"] if s["status"] != "ok")  # never silently dropped
     prec_fields = {"variant", "dtype", "mode", "table_dtype", "max_abs", "max_rel", "seed_metric", "seed_count", "max_ulp", "ok"}
+    assert {"diffusers apply_rotary_emb", "diffusers Wan rotary"} <= ran  # interleave: the model functions run
     combos = {(p["variant"], p["dtype"], p["mode"], p["table_dtype"]) for p in r["precision"]}
+    skips = {(p["variant"], p["dtype"], p["mode"], p["table_dtype"]) for p in r["precision_skipped"] if p["reason"]}
     for v in ran:
         for dtype in ("bfloat16", "float16", "float32"):
-            for mode in rome.MODES:
-                assert (v, dtype, mode, "float32") in combos
+            for mode in rome.MODES:  # measured, or (a model function in half mode of 3 sections) skipped, saying why
+                assert (v, dtype, mode, "float32") in (combos if VARIANTS[v].kind != "model" or mode == "interleave" else skips)
     for p in r["precision"]:
         assert prec_fields <= set(p) and all(p[f] is not None for f in prec_fields)
         if p["variant"].startswith("rome"):
@@ -251,3 +312,55 @@ def test_report_cli_end_to_end(tmp_path):
     for s in r["speed"]:
         assert speed_fields <= set(s) and s["median_ms"] > 0
     assert "GPU speed needs a GPU" in (out / "report.md").read_text()
+    assert r["models"] is None and "Not run (--skip-models)" in (out / "report.md").read_text()
+
+
+@pytest.fixture
+def quick_cpu_timing(monkeypatch):
+    """speed.bench's CPU warm-up and measuring windows shortened (at least 10 timed calls stay)."""
+    monkeypatch.setattr(speed, "CPU_WARMUP_S", 0.0)
+    monkeypatch.setattr(speed, "CPU_MEASURE_S", 0.0)
+
+
+def test_models_section_measures_both_models(quick_cpu_timing):
+    """Wan block and Llama layer on the CPU: every number measured and consistent, the patched
+    model computing what the unpatched one does, both RoPE calls captured at the layer's own q/k,
+    and every spy and patch gone afterwards."""
+    from rome.integrations import diffusers as rome_diffusers, transformers as rome_transformers
+    from transformers.models.llama import modeling_llama
+
+    before = (modeling_llama.apply_rotary_pos_emb, rome_diffusers.apply_qk, rome_transformers.apply_qk)
+    steps = []
+    m = models.run_models(torch.device("cpu"), on_step=steps.append)
+    assert (modeling_llama.apply_rotary_pos_emb, rome_diffusers.apply_qk, rome_transformers.apply_qk) == before
+    assert len(steps) == models.STEPS * len(models.MODELS) and not m["skipped"] and "CPU" in m["method"]
+    assert [c["model"] for c in m["cases"]] == list(models.MODELS)
+    wan, llama = m["cases"]
+    assert "[1, 192, 2, 128]" in wan["rope_before"] and "[1, 192, 2, 128]" in wan["rope_after"]  # 3x8x8 tokens, BSND
+    assert "[1, 4, 256, 128]" in llama["rope_before"] and "k [1, 1, 256, 128]" in llama["rope_after"]
+    for c in m["cases"]:
+        assert not c["full_size"] and c["dtype"] == "float32" and c["rome_backend"] == "torch"
+        assert c["patched_vs_unpatched_rel"] < 1e-5  # the patch changes the RoPE's rounding only
+        assert [r["pass"] for r in c["rows"]] == ["fwd", "fwd+bwd"]
+        for r in c["rows"]:
+            for key in ("unpatched_ms", "patched_ms", "rope_ms_before", "rope_ms_after"):
+                assert math.isfinite(r[key]) and r[key] > 0, key
+            assert r["speedup"] == pytest.approx(r["unpatched_ms"] / r["patched_ms"])
+            assert r["rope_share_before"] == pytest.approx(r["rope_ms_before"] / r["unpatched_ms"])
+            assert r["rope_share_after"] == pytest.approx(r["rope_ms_after"] / r["patched_ms"])
+    assert models.rows(m) == wan["rows"] + llama["rows"]
+
+
+def test_report_cli_models_section(tmp_path, quick_cpu_timing, monkeypatch):
+    """The models section runs by default: a table in report.md, models.csv, results.json['models']."""
+    monkeypatch.setattr(models, "MODELS", {"llama3-8b-layer": models.MODELS["llama3-8b-layer"]})
+    out = tmp_path / "rep"
+    main(["report", "--workload", "llama-1d", "--skip-speed", "--skip-precision", "--skip-kernels", "--out", str(out)])
+    r = json.loads((out / "results.json").read_text())
+    (case,) = r["models"]["cases"]
+    assert case["model"] == "llama3-8b-layer" and len(case["rows"]) == 2
+    text = (out / "report.md").read_text()
+    assert "## Models" in text and "| model | pass | unpatched ms | patched ms | speedup |" in text
+    row = case["rows"][1]
+    assert f"| llama3-8b-layer | fwd+bwd | {row['unpatched_ms']:.4g} | {row['patched_ms']:.4g} |" in text
+    assert (out / "models.csv").read_text().count("llama3-8b-layer") == 2
