@@ -204,6 +204,24 @@ def _plots(out: Path, results: dict):
         plt.close(fig)
 
 
+def angles_section(r: dict) -> str:
+    a = r.get("angles")
+    if not a:
+        return ""
+    return "\n".join([
+        "## Tables against float64: angles in the kernel",
+        "",
+        f"Max |table - float64| of the cos/sin the op applies (read off its output), Llama-3 "
+        f"frequencies (D={a['head_dim']}, theta {a['theta']:g}), {a['positions']} positions spread "
+        f"over 0..{a['max_position']:,} ({a['backend']} backend):",
+        "",
+        "| kernel angles (`apply_qk_angles`) | float64-derived fp32 cache (`apply_qk_at`) | fp32 angles (HF, diffusers) |",
+        "|---|---|---|",
+        f"| {a['kernel_angles_max_abs']:.3g} | {a['fp32_cache_max_abs']:.3g} | {a['fp32_angles_max_abs']:.3g} |",
+        "",
+    ])
+
+
 def models_section(r: dict) -> str:
     """The "Models" part of report.md from ``results["models"]`` (None: not run)."""
     m = r.get("models")
@@ -311,6 +329,7 @@ def markdown(r: dict) -> str:
         lines += ["### Not measured", ""]
         lines += [f"- {v}: {st}: {why} ({', '.join(dict.fromkeys(c))})" for (v, st, why), c in reasons.items()]
         lines += [""]
+    lines += [angles_section(r)]
     lines += [models_section(r)]
     lines += [kernels.kernels_section(r)]
     lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, gbps.png, ulp_hist.png, traces/ "
@@ -357,7 +376,7 @@ def report(args) -> Path:
                        kv_heads=min(w.kv_heads, 2 if device.type == "cuda" else 1))
     prec_backend = "triton"  # the kernel itself: on a GPU, or through the interpreter on the CPU
     n_speed = 0 if args.skip_speed else 3 * len(VARIANTS)
-    n_prec = 0 if args.skip_precision else 10 * len(VARIANTS)
+    n_prec = 0 if args.skip_precision else 10 * len(VARIANTS) + 1  # + the angles measurement
     skip_models = getattr(args, "skip_models", False)
     n_models = 0 if skip_models else models.STEPS * len(models.MODELS)
     with Progress(TextColumn("{task.description:<58}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -374,6 +393,11 @@ def report(args) -> Path:
         if not args.skip_precision:
             prec, table_err, skipped = accuracy.run_precision(VARIANTS.values(), prec_w, device, backend=prec_backend,
                                                               tokens=tokens, on_step=step)
+        angles = None
+        if not args.skip_precision:
+            step("precision: angles in the kernel against float64")
+            angles = accuracy.angles_accuracy(device, backend=prec_backend,
+                                              samples=2048 if device.type == "cuda" else 64)
         model_results = None if skip_models else models.run_models(device, on_step=step)
         progress.update(task, completed=n_speed + n_prec + n_models, description="done")
 
@@ -407,6 +431,7 @@ def report(args) -> Path:
         "precision": prec,
         "table_error": table_err,
         "precision_skipped": skipped,
+        "angles": angles,
         "models": model_results,
     }
     if not getattr(args, "skip_kernels", False):

@@ -312,6 +312,9 @@ def test_report_cli_end_to_end(tmp_path):
     for s in r["speed"]:
         assert speed_fields <= set(s) and s["median_ms"] > 0
     assert "GPU speed needs a GPU" in (out / "report.md").read_text()
+    a = r["angles"]  # the kernel's angles within 2x the fp32 table's own rounding; fp32 angles far off
+    assert a["kernel_angles_max_abs"] <= 2 * a["fp32_cache_max_abs"] < 1e-6 < a["fp32_angles_max_abs"]
+    assert "angles in the kernel" in (out / "report.md").read_text()
     assert r["models"] is None and "Not run (--skip-models)" in (out / "report.md").read_text()
 
 
