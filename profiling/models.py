@@ -315,7 +315,7 @@ def measure(case: ModelCase, device: torch.device, *, full: bool | None = None, 
             "speedup": before / after, "rope_ms_before": own[name], "rope_ms_after": mine[name],
             "rope_share_before": own[name] / before, "rope_share_after": mine[name] / after,
         })
-    del model, inputs, ref, out, grad
+    del built, model, inputs, ref, out, grad
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
@@ -336,7 +336,11 @@ def run_models(device: torch.device, *, names=None, full: bool | None = None, on
             try:
                 cases.append(measure(MODELS[name], device, full=full, on_step=on_step))
             except Unavailable as e:
-                skipped.append({"model": name, "reason": str(e)})
+                skipped.append({"model": name, "status": "unavailable", "reason": str(e)})
+            except Exception as e:  # one broken case (out of memory, a library change) must not sink the report
+                skipped.append({"model": name, "status": "error", "reason": f"{type(e).__name__}: {e}"})
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     finally:
         torch.set_num_threads(threads)
     if device.type == "cuda":
