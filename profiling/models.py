@@ -278,7 +278,7 @@ def measure(case: ModelCase, device: torch.device, *, full: bool | None = None, 
         built = case.build(device, dtype, full)
     except ImportError as e:
         raise Unavailable(f"{case.name}: {e}") from None
-    model, inputs = built.model, built.inputs
+    model, inputs, built_as = built.model, built.inputs, built.description
     with torch.no_grad():
         ref = case.output(model(**inputs))
     grad = torch.randn(ref.shape, generator=torch.Generator(device="cpu").manual_seed(2)).to(device, ref.dtype)
@@ -319,7 +319,7 @@ def measure(case: ModelCase, device: torch.device, *, full: bool | None = None, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
-        "model": case.name, "description": case.description, "built": built.description,
+        "model": case.name, "description": case.description, "built": built_as,
         "full_size": full, "dtype": str(dtype).removeprefix("torch."), "rome_backend": backend,
         "patched_vs_unpatched_rel": rel, "rope_before": own_what, "rope_after": rome_what, "rows": rows,
     }
