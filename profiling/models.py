@@ -278,7 +278,7 @@ def measure(case: ModelCase, device: torch.device, *, full: bool | None = None, 
         built = case.build(device, dtype, full)
     except ImportError as e:
         raise Unavailable(f"{case.name}: {e}") from None
-    model, inputs = built.model, built.inputs
+    model, inputs, built_as = built.model, built.inputs, built.description
     with torch.no_grad():
         ref = case.output(model(**inputs))
     grad = torch.randn(ref.shape, generator=torch.Generator(device="cpu").manual_seed(2)).to(device, ref.dtype)
@@ -315,11 +315,11 @@ def measure(case: ModelCase, device: torch.device, *, full: bool | None = None, 
             "speedup": before / after, "rope_ms_before": own[name], "rope_ms_after": mine[name],
             "rope_share_before": own[name] / before, "rope_share_after": mine[name] / after,
         })
-    del model, inputs, ref, out, grad
+    del built, model, inputs, ref, out, grad
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return {
-        "model": case.name, "description": case.description, "built": built.description,
+        "model": case.name, "description": case.description, "built": built_as,
         "full_size": full, "dtype": str(dtype).removeprefix("torch."), "rome_backend": backend,
         "patched_vs_unpatched_rel": rel, "rope_before": own_what, "rope_after": rome_what, "rows": rows,
     }
@@ -336,7 +336,11 @@ def run_models(device: torch.device, *, names=None, full: bool | None = None, on
             try:
                 cases.append(measure(MODELS[name], device, full=full, on_step=on_step))
             except Unavailable as e:
-                skipped.append({"model": name, "reason": str(e)})
+                skipped.append({"model": name, "status": "unavailable", "reason": str(e)})
+            except Exception as e:  # one broken case (out of memory, a library change) must not sink the report
+                skipped.append({"model": name, "status": "error", "reason": f"{type(e).__name__}: {e}"})
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
     finally:
         torch.set_num_threads(threads)
     if device.type == "cuda":

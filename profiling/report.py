@@ -237,7 +237,7 @@ def models_section(r: dict) -> str:
                   f"{'' if c['full_size'] else ', scaled down for the CPU'}). Before: {c['rope_before']}. "
                   f"After: {c['rope_after']}. Patched output vs unpatched: max |diff| / max |out| = "
                   f"{c['patched_vs_unpatched_rel']:.2g}."]
-    lines += [f"- {s['model']}: not measured: {s['reason']}" for s in m["skipped"]]
+    lines += [f"- {s['model']}: not measured ({s['status']}): {s['reason']}" for s in m["skipped"]]
     lines += [""]
     if m["cases"]:
         lines += [_table(models.rows(m), [

@@ -367,3 +367,27 @@ def test_report_cli_models_section(tmp_path, quick_cpu_timing, monkeypatch):
     row = case["rows"][1]
     assert f"| llama3-8b-layer | fwd+bwd | {row['unpatched_ms']:.4g} | {row['patched_ms']:.4g} |" in text
     assert (out / "models.csv").read_text().count("llama3-8b-layer") == 2
+
+
+def test_models_section_reports_what_it_could_not_measure(monkeypatch):
+    """A missing library is 'unavailable', any other failure (out of memory) an 'error' with its
+    message; neither stops the other cases or the report, and neither leaves a number."""
+    import dataclasses
+
+    def missing(*_):
+        raise ImportError("No module named 'diffusers'")
+
+    def broken(*_):
+        raise RuntimeError("CUDA out of memory")
+
+    wan = models.MODELS["wan-14b-block"]
+    monkeypatch.setattr(models, "MODELS", {"a": dataclasses.replace(wan, name="a", build=missing),
+                                           "b": dataclasses.replace(wan, name="b", build=broken)})
+    m = models.run_models(torch.device("cpu"))
+    assert m["cases"] == [] and models.rows(m) == []
+    assert [(s["model"], s["status"]) for s in m["skipped"]] == [("a", "unavailable"), ("b", "error")]
+    assert "diffusers" in m["skipped"][0]["reason"] and "out of memory" in m["skipped"][1]["reason"]
+    from profiling.report import models_section
+
+    text = models_section({"models": m})
+    assert "a: not measured (unavailable)" in text and "| model |" not in text
