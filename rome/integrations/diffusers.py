@@ -50,6 +50,17 @@ SUPPORTED = (
 )
 
 
+def _heads(attn, states, to_q, to_k, to_v, norm_q, norm_k):
+    """HunyuanVideo's projections of ``states`` into BSND q, k, v, with its optional per-head
+    norms of q and k (the same steps for the image and the text stream)."""
+    query, key, value = (proj(states).unflatten(2, (attn.heads, -1)) for proj in (to_q, to_k, to_v))
+    if norm_q is not None:
+        query = norm_q(query)
+    if norm_k is not None:
+        key = norm_k(key)
+    return query, key, value
+
+
 # --- the one launch ----------------------------------------------------------------------------
 
 
@@ -142,22 +153,13 @@ def _hunyuan_processor(base):
             if attn.add_q_proj is None and encoder_hidden_states is not None:
                 hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
                 cos, sin = _pad_rows(cos, sin, encoder_hidden_states.shape[1], before=False)
-            query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
-            key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
-            value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
+            query, key, value = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v,
+                                       attn.norm_q, attn.norm_k)
             query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
             if attn.add_q_proj is not None and encoder_hidden_states is not None:
-                encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                if attn.norm_added_q is not None:
-                    encoder_query = attn.norm_added_q(encoder_query)
-                if attn.norm_added_k is not None:
-                    encoder_key = attn.norm_added_k(encoder_key)
+                encoder_query, encoder_key, encoder_value = _heads(
+                    attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
+                    attn.norm_added_q, attn.norm_added_k)
                 query = torch.cat([query, encoder_query], dim=1)
                 key = torch.cat([key, encoder_key], dim=1)
                 value = torch.cat([value, encoder_value], dim=1)
