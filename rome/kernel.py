@@ -44,12 +44,15 @@ and the element becomes NaN (the op raises on the host before launching; the mas
 protects a launch that skipped that check, e.g. under CUDA graph capture).
 
 Angles (``ANGLES``, with positions): no cache; c holds inv_freq as fp32 ``hi`` and ``lo`` rows
-(``[2, D]``) and s the per-column scale. ``_cos_sin_angle`` forms the angle ``p*hi + p*lo`` as a
-double-float (the product's error from fma), reduces it by π/2 in double-float (π/2 in three fp32
-pieces, the quadrant count's products exact), and evaluates fp32 polynomials on [-π/4, π/4] with
-the reduced angle's low part as a first-order correction: max |cos - cos64| 5.6e-8 for positions
-up to 2**20 (the fp32 table's own rounding: 3.0e-8; fp32 angles: 6e-2). Only IEEE fp32 adds and
-multiplies (fp fusion is off) and exact products, so the interpreter's results are a GPU's.
+(``[2, D]``) and s the per-column scale, also hi + lo. ``_cos_sin_angle`` forms the angle
+``p*hi + p*lo`` as a double-float (the product's error from fma), takes the quadrant from a
+compensated product with 2/π, reduces by π/2 in double-float (π/2 in three fp32 pieces, the
+products exact, the sums TwoSums), and evaluates Taylor polynomials on [-π/4, π/4] whose large
+terms (r, r³/6, 1 - r²/2, r⁴/24, and the scale's product) are formed error-free and summed with
+one final rounding, the reduced angle's low part as a first-order correction: max
+|cos - cos64| 3.05e-8 for positions up to 2**20, against the fp32 table's own rounding, 2.98e-8
+(fp32 angles: 6e-2). Only IEEE fp32 adds and multiplies (fp fusion is off) and exact products,
+so the interpreter's results are a GPU's.
 
 Under TRITON_INTERPRET=1 (CPU) bf16 arithmetic and bf16 dots are wrong (triton#11584), the
 interpreter converts bf16 subnormals wrongly and casts fp32 -> bf16 by truncation; there bf16 is
@@ -110,11 +113,17 @@ def _two_prod(a, b, F64: tl.constexpr):
 
 
 @triton.jit
-def _sum2(p, q, small):
-    # p + q + small, with p + q exact by TwoSum and the small terms added last
+def _two_sum(p, q):
+    # p + q == t + err exactly (TwoSum)
     t = p + q
     z = t - p
-    err = (p - (t - z)) + (q - z)
+    return t, (p - (t - z)) + (q - z)
+
+
+@triton.jit
+def _sum2(p, q, small):
+    # p + q + small, with p + q exact by TwoSum and the small terms added last
+    t, err = _two_sum(p, q)
     return t + (err + small)
 
 
@@ -187,7 +196,7 @@ def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok,
             p, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
         else:
             p, ok = prow_p, p_ok
-        _, s = _angle_tables(c_ptr, stride_pc, s_ptr, p, ok, tcols, D, F64)
+        _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, p, ok, tcols, D, F64)
         return s
     if POSITIONS == 2:
         spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
@@ -195,37 +204,72 @@ def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok,
     return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_T, POSITIONS)
 
 
-# --- angles computed from positions (ANGLES): cos/sin of p * inv_freq to ~2 fp32 ulp -------------
+# --- angles computed from positions (ANGLES): cos/sin of p * inv_freq, ~0.51 fp32 ulp -----------
 
 _PIO2_1 = tl.constexpr(1.5707963705062866)  # pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 (fp32 pieces)
 _PIO2_2 = tl.constexpr(-4.371138828673793e-08)  # exact in fp32
 _PIO2_3 = tl.constexpr(-1.7151244994428829e-15)
-_TWO_OVER_PI = tl.constexpr(0.6366197723675814)
+_SIN3_HI = tl.constexpr(-0.1666666716337204)  # -1/6 = _SIN3_HI + _SIN3_LO
+_SIN3_LO = tl.constexpr(4.967053879312289e-09)
+_COS4_HI = tl.constexpr(0.0416666679084301)  # 1/24 = _COS4_HI + _COS4_LO
+_COS4_LO = tl.constexpr(-1.2417634698280722e-09)
+_2_PI_HI = tl.constexpr(0.6366197466850281)  # 2/pi = _2_PI_HI + _2_PI_LO (+ 2.9e-16)
+_2_PI_LO = tl.constexpr(2.5682552973194106e-08)
 
 
 @triton.jit
-def _cos_sin_angle(p, hi, lo, F64: tl.constexpr):
-    # cos, sin of p*(hi + lo): p an integer-valued fp32 (< 2**24), inv_freq = hi + lo (fp32 pair)
-    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + at
-    at = ae + p * lo
-    k = tl.floor(ah * _TWO_OVER_PI + 0.5)  # quadrant count
-    zero = tl.zeros_like(k)
+def _scaled(a, b, small, sh, sl, F64: tl.constexpr):
+    # (sh + sl) * (a + b + small) rounded once (up to the small terms' own error): a + b exact
+    # by TwoSum, its high part times sh exact by _two_prod
+    t, err = _two_sum(a, b)
+    hp, he = _two_prod(t, sh, F64)
+    return hp + (he + ((err + small) * sh + t * sl))
+
+
+@triton.jit
+def _cos_sin_angle(p, hi, lo, sh, sl, F64: tl.constexpr):
+    # sc*cos, sc*sin of p*(hi + lo): p an integer-valued fp32 (< 2**24), inv_freq = hi + lo and
+    # the column's output scale sc = sh + sl (1, or YaRN's attention factor) fp32 pairs; each
+    # result rounded once
+    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + ae + p*lo
+    # quadrant k = round(angle * 2/pi) from a compensated product: an fp32 product alone is off
+    # by one quadrant for large angles (its rounding past 2**17, and the angle's low part) and leaves |r| > pi/4,
+    # where the polynomials below lose accuracy (0.9 ulp at position 2**20 before this)
+    zero = tl.zeros_like(ah)
+    yh, ye = _two_prod(ah, zero + _2_PI_HI, F64)
+    k = tl.floor(yh + 0.5)
+    f = (yh - k) + ((ye + ah * _2_PI_LO) + (ae + p * lo) * _2_PI_HI)  # yh - k exact: angle*2/pi - k
+    k = k + tl.where(f > 0.5, 1.0, 0.0) - tl.where(f < -0.5, 1.0, 0.0)
     p1, e1 = _two_prod(k, zero + _PIO2_1, F64)
     p2, e2 = _two_prod(k, zero + _PIO2_2, F64)
     d = ah - p1  # exact (Sterbenz: ah is within pi/4 of k*pi/2)
-    tail = (((at - e1) - p2) - e2) - k * _PIO2_3
-    r = d + tail  # r + rl = the angle - k*pi/2, |r| <= pi/4 (TwoSum)
-    z = r - d
-    rl = (d - (r - z)) + (tail - z)
-    r2, r2e = _two_prod(r, r, F64)
-    # minimax-style polynomials on [-pi/4, pi/4] (approximation error < 3e-9)
-    ps = r * r2 * (-1.6666654611e-1 + r2 * (8.3321608736e-3 + r2 * -1.9515295891e-4))
-    pc = r2 * r2 * (4.166664568298827e-2 + r2 * (-1.388731625493765e-3 + r2 * 2.443315711809948e-5))
+    # the angle - k*pi/2 = d + ae - e1 + p*lo - p2 - e2 - k*_PIO2_3: the middle terms reach
+    # ~0.06 at position 2**20, so they are summed exactly too (plain fp32 sums cost 0.13 ulp)
+    w, we = _two_prod(p, lo, F64)
+    u, ue = _two_sum(ae, -e1)
+    u, ue2 = _two_sum(u, w)
+    v, ve = _two_sum(u, -p2)
+    r, re = _two_sum(d, v)  # r + rl = the reduced angle, |r| <= pi/4, |rl| <= ulp(r)
+    rl = re + (((ue + ue2) + (ve + we)) - (e2 + k * _PIO2_3))
+    # sin r = r - r^3/6 + r^5 S(r^2), cos r = 1 - r^2/2 + r^4/24 + r^6 C(r^2) (Taylor, truncation
+    # < 1e-11 on [-pi/4, pi/4]). The large terms are formed error-free (products split by
+    # _two_prod, 1/6 and 1/24 as fp32 pairs) and summed with one final rounding; the tails
+    # (< 2.5e-3) carry only fp32 relative error: ~0.5 ulp + 1e-9 in all
+    r2, r2e = _two_prod(r, r, F64)  # r^2 = r2 + r2e
+    r3, r3e = _two_prod(r, r2, F64)  # r^3 = r3 + r3e + r*r2e
+    r4, r4e = _two_prod(r2, r2, F64)  # r^4 = r4 + r4e + 2*r2*r2e
+    m3, m3e = _two_prod(r3, zero + _SIN3_HI, F64)
+    m4, m4e = _two_prod(r4, zero + _COS4_HI, F64)
+    s5 = r3 * r2 * (1.0 / 120 + r2 * (-1.0 / 5040 + r2 * (1.0 / 362880 + r2 * (-1.0 / 39916800))))
+    c6 = r4 * r2 * (-1.0 / 720 + r2 * (1.0 / 40320 + r2 * (-1.0 / 3628800 + r2 * (1.0 / 479001600))))
     h = 0.5 * r2
-    t = 1.0 - h  # 1 - r2/2 exactly as t + err (Fast2Sum), then the small terms, one rounding
+    # sin(r + rl) = sin r + rl cos r;  cos(r + rl) = cos r - rl sin r
+    s_small = (m3e + ((r3e + r * r2e) * _SIN3_HI + r3 * _SIN3_LO)) + s5 + rl * ((1.0 - h) + m4)
+    s = _scaled(r, m3, s_small, sh, sl, F64)
+    t = 1.0 - h  # 1 - r^2/2 = t + err exactly (Fast2Sum)
     err = (1.0 - t) - h
-    c = t + (((err - 0.5 * r2e) + pc) - r * rl)  # cos(r + rl) = cos r - rl sin r
-    s = r + (ps + (rl - h * rl))  # sin(r + rl) = sin r + rl cos r
+    c_small = ((err - 0.5 * r2e) + (m4e + ((r4e + 2.0 * r2 * r2e) * _COS4_HI + r4 * _COS4_LO))) + c6 - rl * (r + m3)
+    c = _scaled(t, m4, c_small, sh, sl, F64)
     q = k.to(tl.int32) & 3
     cos = tl.where(q == 0, c, tl.where(q == 1, -s, tl.where(q == 2, -c, s)))
     sin = tl.where(q == 0, s, tl.where(q == 1, c, tl.where(q == 2, -s, -c)))
@@ -233,17 +277,18 @@ def _cos_sin_angle(p, hi, lo, F64: tl.constexpr):
 
 
 @triton.jit
-def _angle_tables(f_ptr, stride_f, scale_ptr, p, ok, tcols, D, F64: tl.constexpr):
+def _angle_tables(f_ptr, stride_f, scale_ptr, stride_sc, p, ok, tcols, D, F64: tl.constexpr):
     # cos and sin at columns tcols for positions p ([R, 1] or [R, N]): inv_freq = f[0] + f[1],
-    # times the column's scale; pass-through columns (inv_freq 0) are exactly 1 and 0
+    # times the column's scale sc[0] + sc[1]; pass-through columns (inv_freq 0) are exactly 1 and 0
     cmask = tcols < D
     hi = tl.load(f_ptr + tcols, mask=cmask, other=0.0)[None, :]
     lo = tl.load(f_ptr + stride_f + tcols, mask=cmask, other=0.0)[None, :]
-    sc = tl.load(scale_ptr + tcols, mask=cmask, other=0.0)[None, :]
-    c, s = _cos_sin_angle(p.to(tl.float32), hi, lo, F64)
+    sh = tl.load(scale_ptr + tcols, mask=cmask, other=0.0)[None, :]
+    sl = tl.load(scale_ptr + stride_sc + tcols, mask=cmask, other=0.0)[None, :]
+    c, s = _cos_sin_angle(p.to(tl.float32), hi, lo, sh, sl, F64)
     rotated = (hi != 0.0) | (lo != 0.0)
-    c = tl.where(rotated, c * sc, 1.0)
-    s = tl.where(rotated, s * sc, 0.0)
+    c = tl.where(rotated, c, 1.0)
+    s = tl.where(rotated, s, 0.0)
     return tl.where(ok, c, float("nan")), tl.where(ok, s, float("nan"))
 
 
@@ -294,7 +339,7 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                     cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
                 else:
                     cpos, ok = p1, p_ok
-                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, cpos, ok, cols, D, F64)
+                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cpos, ok, cols, D, F64)
             elif POSITIONS == 2:  # cos and sin at cols share the positions read
                 cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
                 c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
@@ -446,7 +491,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     writes NaN there (the op checks the range on the host before the launch).
 
     ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
-    ``[D]`` scale of each column, and the kernel computes ``scale * cos(p * inv_freq)`` itself
+    ``[2, D]`` scale of each column (hi + lo), and the kernel computes ``scale * cos(p * inv_freq)`` itself
     (``_cos_sin_angle``: double-float angle and reduction by pi/2, then fp32 polynomials) for
     positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
 
@@ -472,7 +517,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         mode = 1 if a == 1 else 2
         axis_t = axis if mode == 2 else _dummy(x0.device)
         n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
-        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), 0 if angles else sin.stride(0),
+        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), sin.stride(0),
                     n_pos)
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles)

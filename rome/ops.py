@@ -18,7 +18,7 @@ sin are then caches ``[P, D]`` and element (r, j) of x reads row ``positions[r, 
 materialised. dx is the same kernel transposed at the same positions; the cache grads are the
 per-token table grads scattered back (``scatter_rows``, an accumulating index_put). With
 ``angles=True`` (``apply_qk_angles``) there is no cache: cos holds inv_freq as float32 hi + lo
-``[2, D]``, sin the ``[D]`` scales, and the kernel computes the angles (no grads for those).
+``[2, D]``, sin the ``[2, D]`` scales (hi + lo), and the kernel computes the angles (no grads for those).
 Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
 same backward and a jvp, which the public functions use when one is active.
 """
@@ -175,11 +175,11 @@ def _check_position_types(positions, axis) -> dict[str, Tensor]:
 
 
 def _check_angles(freqs: Tensor, scales: Tensor, d: int) -> None:
-    if freqs.shape != (2, d) or scales.shape != (d,) or freqs.dtype != torch.float32 \
+    if freqs.shape != (2, d) or scales.shape != (2, d) or freqs.dtype != torch.float32 \
             or scales.dtype != torch.float32:
         raise ValueError(
             f"with angles, cos must be the float32 frequencies [2, D] = [2, {d}] (inv_freq as hi + lo, "
-            f"rome.positions.angle_frequencies) and sin the float32 scales [D] = [{d}], got cos "
+            f"rome.positions.angle_frequencies) and sin the float32 scales [2, D] = [2, {d}], got cos "
             f"{_shape(freqs)} {freqs.dtype} and sin {_shape(scales)} {scales.dtype}"
         )
 
@@ -322,7 +322,7 @@ def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=
 
 # positions=None: cos/sin are per-row tables; else caches [P, D] read at positions [..., A]
 # (axis [D]: the axis of each column, for A > 1); angles=True: cos/sin are the frequencies [2, D]
-# and scales [D], the angles computed from the positions
+# and scales [2, D], the angles computed from the positions
 
 
 @torch.library.custom_op("rome::apply", mutates_args=())
@@ -741,13 +741,14 @@ def apply_qk_angles(
 ) -> tuple[Tensor, Tensor]:
     """``apply_qk_at`` without a cache: the kernel computes each element's table entries,
 
-        cos[r, j] = scales[j] * cos(p * inv_freq[j]),   p = positions[r, axis[j]]
+        cos[r, j] = scale[j] * cos(p * inv_freq[j]),   p = positions[r, axis[j]]
 
-    from ``(freqs, scales) = rome.positions.angle_frequencies(inv_freq, scale)`` (inv_freq as
-    float32 hi + lo ``[2, D]``; pass-through columns, inv_freq 0, give exactly 1 and 0). The
-    angle is a double-float ``p*hi + p*lo`` reduced by pi/2 in double-float, then fp32
-    polynomials: max |cos - cos64| 5.7e-8 for positions up to 2**20, against 3.0e-8 for the
-    float64-derived fp32 table (fp32 angles: 6e-2). Positions must be in ``[0, 2**24)``.
+    from ``(freqs, scales) = rome.positions.angle_frequencies(inv_freq, scale)`` (inv_freq and
+    scale as float32 hi + lo ``[2, D]``; pass-through columns, inv_freq 0, give exactly 1 and 0).
+    The angle is a double-float ``p*hi + p*lo`` reduced by pi/2 in double-float, then
+    polynomials summed with one rounding: max |cos - cos64| 3.05e-8 for positions up to 2**20,
+    against 2.98e-8 for the float64-derived fp32 table (fp32 angles: 6e-2). Positions must be
+    in ``[0, 2**24)``.
     The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
     and matrix, not in freqs/scales."""
     _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)

@@ -245,26 +245,30 @@ def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int
 
 
 def angle_frequencies(inv_freq: Tensor, scale=1.0) -> tuple[Tensor, Tensor]:
-    """``(freqs, scales)`` for the angles mode: float32 ``[2, D]`` with ``freqs[0] + freqs[1]``
-    = float64 ``inv_freq`` ``[D]`` to 2**-48 relative, and float32 ``[D]`` ``scale`` on rotated
-    columns (1 on pass-through ones, ``inv_freq == 0``)."""
+    """``(freqs, scales)`` for the angles mode, both float32 pairs ``[2, D]`` whose two rows sum to
+    the float64 value to 2**-48 relative: ``inv_freq`` ``[D]``, and ``scale`` on rotated columns
+    (1 on pass-through ones, ``inv_freq == 0``). The scale as a pair keeps ``scale * cos`` one
+    rounding from float64 (an fp32 scale such as 0.9 alone costs up to 0.4 ulp more)."""
     inv = inv_freq.to(torch.float64)
-    hi = inv.to(torch.float32)
-    lo = (inv - hi.to(torch.float64)).to(torch.float32)
     scales = torch.where(inv != 0, torch.as_tensor(scale, dtype=torch.float64, device=inv.device), 1.0)
-    return torch.stack([hi, lo]), scales.to(torch.float32)
+    return _pair(inv), _pair(scales)
+
+
+def _pair(v: Tensor) -> Tensor:
+    hi = v.to(torch.float32)
+    return torch.stack([hi, (v - hi.to(torch.float64)).to(torch.float32)])
 
 
 def angle_rows(freqs: Tensor, scales: Tensor, positions: Tensor, axis: Tensor | None = None,
                dtype=torch.float32) -> tuple[Tensor, Tensor]:
     """Per-token ``(cos, sin)`` ``[..., D]`` of the angles mode in float64, rounded once to
-    ``dtype``: ``scale * cos(p * (freqs[0] + freqs[1]))`` with ``p = positions[..., axis[j]]``
+    ``dtype``: ``(scales[0] + scales[1]) * cos(p * (freqs[0] + freqs[1]))`` with ``p = positions[..., axis[j]]``
     (the torch backend's tables and the tests' oracle); pass-through columns 1 and 0."""
     inv = freqs[0].to(torch.float64) + freqs[1].to(torch.float64)
     p = cache_index(positions, axis, freqs.shape[-1]).to(inv.device, torch.float64)
     angles = p * inv
     rotated = inv != 0
-    s = scales.to(torch.float64)
+    s = scales[0].to(torch.float64) + scales[1].to(torch.float64)
     cos = torch.where(rotated, angles.cos() * s, 1.0)
     sin = torch.where(rotated, angles.sin() * s, 0.0)
     return cos.to(dtype), sin.to(dtype)

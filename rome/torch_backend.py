@@ -140,7 +140,7 @@ def rotate_into(
     With ``positions`` (int ``[..., A]``, broadcasting to x's rows), cos/sin are caches ``[P, D]``
     read at ``positions[..., axis[j]]`` (``rome.positions.gather_rows``): the per-token tables are
     gathered here, once for q and k, so the result is bitwise that of the gathered tables.
-    ``angles``: cos is float32 ``[2, D]`` inv_freq (hi + lo), sin the ``[D]`` scales; the tables
+    ``angles``: cos is float32 ``[2, D]`` inv_freq (hi + lo), sin the ``[2, D]`` scales; the tables
     come from float64 angles (``rome.positions.angle_rows``)."""
     if angles:
         cos, sin = angle_rows(cos, sin, positions, axis)
