@@ -100,9 +100,11 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r, block_n, num_warps = 16, PANEL, 8
     else:  # a general bf16 matrix's backward at D=256: 64-wide panels spilled on sm_80/sm_90
         block_r, block_n, num_warps = 16, 32, 4
-    if angles:  # the angle arithmetic holds ~30 more fp32 values per element: half the rows
-        block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs)
-        if x_dtype == torch.float32:  # and fp32 x's three pieces 8 warps (4: 24 B at D=128)
+    if angles:  # the angle arithmetic holds ~40 more fp32 values per element: half the rows
+        block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs), and the warps
+        # that compiled without spill on sm_80 and sm_90: 8 spilled 32-56 B in half-precision
+        # forwards and multi-axis backwards at D=128, 4 spilled 8-40 B in the others
+        if x_dtype == torch.float32 or block_d > 128 or (transpose and positions == 1):
             num_warps = max(num_warps, 8)
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
