@@ -16,8 +16,8 @@
   length-dependent layouts (``dynamic``) and calls with ``unrotated`` tokens pass per-token tables
   to ``rome.apply_qk`` instead (bitwise the same result where both apply).
 - **Angles in the kernel** (``angles="kernel"``): no cache at all; the kernel computes cos/sin
-  from the positions and the frequencies (``rome.ops.apply_qk_angles``): within 5.7e-8 of the
-  float64 value for positions up to 2**20 (the cache's fp32 rounding: 3.0e-8), positions below
+  from the positions and the frequencies (``rome.ops.apply_qk_angles``): within 3.05e-8 of the
+  float64 value for positions up to 2**20 (the cache's fp32 rounding: 2.98e-8), positions below
   2**24. Float32/16/bf16 q only (float64 q keeps the float64 cache).
 - **Matrix**: ``layout.matrix`` in q's dtype (exact: entries are 0 and ±1), built once per
   (dtype, device) and kept on the module.
@@ -32,12 +32,14 @@
   that state, so its result depends on the call alone (equal to transformers' for a growing
   sequence of calls: prefill, then decode).
 
-``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions: the
-host-side checks and the cache growth are skipped while compiling, so reserve the cache first
-(``reserve(n, device=...)``, or one eager call), and positions must lie inside it: the op checks
-them when the compiled graph runs (a host sync; ValueError outside the cache), and under CUDA
-graph capture, where no check can run, the kernel writes NaN for a position outside the cache. Modules with
-``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not compile.
+``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions, and
+CUDA graphs capture it (a serving engine's decode step): the host-side checks and the cache
+growth are skipped while compiling or capturing, so reserve the cache first (``reserve(n,
+device=...)``, or one eager call; RuntimeError otherwise), and positions must lie inside it: the
+op checks them when a compiled graph runs (a host sync; ValueError outside the cache), and in a
+captured graph, where no check can run, the kernel writes NaN for a position outside the cache.
+Modules with ``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not
+compile or capture.
 """
 
 from __future__ import annotations
@@ -282,6 +284,7 @@ class RoPE(nn.Module):
         layer_type: str | None = None,
         max_positions: int | None = None,
         backend: str = "auto",
+        angles: str = "cache",
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -292,7 +295,8 @@ class RoPE(nn.Module):
         (``rope_parameters['mrope_section']``, else transformers' default), axial for
         Qwen2-VL's vision config. Every ``rope_type`` of ``rome.frequencies``; ``dynamic`` and
         ``longrope`` get length-dependent layouts. ``layer_type`` picks per-layer-type
-        parameters (Gemma 3). ``device``: build the float32 cache for
+        parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``: as the constructor's.
+        ``device``: build the float32 cache for
         ``max_position_embeddings`` positions there now (8 * head_dim bytes per position).
         Raises ValueError naming the config class and the setting rome cannot express.
         """
@@ -302,7 +306,7 @@ class RoPE(nn.Module):
         dynamic = None
         if _rope_type(text, layer_type) in ("dynamic", "longrope"):
             dynamic = build
-        rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic)
+        rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles)
         if device is not None:
             n = _get(text, "max_position_embeddings", "n_positions")
             if n is None:
@@ -389,9 +393,10 @@ class RoPE(nn.Module):
             axis = self._axes[device] = self.layout.axis.to(device)
         return axis
 
-    def _cached(self, q, k, pos, device, dtype, rows, packed):
+    def _cached(self, q, k, pos, device, dtype, rows, graph):
         """Rotate with the cache read at the positions inside the op: pos ``[B', S, A]``
-        (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``)."""
+        (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``). ``graph``:
+        traced or captured, so ``rows`` is unknown and nothing is checked or grown here."""
         m = self.matrix(q.dtype, device)
         pos = pos[:, None]
         if self.angles == "kernel" and dtype == torch.float32:
@@ -399,14 +404,19 @@ class RoPE(nn.Module):
             if freqs is None:
                 freqs = self._freqs[device] = tuple(
                     t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
-            if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+            if graph:  # the op checks positions when a compiled graph runs
                 return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
             if rows is not None and rows > ANGLE_POSITIONS:
                 raise ValueError(f"positions must be < 2**24 with angles='kernel', got max {rows - 1}")
             with positions_checked():
                 return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
         cache = self._cache(device, dtype)
-        if torch.compiler.is_compiling():  # the op checks positions when the graph runs
+        if graph:  # the op checks positions when a compiled graph runs (not a captured one)
+            if cache.cos is None:
+                raise RuntimeError(
+                    f"rome.RoPE has no {dtype} cache on {device} yet: call rope.reserve(n, device=..., "
+                    f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture"
+                )
             return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
         cache.reserve(max(rows or 1, 1), self.max_positions)
         with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
@@ -496,11 +506,15 @@ class RoPE(nn.Module):
             cu_seqlens=cu_seqlens, device=device,
         )
         layout, rows = self.layout, None
-        if torch.compiler.is_compiling():
+        # traced (torch.compile) or captured (CUDA graphs): no host sync to read the positions;
+        # the cache must already hold them (reserve), and the op's kernel NaNs any beyond it
+        graph = torch.compiler.is_compiling() or _capturing(pos)
+        if graph:
             if self.dynamic is not None:
                 raise NotImplementedError(
                     "rome.RoPE with length-dependent frequencies (dynamic NTK, longrope) picks its "
-                    "layout from the positions' values on the host: run it eagerly"
+                    "layout from the positions' values on the host: run it eagerly (not under "
+                    "torch.compile or CUDA graph capture)"
                 )
         else:
             span = check_range(pos, self.max_positions)
@@ -512,7 +526,7 @@ class RoPE(nn.Module):
         # path, whose op has sharding rules (rome.distributed) for tables sharded like q and k
         if (not pos.is_floating_point() and layout is self.layout and unrotated is None
                 and not _is_dtensor(q, k)):
-            return self._cached(q, k, pos, device, dtype, rows, packed)
+            return self._cached(q, k, pos, device, dtype, rows, graph)
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
         if mask is not None:
@@ -526,6 +540,11 @@ class RoPE(nn.Module):
         else:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
         return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+
+
+def _capturing(t: Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream (no host sync allowed)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
 
 
 def _rope_type(config, layer_type=None) -> str:

@@ -59,3 +59,30 @@ def test_large_strides_in_a_transposed_view():
     out = rome.apply(x, cos, sin, m)
     last = (slice(b - 1, b), slice(None), slice(s - 64, s))
     assert_rope_close(out[last], x[last], cos[s - 64 :], sin[s - 64 :], sections, mode)
+
+
+def test_module_decode_step_in_a_cuda_graph():
+    """rome.RoPE inside a captured CUDA graph (a serving engine's decode step): no host sync while
+    capturing; replays with new positions written into the captured tensor match eager calls."""
+    from rome.frequencies import rope_frequencies
+    from rome.layouts import rope_layout
+
+    rope = rome.RoPE(rope_layout(rope_frequencies(128, theta=500000.0)), backend="triton")
+    rope.reserve(4096, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(8, 32, 1, 128, device="cuda", generator=g).bfloat16()
+    k = torch.randn(8, 8, 1, 128, device="cuda", generator=g).bfloat16()
+    pos = torch.randint(0, 4096, (8, 1), device="cuda", generator=g)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch's docs do
+        rope(q, k, pos)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rope(q, k, pos)
+    for step in range(3):
+        pos.copy_(torch.randint(0, 4096, (8, 1), device="cuda", generator=g))
+        graph.replay()
+        want = rope(q, k, pos)
+        assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]), f"replay {step}"

@@ -402,6 +402,36 @@ def test_compile_fullgraph_bitwise():
         assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
 
 
+@pytest.mark.parametrize("angles", ["cache", "kernel"])
+def test_graph_capture_skips_host_checks(monkeypatch, angles):
+    """Under CUDA graph capture (simulated: rome.module._capturing true) forward reads no position
+    on the host and grows nothing: bitwise the eager result from the reserved cache; with no cache
+    yet, a RuntimeError saying to reserve one; dynamic layouts refuse. (tests/test_gpu.py captures
+    a real graph when a GPU is present.)"""
+    from rome import module, positions
+
+    rope = RoPE.from_hf_config(llama_config("yarn"), backend="torch", angles=angles)
+    q, k, pos = torch.randn(2, 2, 5, 64), torch.randn(2, 1, 5, 64), torch.randint(0, 60, (2, 5))
+    rope.reserve(64)
+    want = rope(q, k, pos, offsets=3)
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("check_range (a host sync) ran under capture")
+
+    monkeypatch.setattr(module, "_capturing", lambda t: True)
+    monkeypatch.setattr(module, "check_range", no_sync)
+    monkeypatch.setattr(positions, "check_range", no_sync)
+    got = rope(q, k, pos, offsets=3)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    if angles == "cache":
+        fresh = RoPE.sections([8, 8], backend="torch")
+        with pytest.raises(RuntimeError, match=r"no torch.float32 cache on cpu yet: call rope.reserve"):
+            fresh(torch.randn(1, 1, 3, 16), torch.randn(1, 1, 3, 16), torch.randint(0, 9, (3, 2)))
+    dyn = RoPE.from_hf_config(llama_config("dynamic"), backend="torch")
+    with pytest.raises(NotImplementedError, match="CUDA graph capture"):
+        dyn(q, k, pos)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_triton_backend_matches_torch(dtype):
     rope_t = RoPE.sections([8, 8], mode="interleave", backend="triton")
