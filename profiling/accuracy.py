@@ -67,7 +67,7 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
                 oracle, magnitude = _flat(eq, ek), _flat(mq, mk)
                 table_records.append({**key, "max_abs": (oracle - true).abs().max().item(),
                                       "max_ulp": ulp_error(oracle, true, dtype).max().item()})
-                setup = Setup(w, mode, cos, sin, t64.angles, matrix, backend)
+                setup = Setup(w, mode, cos, sin, t64.angles, matrix, backend, t64.positions)
                 for v in variants:
                     if on_step:
                         on_step(f"precision {v.name} {key['dtype']} {mode} tables {key['table_dtype']}")

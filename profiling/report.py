@@ -77,7 +77,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     q, k = qk(w, device=device)
     t = tables(w, device=device)
     matrix = rome.rotation_matrix(w.sections, w.mode, dtype=w.dtype, device=device)
-    setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend)
+    setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend, t.positions)
     graphs = device.type == "cuda" and w.decode
     copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
     moved = speed.io_bytes(q, k, t.cos, t.sin)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 
 import rome
+from rome.layouts import cos_sin_cache
+from rome.positions import angle_frequencies
 from rome.reference import merged_matrix, per_section_matrices, slice_concat
 
 from .workloads import Workload
@@ -40,6 +42,7 @@ class Setup:
     angles: torch.Tensor  # float64, shape of cos
     matrix: torch.Tensor  # rotation_matrix in q's dtype
     backend: str  # rome's backend: "triton" (CUDA or interpreter) or "torch"
+    positions: torch.Tensor | None = None  # int64 positions the tables are at (Tables.positions)
 
     @property
     def sections(self):
@@ -99,6 +102,71 @@ def _rome_apply(s: Setup):
 
 def _rome_apply_qk(s: Setup):
     return lambda q, k: rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend)
+
+
+# --- rome with positions: a cache read in the kernel, angles in the kernel, the module -------
+
+
+def _positions(s: Setup) -> torch.Tensor:
+    if s.positions is None:
+        raise Unsupported("this setup has no positions")
+    return s.positions.to(s.cos.device)
+
+
+def _op_positions(s: Setup) -> torch.Tensor:
+    """The positions as rome's positions ops take them, broadcasting over BNSD q's rows
+    ``[B, N, S]``, axes last: ``[B, 1, 1, 1]`` for decode, ``[S, A]`` otherwise."""
+    p = _positions(s)
+    if s.workload.decode:
+        return p.reshape(-1, 1, 1, 1)
+    return p if p.ndim == 2 else p[:, None]
+
+
+def _fp32_tables(s: Setup, who: str):
+    if s.cos.dtype != torch.float32:
+        raise Unsupported(f"{who} keeps float32 tables (asked for {str(s.cos.dtype).removeprefix('torch.')})")
+
+
+def _rome_apply_qk_at(s: Setup):
+    """A cos/sin cache of rows 0..max position (the setup's table dtype, float64 angles rounded
+    once, so the rows are bitwise the setup's tables), read by the kernel at the positions."""
+    layout = s.workload.rope_layout(s.mode)
+    pos = _op_positions(s)
+    cos, sin = cos_sin_cache(layout, int(pos.max()) + 1, dtype=s.cos.dtype, device=s.cos.device)
+    m = layout.matrix(s.matrix.dtype, s.matrix.device)
+    axis = layout.axis.to(s.cos.device) if layout.n_axes > 1 else None
+    return lambda q, k: rome.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=s.backend)
+
+
+def _rome_apply_qk_angles(s: Setup):
+    _fp32_tables(s, "apply_qk_angles")
+    layout = s.workload.rope_layout(s.mode)
+    pos = _op_positions(s)
+    freqs, scales = (t.to(s.cos.device) for t in angle_frequencies(layout.inv_freq, layout.attention_scaling))
+    m = layout.matrix(s.matrix.dtype, s.matrix.device)
+    axis = layout.axis.to(s.cos.device) if layout.n_axes > 1 else None
+    return lambda q, k: rome.apply_qk_angles(q, k, freqs, scales, m, pos, axis=axis, backend=s.backend)
+
+
+def _rome_module(s: Setup):
+    """``rome.RoPE(layout)(q, k, positions)`` as a model calls it: HF-style positions (``[B, 1]``
+    for decode, ``[S]`` or ``[S, A]``), packed THD with ``cu_seqlens`` for varlen; the module's
+    host-side position check (one sync) and shared cache included."""
+    _fp32_tables(s, "rome.RoPE")
+    rope = rome.RoPE(s.workload.rope_layout(s.mode), backend=s.backend)
+    pos = _positions(s)
+    cu = s.workload.cu_seqlens()
+    if s.workload.decode:
+        return lambda q, k: rope(q, k, pos[:, None])
+    if cu is not None and len(pos) == s.workload.seq:  # every token: the packed sequences
+        cu = cu.to(pos.device)
+
+        def run(q, k):  # BNSD [1, N, T, D] viewed as THD [T, N, D]
+            qo, ko = rope(q[0].transpose(0, 1), k[0].transpose(0, 1), cu_seqlens=cu)
+            return qo.transpose(0, 1)[None], ko.transpose(0, 1)[None]
+
+        return run
+    return lambda q, k: rope(q, k, pos)
 
 
 # --- kernels users would otherwise pick (GPU only, when installed) ------------------------
@@ -271,7 +339,8 @@ def section_setups(s: Setup) -> list[tuple[slice, Setup]]:
         cols = slice(start, start + d)
         cos, sin, angles = (t[..., cols].contiguous() for t in (s.cos, s.sin, s.angles))
         matrix = rome.rotation_matrix(d, s.mode, dtype=s.matrix.dtype, device=s.matrix.device)
-        parts.append((cols, Setup(s.workload.replace(sections=(d,)), s.mode, cos, sin, angles, matrix, s.backend)))
+        parts.append((cols, Setup(s.workload.replace(sections=(d,)), s.mode, cos, sin, angles, matrix, s.backend,
+                                  s.positions)))
         start += d
     return parts
 
@@ -305,6 +374,9 @@ VARIANTS = {
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
         Variant("rome.apply", "rome.apply on q, then on k", "rome", _rome_apply),
         Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch", "rome", _rome_apply_qk),
+        Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
+        Variant("rome.apply_qk_angles", "rome.apply_qk_angles: cos/sin computed in the kernel from positions (no cache)", "rome", _rome_apply_qk_angles),
+        Variant("rome.RoPE", "rome.RoPE module with positions (varlen: cu_seqlens; decode: [B, 1]), host check included", "rome", _rome_module),
         Variant("diffusers apply_rotary_emb", "diffusers.models.embeddings.apply_rotary_emb (Flux, CogVideoX, HunyuanVideo), on q then k", "model", _diffusers_apply_rotary_emb),
         Variant("diffusers Wan rotary", "diffusers' Wan RoPE (nested in WanAttnProcessor.__call__), on q then k, BSND", "model", _diffusers_wan, "bsnd"),
         Variant("transformers apply_rotary_pos_emb", "transformers' Llama apply_rotary_pos_emb (rotate_half), tables in q's dtype", "model", _transformers_apply_rotary_pos_emb),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,7 +11,14 @@ import torch
 
 import rome
 from rome.frequencies import rope_frequencies
-from rome.layouts import RopeLayout, angles_for_positions, cos_sin_for_positions, mrope_layout, rope_layout
+from rome.layouts import (
+    RopeLayout,
+    angles_for_positions,
+    cos_sin_for_positions,
+    mrope_layout,
+    rope_layout,
+    section_layout,
+)
 
 
 @dataclass(frozen=True)
@@ -26,11 +34,19 @@ class Workload:
     theta: float = 10000.0
     grid: tuple[int, ...] | None = None  # (t, h, w) token grid of a video latent, C order
     decode: bool = False  # one new token per sequence, each at its own position
+    # varlen THD: sequences of these lengths packed into one (batch 1, seq their sum), positions
+    # restarting at 0 in each (flash-attn's cu_seqlens)
+    seqlens: tuple[int, ...] | None = None
     dtype: torch.dtype = torch.bfloat16
     # a model's RoPE configuration (scaled frequencies, mRoPE axes) as rome.layouts builds it, per
     # mode: its tables replace the sections' plain theta tables; M is still rotation_matrix(sections)
     layout: Callable[[str], RopeLayout] | None = None
     modes: tuple[str, ...] = rome.MODES  # the modes the precision part runs (a layout may fix one)
+
+    def __post_init__(self):
+        if self.seqlens is not None and (self.batch != 1 or sum(self.seqlens) != self.seq):
+            raise ValueError(f"a varlen workload packs its sequences into batch 1 and seq = their sum, "
+                             f"got batch {self.batch}, seq {self.seq} and seqlens {list(self.seqlens)}")
 
     @property
     def head_dim(self) -> int:
@@ -43,12 +59,29 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def positions(self) -> torch.Tensor:
-        """int64 positions: [S, n_axes] for a grid, [S] for 1D, [B] (one token each) for decode."""
+        """int64 positions: [S, n_axes] for a grid, [S] for 1D (per packed sequence for varlen),
+        [B] (one token each) for decode."""
         if self.decode:
             return 1000 + 37 * torch.arange(self.batch)  # a batch at different decode steps
         if self.grid is not None:
             return rome.grid_positions(self.grid)[: self.seq]
+        if self.seqlens is not None:
+            return torch.cat([torch.arange(n) for n in self.seqlens])
         return torch.arange(self.seq)
+
+    def cu_seqlens(self) -> torch.Tensor | None:
+        """int32 ``[n + 1]`` offsets of the packed sequences (varlen), else None."""
+        if self.seqlens is None:
+            return None
+        return torch.tensor([0, *itertools.accumulate(self.seqlens)], dtype=torch.int32)
+
+    def rope_layout(self, mode: str | None = None) -> RopeLayout:
+        """The per-column frequencies and axes the tables are built from (``rome.layouts``): the
+        model's layout, or one block per section with ``theta``; rome's positions ops read it."""
+        mode = mode or self.mode
+        if self.layout is not None:
+            return self.layout(mode)
+        return section_layout(self.sections, mode=mode, theta=self.theta)
 
 
 def _llama(scaling: dict) -> Callable[[str], RopeLayout]:
@@ -67,6 +100,7 @@ def _qwen2_vl(mode: str) -> RopeLayout:
     return mrope_layout(rope_frequencies(128, theta=1000000.0), [16, 24, 24])
 
 
+VARLEN = (3000, 17, 512, 8192, 1024, 250, 4096, 1)  # packed sequence lengths (varlen workload)
 YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 8192}
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
@@ -95,6 +129,9 @@ WORKLOADS = {
                  theta=1000000.0, grid=(16, 36, 64), layout=_qwen2_vl, modes=("half",)),
         Workload("decode", "batched decode: 64 sequences, one token each at its own position, 32/8 heads",
                  64, 32, 8, 1, (128,), "half", theta=500000.0, decode=True),
+        Workload("varlen", "Llama-3 8B varlen THD prefill: 8 sequences of 1..8192 tokens packed "
+                 "(cu_seqlens), positions restarting per sequence, 32 q / 8 kv heads",
+                 1, 32, 8, sum(VARLEN), (128,), "half", theta=500000.0, seqlens=VARLEN),
     ]
 }
 
@@ -103,6 +140,9 @@ def scaled_for_cpu(w: Workload) -> Workload:
     """The same RoPE on fewer heads and tokens, so the CPU run ends in seconds."""
     q_heads = min(w.q_heads, 4)
     kv_heads = max(1, w.kv_heads * q_heads // w.q_heads)
+    if w.seqlens is not None:  # the same packing, each length scaled to a 2048-token total
+        lengths = tuple(max(1, n * 2048 // w.seq) for n in w.seqlens)
+        return w.replace(q_heads=q_heads, kv_heads=kv_heads, seq=sum(lengths), seqlens=lengths)
     return w.replace(batch=min(w.batch, 8), q_heads=q_heads, kv_heads=kv_heads, seq=min(w.seq, 2048))
 
 
@@ -112,6 +152,7 @@ class Tables:
     sin: torch.Tensor
     angles: torch.Tensor  # float64, same shape: the exact tables are cos/sin of these (times the
     # layout's attention scaling where it has one)
+    positions: torch.Tensor  # int64, the tokens' positions the tables are at (Workload.positions)
 
 
 def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=None, tokens=None) -> Tables:
@@ -130,7 +171,7 @@ def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
     if w.decode:
         angles, cos, sin = (t[:, None, None, :] for t in (angles, cos, sin))
-    return Tables(cos, sin, angles)
+    return Tables(cos, sin, angles, pos)
 
 
 def qk(w: Workload, *, dtype=None, device=None, seed=0, seq=None) -> tuple[torch.Tensor, torch.Tensor]:

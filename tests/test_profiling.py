@@ -37,28 +37,77 @@ def test_grid_workload_positions_follow_the_latent():
     assert pos.shape == (28800, 3) and pos[-1].tolist() == [19, 35, 39]
 
 
+def _small(name: str):
+    """The workload with at most 24 tokens (varlen: 5 packed sequences, one of a single token)."""
+    w = scaled_for_cpu(WORKLOADS[name])
+    if w.seqlens is not None:
+        return w.replace(seq=24, seqlens=(9, 1, 6, 3, 5))
+    return w.replace(seq=min(w.seq, 24))
+
+
+POSITION_VARIANTS = ("rome.apply_qk_at", "rome.apply_qk_angles", "rome.RoPE")
+
+
 @pytest.mark.parametrize("workload, mode", [
     ("default", "half"), ("default", "interleave"), ("decode", "half"), ("decode", "interleave"),
     ("llama-yarn-128k", "interleave"), ("qwen2-vl", "half"),  # scaled (|cos| > 1) and mRoPE tables
+    ("varlen", "half"), ("llama3-128k", "half"),
 ])
 def test_every_runnable_variant_matches_the_oracle(mode, workload):
-    """The one registry the speed and precision parts share computes RoPE, adapters included."""
-    w = scaled_for_cpu(WORKLOADS[workload]).replace(seq=min(WORKLOADS[workload].seq, 24))
+    """The one registry the speed and precision parts share computes RoPE, adapters included;
+    rome's positions variants (a cache read at the positions, the module, varlen with cu_seqlens)
+    are bitwise rome.apply_qk with the per-token tables, and the kernel's own angles within 2 ulp."""
+    w = _small(workload)
     q, k = qk(w, dtype=torch.float32, device=DEVICE)
     t = tables(w, mode=mode, device=DEVICE)
     m = rome.rotation_matrix(w.sections, mode, device=DEVICE)
-    ran = 0
+    setup = Setup(w, mode, t.cos, t.sin, t.angles, m, "triton", t.positions)
+    want = VARIANTS["rome.apply_qk"].build(setup)(q, k)
+    ran = set()
     for v in VARIANTS.values():
         try:
-            run = v.build(Setup(w, mode, t.cos, t.sin, t.angles, m, "triton"))
+            run = v.build(setup)
         except (Unsupported, Unavailable) as e:
             assert v.kind in ("anchor", "model") and str(e)
             continue
         q_out, k_out = run(v.prepare(q), v.prepare(k))
         assert_rope_close(q_out, q, t.cos, t.sin, w.sections, mode)
         assert_rope_close(k_out, k, t.cos, t.sin, w.sections, mode)
-        ran += 1
-    assert ran >= 7
+        if v.name in ("rome.apply_qk_at", "rome.RoPE"):
+            assert torch.equal(q_out, want[0]) and torch.equal(k_out, want[1]), v.name
+        ran.add(v.name)
+    assert len(ran) >= 10 and set(POSITION_VARIANTS) <= ran, ran
+
+
+def test_positions_variants_support():
+    """The module and the angles variant keep fp32 tables: Unsupported (with the reason) for
+    bf16 tables; the cache variant reads a cache in the tables' dtype; no positions, no variant."""
+    w = _small("llama-1d")
+    t = tables(w, device=DEVICE)
+    m = rome.rotation_matrix(w.sections, w.mode, dtype=torch.bfloat16, device=DEVICE)
+    bf16 = Setup(w, w.mode, t.cos.bfloat16(), t.sin.bfloat16(), t.angles, m, "torch", t.positions)
+    for name in ("rome.apply_qk_angles", "rome.RoPE"):
+        with pytest.raises(Unsupported, match="keeps float32 tables"):
+            VARIANTS[name].build(bf16)
+    q, k = qk(w, device=DEVICE)
+    got = VARIANTS["rome.apply_qk_at"].build(bf16)(q, k)
+    want = VARIANTS["rome.apply_qk"].build(bf16)(q, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for name in POSITION_VARIANTS:
+        with pytest.raises(Unsupported, match="no positions"):
+            VARIANTS[name].build(Setup(w, w.mode, t.cos, t.sin, t.angles, m, "torch"))
+
+
+def test_varlen_workload():
+    w = WORKLOADS["varlen"]
+    cu = w.cu_seqlens()
+    assert w.batch == 1 and w.seq == int(cu[-1]) == sum(w.seqlens) and cu.dtype == torch.int32
+    pos = w.positions()
+    assert pos.shape == (w.seq,) and pos[cu[1]].item() == 0 and pos[cu[1] - 1].item() == w.seqlens[0] - 1
+    small = scaled_for_cpu(w)
+    assert small.seq == sum(small.seqlens) <= 2048 and len(small.seqlens) == len(w.seqlens)
+    with pytest.raises(ValueError, match="varlen workload packs its sequences"):
+        w.replace(seq=24)
 
 
 MODEL_FNS = ("diffusers apply_rotary_emb", "diffusers Wan rotary", "transformers apply_rotary_pos_emb")
