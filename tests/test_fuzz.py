@@ -41,6 +41,7 @@ HALF = (torch.float16, torch.bfloat16)
 # bf16-exact matrix; bf16 x's dy*sin with a general one). The pieces are exact down to bf16's
 # smallest subnormal, 2**-133: below it the last piece rounds, <= 2**-134 per operand (kernel doc).
 SPLIT_FLUSH = 2.0**-134
+ANGLE_REL = 2.0**-24  # the kernel's cos/sin, and the fp32 table's, are each within ~half an ulp of float64
 # each fp32 (fp64) operation on subnormal values rounds to the subnormal grid: half its spacing
 SUBNORMAL_STEP = {torch.float64: 2.0**-1074}
 
@@ -421,4 +422,20 @@ def test_positions_and_in_place_entry_points(case, n_axes, data):
         assert torch.equal(y, wq) and torch.equal(z, wk), "apply_qk_ differs from apply_qk"
         out = torch.empty_like(y)
         assert torch.equal(rome.apply_out(x, cos, sin, m, out=out, backend=case.backend), want)
+
+    if case.dtype != torch.float64:  # apply_qk_angles: cos/sin from positions and frequencies
+        inv = torch.rand(case.d, generator=g, dtype=torch.float64) * (torch.rand(case.d, generator=g) < 0.9)
+        scale = 0.5 + torch.rand((), generator=g, dtype=torch.float64).item()
+        freqs, scales = (t.to(DEVICE) for t in rome.positions.angle_frequencies(inv, scale))
+        apos = torch.randint(0, 2**20, (*pos_shape, n_axes), generator=g).to(DEVICE)
+        got = rome.apply_qk_angles(x, k, freqs, scales, m, apos, axis=axis, backend=case.backend)
+        c32, s32 = rome.positions.angle_rows(freqs, scales, apos, axis)  # float64 angles, rounded once
+        want = rome.apply_qk(x, k, c32, s32, m, backend=case.backend)
+        for y, w, xin in zip(got, want, (x, k)):
+            if case.backend == "torch":  # the torch backend builds exactly those tables
+                assert torch.equal(y, w), "apply_qk_angles (torch) differs from its tables"
+            else:  # the kernel's own cos/sin: within 1.05 x the tables' rounding of float64
+                mag = xin.double().abs() + xin.double().abs() @ m.double().abs()
+                bound = 2 * torch.finfo(case.dtype).eps * w.double().abs() + 2 * ANGLE_REL * scale * mag
+                assert ((y.double() - w.double()).abs() <= bound).all(), "apply_qk_angles off its tables"
     assert_unmodified(storages, before)
