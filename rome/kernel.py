@@ -543,4 +543,4 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
             _rome_kernel[grid](*args, **kwargs)
         else:
-            _rome_kernel[grid](*args, **kwargs, enable_fp_fusion=False)
+            _rome_kernel[grid](*args, **kwargs, **cfg.options)

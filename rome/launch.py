@@ -36,6 +36,16 @@ _INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
 _INTERPRET_BLOCK_R = 16
 
 
+def _has_maxnreg() -> bool:
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "maxnreg" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+_HAS_MAXNREG = _has_maxnreg()
+
 @dataclass(frozen=True)
 class Config:
     """One specialisation of the kernel (everything but the matrix's block mask)."""
@@ -57,6 +67,16 @@ class Config:
     num_stages: int = 1
     positions: int = 0  # 0: per-row tables; 1: cache rows by one position; 2: by pos[r, axis[j]]
     angles: bool = False  # with positions: cos/sin computed from them and the frequencies
+    maxnreg: int | None = None  # registers per thread ptxas may use (None: its own choice)
+
+    @property
+    def options(self) -> dict:
+        """Compile options of a GPU launch: fp fusion off (the error-free sums rely on separate
+        roundings), and ``maxnreg`` where this Triton has it (3.0+; older ones ignore the hint)."""
+        options = {"enable_fp_fusion": False}
+        if self.maxnreg is not None and _HAS_MAXNREG:
+            options["maxnreg"] = self.maxnreg
+        return options
 
     @property
     def name(self) -> str:
@@ -106,13 +126,17 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         # forwards and multi-axis backwards at D=128, 4 spilled 8-40 B in the others
         if x_dtype == torch.float32 or block_d > 128 or (transpose and positions == 1):
             num_warps = max(num_warps, 8)
+    # fp32 x's three pieces with angles at 8 warps: ptxas held 128 registers and spilled 8-32 B
+    # on sm_80; a cap of 168 (D <= 128: still 2 CTAs of 256 threads per SM) or 224 (D=256, whose
+    # uncapped sm_90 build took 207) lets it keep them (168 at D=256 spilled 72-128 B)
+    maxnreg = (168 if block_d <= 128 else 224) if angles and x_dtype == torch.float32 else None
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
         block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
-        num_warps=num_warps, positions=positions, angles=angles,
+        num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg,
     )
 
 
@@ -318,4 +342,4 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
                 # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
                 bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
     return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,
-                        meta, {"enable_fp_fusion": False})
+                        meta, cfg.options)
