@@ -8,7 +8,10 @@ permutations from rome.rotation_matrix with random sections and mode, partial ro
 zero block, dense random, integer-valued) in x's dtype or fp32, with their own layouts.
 Checked: the value against the oracle within ``bound`` below, the gradients of x, cos, sin and
 matrix likewise, inputs unmodified (bitwise, whole storage), apply_qk bitwise equal to two apply
-calls, two runs bitwise equal, unit last stride of the output.
+calls, two runs bitwise equal, unit last stride of the output. The other entry points on the
+same drawn inputs: positions into caches (bitwise the table path), apply_qk_angles, in place and
+out=; and rome.RoPE on drawn layouts, positions, offsets and packed sequences (bitwise the table
+path built here).
 
 Profiles (tests/conftest.py): "rome" bounded, the default of `make test`; "fuzz" with thousands
 of examples (`make fuzz`). A failure prints the drawn parameters and a reproduce blob.
