@@ -487,6 +487,7 @@ class RoPE(nn.Module):
         offsets=None,
         cu_seqlens: Tensor | None = None,
         unrotated=None,
+        axes_dim: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Rotated ``(q, k)``, new tensors in q's dtype.
 
@@ -495,7 +496,9 @@ class RoPE(nn.Module):
         when packed), ``[S]``, ``[B, S]``, ``[S, A]``, ``[B, S, A]`` or transformers' mRoPE
         ``[A, B, S]``; integer, or floating (fractional grids, tables from float64 angles).
         offsets: int or one per sequence, added to every axis. unrotated: tokens left as they
-        are (a slice, slices, or a bool mask ``[S]``/``[B, S]``). See ``rome.positions``.
+        are (a slice, slices, or a bool mask ``[S]``/``[B, S]``). axes_dim: the dimension of
+        positions that indexes the axes (0 for ``[A, B, S]``, -1 for ``[.., S, A]``), needed only
+        where the shape matches two forms (B = S = A): a ValueError says so. See ``rome.positions``.
         """
         packed = cu_seqlens is not None
         self._check_qk(q, k, packed)
@@ -503,7 +506,7 @@ class RoPE(nn.Module):
         device, dtype = q.device, _table_dtype(q.dtype)
         pos = normalize_positions(
             positions, n_axes=self.n_axes, batch=batch, seq=seq, offsets=offsets,
-            cu_seqlens=cu_seqlens, device=device,
+            cu_seqlens=cu_seqlens, device=device, axes_dim=axes_dim,
         )
         layout, rows = self.layout, None
         # traced (torch.compile) or captured (CUDA graphs): no host sync to read the positions;

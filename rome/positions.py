@@ -8,7 +8,8 @@ for BNSD inputs, or ``[T, A]`` for packed (THD) tokens:
 - ``[S]`` or ``[B, S]`` (transformers' ``position_ids``): the same position on every axis (what
   Qwen2-VL does with text-only ids).
 - ``[S, A]`` or ``[B, S, A]``; ``[A, B, S]`` (transformers' mRoPE ``position_ids``, axes first).
-  A 3-D tensor that fits both readings is read axes first (transformers' convention).
+  A shape that fits two readings (``[3, 3, 3]`` with B = S = A = 3; ``[3, 3]`` with B = S = A)
+  is a ValueError unless ``axes_dim`` names the dimension of the axes: never a guess.
 - Packed tokens (``cu_seqlens``): as above with B = 1 and S = T (``[T]``, ``[1, T]``,
   ``[T, A]``, ``[A, 1, T]``, ...).
 
@@ -69,25 +70,48 @@ def _check_dtype(positions: Tensor) -> None:
         raise TypeError(f"positions must be an integer or floating tensor, got {positions.dtype}")
 
 
-def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int) -> Tensor:
-    """Read positions as ``[B', S, A]`` (B' in {1, batch}) given the tokens' batch and length."""
+def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int | None = None) -> Tensor:
+    """Read positions as ``[B', S, A]`` (B' in {1, batch}) given the tokens' batch and length;
+    ``axes_dim``: the dimension that indexes the axes (None: inferred from the shape)."""
     shape, a = _shape(positions), n_axes
     batches = {1, batch}
+    b = "B" if batch == 1 else f"B={batch} (or 1)"
+    if axes_dim is not None:
+        if isinstance(axes_dim, bool) or not isinstance(axes_dim, int) \
+                or not -positions.ndim <= axes_dim < positions.ndim:
+            raise ValueError(f"axes_dim must be a dimension of positions {shape}, got {axes_dim!r}")
+        if shape[axes_dim] != a:
+            raise ValueError(f"positions {shape} must have A={a} axes (the layout's n_axes) at axes_dim={axes_dim}")
+        moved = positions.movedim(axes_dim, -1)
+        if moved.ndim == 2 and _shape(moved) == [seq, a]:
+            return moved[None]
+        if moved.ndim == 3 and _shape(moved)[1:] == [seq, a] and moved.shape[0] in batches:
+            return moved
+        raise ValueError(
+            f"positions with the axes at axes_dim={axes_dim} must be [S, A] or [{b}, S, A] once "
+            f"that dimension is moved last, with S={seq} and A={a}, got {shape}"
+        )
+    readings = []  # every form the shape matches: two would be a guess, so that is an error
     if positions.ndim == 1 and shape == [seq]:
-        return positions[None, :, None].expand(1, seq, a)
+        readings.append(("[S]", lambda: positions[None, :, None].expand(1, seq, a)))
     if positions.ndim == 2:
-        if a > 1 and shape == [seq, a]:
-            return positions[None]
+        if shape == [seq, a]:
+            readings.append(("[S, A]", lambda: positions[None]))
         if shape[1] == seq and shape[0] in batches:
-            return positions[..., None].expand(*shape, a)
-        if a == 1 and shape == [seq, 1]:
-            return positions[None]
+            readings.append(("[B, S]", lambda: positions[..., None].expand(*shape, a)))
     if positions.ndim == 3:
         if shape[0] == a and shape[2] == seq and shape[1] in batches:
-            return positions.movedim(0, -1)
+            readings.append(("[A, B, S]", lambda: positions.movedim(0, -1)))
         if shape[1:] == [seq, a] and shape[0] in batches:
-            return positions
-    b = "B" if batch == 1 else f"B={batch} (or 1)"
+            readings.append(("[B, S, A]", lambda: positions))
+    if len(readings) == 1 or (readings and a == 1):  # one axis: the readings hold the same values
+        return readings[0][1]()
+    if len(readings) > 1:
+        raise ValueError(
+            f"positions {shape} are ambiguous with B={batch}, S={seq} and A={a}: they read as "
+            f"{' and as '.join(r[0] for r in readings)}; pass axes_dim (the dimension that indexes "
+            f"the axes: 0 for transformers' [A, B, S], -1 for [.., S, A])"
+        )
     raise ValueError(
         f"positions must be [S], [{b}, S], [S, A], [{b}, S, A] or [A, {b}, S] with S={seq} and "
         f"A={a} (the layout's n_axes), got {shape}"
@@ -127,8 +151,11 @@ def normalize_positions(
     offsets=None,
     cu_seqlens: Tensor | None = None,
     device=None,
+    axes_dim: int | None = None,
 ) -> Tensor:
     """Positions as ``[B', S, A]`` (BNSD tokens, ``B'`` 1 or ``batch``) or ``[T, A]`` (packed).
+    ``axes_dim``: the dimension of ``positions`` that indexes the axes, where the shape alone
+    cannot tell (e.g. ``[3, 3, 3]`` for B = S = A = 3: ValueError without it).
 
     For packed tokens pass ``cu_seqlens`` (checked with ``check_cu_seqlens``; ``seq`` is T and
     ``batch`` is ignored). ``offsets`` are added per sequence; see the module docstring.
@@ -150,7 +177,7 @@ def normalize_positions(
         if not isinstance(positions, Tensor):
             raise TypeError(f"positions must be a tensor or None, got {type(positions).__name__}")
         _check_dtype(positions)
-        pos = _to_bsa(positions, n_axes, batch, seq)
+        pos = _to_bsa(positions, n_axes, batch, seq, axes_dim)
         if device is not None:
             pos = pos.to(device)
         pos = pos.to(torch.float64 if pos.is_floating_point() else torch.int64)

@@ -539,7 +539,9 @@ def test_module_positions_against_the_table_path(c):
     if c["packed"]:
         got = rope(q, k, offsets=offsets, cu_seqlens=cu.to(DEVICE))
     else:
-        got = rope(q, k, None if positions is None else positions.to(DEVICE), offsets=offsets)
+        # B = S = A: [B, S, A] (or [S, A] vs [B, S]) also fits another form; say where the axes are
+        axes_dim = -1 if a > 1 and positions is not None and b == s == a else None
+        got = rope(q, k, None if positions is None else positions.to(DEVICE), offsets=offsets, axes_dim=axes_dim)
 
     table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     cache = cos_sin_cache(layout, int(pos_bsa.max()) + 1, dtype=table_dtype)

@@ -402,6 +402,32 @@ def test_compile_fullgraph_bitwise():
         assert torch.equal(g[0], w[0]) and torch.equal(g[1], w[1])
 
 
+def test_ambiguous_positions_need_axes_dim():
+    """B = S = A: [3, 3, 3] reads as [A, B, S] and as [B, S, A] (and [3, 3] as [S, A] and [B, S]):
+    a ValueError naming both readings, never a guess; axes_dim picks one, each as the table path.
+    (Found by the module fuzz: the old rule read such a [B, S, A] tensor axes first.)"""
+    rope = RoPE.sections([4, 4, 4], backend="torch")
+    q, k = torch.randn(3, 2, 3, 12), torch.randn(3, 1, 3, 12)
+    pos = torch.randint(0, 20, (3, 3, 3))
+    with pytest.raises(ValueError, match=r"positions \[3, 3, 3\] are ambiguous with B=3, S=3 and A=3: "
+                                         r"they read as \[A, B, S\] and as \[B, S, A\]; pass axes_dim"):
+        rope(q, k, pos)
+    with pytest.raises(ValueError, match=r"read as \[S, A\] and as \[B, S\]"):
+        rope(q, k, pos[0])
+    layout = rope.layout
+    for axes_dim, bsa in ((-1, pos), (0, pos.movedim(0, -1)), (2, pos)):
+        got = rope(q, k, pos, axes_dim=axes_dim)
+        for g, w in zip(got, layout_level(layout, q, k, bsa)):
+            assert torch.equal(g, w), axes_dim
+    got = rope(q, k, pos[0], axes_dim=1)  # [S, A]
+    for g, w in zip(got, layout_level(layout, q, k, pos[0])):
+        assert torch.equal(g, w)
+    with pytest.raises(ValueError, match=r"must have A=3 axes \(the layout's n_axes\) at axes_dim=0"):
+        rope(q, k, pos[:2], axes_dim=0)
+    with pytest.raises(ValueError, match=r"axes_dim must be a dimension of positions \[3, 3, 3\], got 3"):
+        rope(q, k, pos, axes_dim=3)
+
+
 @pytest.mark.parametrize("angles", ["cache", "kernel"])
 def test_graph_capture_skips_host_checks(monkeypatch, angles):
     """Under CUDA graph capture (simulated: rome.module._capturing true) forward reads no position

@@ -28,9 +28,18 @@ def test_every_layout_reads_the_same_positions():
     assert norm(one.float() / 2, a=1).dtype == torch.float64
 
 
-def test_ambiguous_three_dims_read_axes_first():
+def test_ambiguous_shapes_need_axes_dim():
+    """[3, 3, 3] with B = S = A = 3 fits [A, B, S] and [B, S, A]: an error, not a guess (it was
+    read axes first); axes_dim says which. One axis: every reading holds the same values."""
     pos = torch.randint(0, 50, (3, 3, 3))
-    assert torch.equal(norm(pos, b=3, s=3), pos.movedim(0, -1))
+    with pytest.raises(ValueError, match=r"ambiguous with B=3, S=3 and A=3: they read as \[A, B, S\] and as \[B, S, A\]"):
+        norm(pos, b=3, s=3)
+    assert torch.equal(norm(pos, b=3, s=3, axes_dim=0), pos.movedim(0, -1))
+    assert torch.equal(norm(pos, b=3, s=3, axes_dim=-1), pos)
+    hf = torch.randint(0, 50, (3, 2, 4))  # transformers' [A, B, S] where only that reading fits
+    assert torch.equal(norm(hf), hf.movedim(0, -1))
+    one = torch.randint(0, 50, (1, 1, 1))
+    assert torch.equal(norm(one, a=1, b=1, s=1), one)
 
 
 def test_offsets():
