@@ -26,6 +26,7 @@ from einops import repeat
 
 from .frequencies import Frequencies, _describe, _number, _positive_int, base_inv_freq
 from .matrices import check_mode, check_sections, rotation_matrix
+from .positions import axes_last
 from .tables import _thetas
 
 BLOCK_MODES = ("half", "interleave", "none")
@@ -310,17 +311,7 @@ def _positions(layout: RopeLayout, positions, axes_dim) -> torch.Tensor:
                 f"axes_dim), got {shape}"
             )
         return positions
-    if (
-        isinstance(axes_dim, bool)
-        or not isinstance(axes_dim, numbers.Integral)
-        or not -positions.ndim <= axes_dim < positions.ndim
-    ):
-        raise ValueError(f"axes_dim must be a dimension of positions {shape}, got {axes_dim!r}")
-    if shape[axes_dim] != a:
-        raise ValueError(
-            f"positions {shape} must have {a} axes (the layout's n_axes) at axes_dim={axes_dim}"
-        )
-    positions = positions.movedim(axes_dim, -1)
+    positions = axes_last(positions, a, axes_dim)
     if positions.ndim not in (2, 3):
         raise ValueError(
             f"positions must be [S, A] or [B, S, A] once axes_dim is moved last, got {shape}"

@@ -21,6 +21,7 @@ floating positions (fractional grids) float64.
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Sequence
 
@@ -70,6 +71,19 @@ def _check_dtype(positions: Tensor) -> None:
         raise TypeError(f"positions must be an integer or floating tensor, got {positions.dtype}")
 
 
+def axes_last(positions: Tensor, n_axes: int, axes_dim) -> Tensor:
+    """``positions`` with dimension ``axes_dim`` (the one that indexes the ``n_axes`` position
+    axes, e.g. 0 for transformers' mRoPE ``[3, B, S]``) moved last; ValueError when it is not a
+    dimension of positions or does not have ``n_axes`` entries."""
+    shape = _shape(positions)
+    if isinstance(axes_dim, bool) or not isinstance(axes_dim, numbers.Integral) \
+            or not -positions.ndim <= axes_dim < positions.ndim:
+        raise ValueError(f"axes_dim must be a dimension of positions {shape}, got {axes_dim!r}")
+    if shape[axes_dim] != n_axes:
+        raise ValueError(f"positions {shape} must have {n_axes} axes (the layout's n_axes) at axes_dim={axes_dim}")
+    return positions.movedim(axes_dim, -1)
+
+
 def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int | None = None) -> Tensor:
     """Read positions as ``[B', S, A]`` (B' in {1, batch}) given the tokens' batch and length;
     ``axes_dim``: the dimension that indexes the axes (None: inferred from the shape)."""
@@ -77,12 +91,7 @@ def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int 
     batches = {1, batch}
     b = "B" if batch == 1 else f"B={batch} (or 1)"
     if axes_dim is not None:
-        if isinstance(axes_dim, bool) or not isinstance(axes_dim, int) \
-                or not -positions.ndim <= axes_dim < positions.ndim:
-            raise ValueError(f"axes_dim must be a dimension of positions {shape}, got {axes_dim!r}")
-        if shape[axes_dim] != a:
-            raise ValueError(f"positions {shape} must have A={a} axes (the layout's n_axes) at axes_dim={axes_dim}")
-        moved = positions.movedim(axes_dim, -1)
+        moved = axes_last(positions, a, axes_dim)
         if moved.ndim == 2 and _shape(moved) == [seq, a]:
             return moved[None]
         if moved.ndim == 3 and _shape(moved)[1:] == [seq, a] and moved.shape[0] in batches:
@@ -91,26 +100,26 @@ def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int 
             f"positions with the axes at axes_dim={axes_dim} must be [S, A] or [{b}, S, A] once "
             f"that dimension is moved last, with S={seq} and A={a}, got {shape}"
         )
-    readings = []  # every form the shape matches: two would be a guess, so that is an error
+    readings = {}  # every form the shape fits (views): two would be a guess, so that is an error
     if positions.ndim == 1 and shape == [seq]:
-        readings.append(("[S]", lambda: positions[None, :, None].expand(1, seq, a)))
+        readings["[S]"] = positions[None, :, None].expand(1, seq, a)
     if positions.ndim == 2:
         if shape == [seq, a]:
-            readings.append(("[S, A]", lambda: positions[None]))
+            readings["[S, A]"] = positions[None]
         if shape[1] == seq and shape[0] in batches:
-            readings.append(("[B, S]", lambda: positions[..., None].expand(*shape, a)))
+            readings["[B, S]"] = positions[..., None].expand(*shape, a)
     if positions.ndim == 3:
         if shape[0] == a and shape[2] == seq and shape[1] in batches:
-            readings.append(("[A, B, S]", lambda: positions.movedim(0, -1)))
+            readings["[A, B, S]"] = positions.movedim(0, -1)
         if shape[1:] == [seq, a] and shape[0] in batches:
-            readings.append(("[B, S, A]", lambda: positions))
+            readings["[B, S, A]"] = positions
     if len(readings) == 1 or (readings and a == 1):  # one axis: the readings hold the same values
-        return readings[0][1]()
-    if len(readings) > 1:
+        return next(iter(readings.values()))
+    if readings:
         raise ValueError(
             f"positions {shape} are ambiguous with B={batch}, S={seq} and A={a}: they read as "
-            f"{' and as '.join(r[0] for r in readings)}; pass axes_dim (the dimension that indexes "
-            f"the axes: 0 for transformers' [A, B, S], -1 for [.., S, A])"
+            f"{' and as '.join(readings)}; pass axes_dim (the dimension that indexes the axes: 0 "
+            f"for transformers' [A, B, S], -1 for [.., S, A])"
         )
     raise ValueError(
         f"positions must be [S], [{b}, S], [S, A], [{b}, S, A] or [A, {b}, S] with S={seq} and "

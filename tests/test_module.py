@@ -422,7 +422,7 @@ def test_ambiguous_positions_need_axes_dim():
     got = rope(q, k, pos[0], axes_dim=1)  # [S, A]
     for g, w in zip(got, layout_level(layout, q, k, pos[0])):
         assert torch.equal(g, w)
-    with pytest.raises(ValueError, match=r"must have A=3 axes \(the layout's n_axes\) at axes_dim=0"):
+    with pytest.raises(ValueError, match=r"positions \[2, 3, 3\] must have 3 axes \(the layout's n_axes\) at axes_dim=0"):
         rope(q, k, pos[:2], axes_dim=0)
     with pytest.raises(ValueError, match=r"axes_dim must be a dimension of positions \[3, 3, 3\], got 3"):
         rope(q, k, pos, axes_dim=3)
