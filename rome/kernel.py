@@ -231,21 +231,21 @@ def _cos_sin_angle(p, hi, lo, sh, sl, F64: tl.constexpr):
     # sc*cos, sc*sin of p*(hi + lo): p an integer-valued fp32 (< 2**24), inv_freq = hi + lo and
     # the column's output scale sc = sh + sl (1, or YaRN's attention factor) fp32 pairs; each
     # result rounded once
-    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + ae + p*lo
+    ah, ae = _two_prod(p, hi, F64)  # p*hi exactly; the angle is ah + ae + w + we
+    w, we = _two_prod(p, lo, F64)
     # quadrant k = round(angle * 2/pi) from a compensated product: an fp32 product alone is off
-    # by one quadrant for large angles (its rounding past 2**17, and the angle's low part) and leaves |r| > pi/4,
-    # where the polynomials below lose accuracy (0.9 ulp at position 2**20 before this)
+    # by one quadrant for large angles (its rounding past 2**17, and the angle's low part) and
+    # leaves |r| > pi/4, where the polynomials below lose accuracy (0.9 ulp at 2**20 before this)
     zero = tl.zeros_like(ah)
     yh, ye = _two_prod(ah, zero + _2_PI_HI, F64)
     k = tl.floor(yh + 0.5)
-    f = (yh - k) + ((ye + ah * _2_PI_LO) + (ae + p * lo) * _2_PI_HI)  # yh - k exact: angle*2/pi - k
+    f = (yh - k) + ((ye + ah * _2_PI_LO) + (ae + w) * _2_PI_HI)  # yh - k exact: angle*2/pi - k
     k = k + tl.where(f > 0.5, 1.0, 0.0) - tl.where(f < -0.5, 1.0, 0.0)
     p1, e1 = _two_prod(k, zero + _PIO2_1, F64)
     p2, e2 = _two_prod(k, zero + _PIO2_2, F64)
     d = ah - p1  # exact (Sterbenz: ah is within pi/4 of k*pi/2)
-    # the angle - k*pi/2 = d + ae - e1 + p*lo - p2 - e2 - k*_PIO2_3: the middle terms reach
+    # the angle - k*pi/2 = d + ae - e1 + w - p2 + (we - e2 - k*_PIO2_3): the middle terms reach
     # ~0.06 at position 2**20, so they are summed exactly too (plain fp32 sums cost 0.13 ulp)
-    w, we = _two_prod(p, lo, F64)
     u, ue = _two_sum(ae, -e1)
     u, ue2 = _two_sum(u, w)
     v, ve = _two_sum(u, -p2)

@@ -46,6 +46,7 @@ def _has_maxnreg() -> bool:
 
 _HAS_MAXNREG = _has_maxnreg()
 
+
 @dataclass(frozen=True)
 class Config:
     """One specialisation of the kernel (everything but the matrix's block mask)."""
