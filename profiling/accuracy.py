@@ -13,7 +13,6 @@ import torch
 
 import rome
 from rome.precision import error_stats, ulp_error
-from rome import ops
 from rome.reference import exact
 
 from .variants import Setup, Unavailable, Unsupported
@@ -119,9 +118,9 @@ def angles_accuracy(device, *, backend: str, head_dim: int = 128, theta: float =
     m = layout.matrix(device=device)
     p = pos[:, None].to(device)
     freqs, scales = (t.to(device) for t in angle_frequencies(layout.inv_freq, layout.attention_scaling))
-    kernel, _ = ops.apply_qk_angles(q, q, freqs, scales, m, p, backend=backend)
+    kernel, _ = rome.apply_qk_angles(q, q, freqs, scales, m, p, backend=backend)
     cos_c, sin_c = cos_sin_for_positions(layout, pos.to(device))
-    cached, _ = ops.apply_qk(q, q, cos_c, sin_c, m, backend=backend)
+    cached, _ = rome.apply_qk(q, q, cos_c, sin_c, m, backend=backend)
     fp32 = pos.float()[:, None] * inv.float()
     fp32_tables = torch.cat([fp32.cos(), fp32.sin()], -1)
 

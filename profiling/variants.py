@@ -127,25 +127,28 @@ def _fp32_tables(s: Setup, who: str):
         raise Unsupported(f"{who} keeps float32 tables (asked for {str(s.cos.dtype).removeprefix('torch.')})")
 
 
+def _positions_op(s: Setup, op, tables):
+    """``op(q, k, *tables(layout), M, positions, axis=...)`` for the workload's layout: the
+    positions ops' common arguments, built once outside the timed call."""
+    layout = s.workload.rope_layout(s.mode)
+    pos = _op_positions(s)
+    cos, sin = tables(layout, pos)
+    m = layout.matrix(s.matrix.dtype, s.matrix.device)
+    axis = layout.axis.to(s.cos.device) if layout.n_axes > 1 else None
+    return lambda q, k: op(q, k, cos, sin, m, pos, axis=axis, backend=s.backend)
+
+
 def _rome_apply_qk_at(s: Setup):
     """A cos/sin cache of rows 0..max position (the setup's table dtype, float64 angles rounded
     once, so the rows are bitwise the setup's tables), read by the kernel at the positions."""
-    layout = s.workload.rope_layout(s.mode)
-    pos = _op_positions(s)
-    cos, sin = cos_sin_cache(layout, int(pos.max()) + 1, dtype=s.cos.dtype, device=s.cos.device)
-    m = layout.matrix(s.matrix.dtype, s.matrix.device)
-    axis = layout.axis.to(s.cos.device) if layout.n_axes > 1 else None
-    return lambda q, k: rome.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=s.backend)
+    return _positions_op(s, rome.apply_qk_at, lambda layout, pos: cos_sin_cache(
+        layout, int(pos.max()) + 1, dtype=s.cos.dtype, device=s.cos.device))
 
 
 def _rome_apply_qk_angles(s: Setup):
     _fp32_tables(s, "apply_qk_angles")
-    layout = s.workload.rope_layout(s.mode)
-    pos = _op_positions(s)
-    freqs, scales = (t.to(s.cos.device) for t in angle_frequencies(layout.inv_freq, layout.attention_scaling))
-    m = layout.matrix(s.matrix.dtype, s.matrix.device)
-    axis = layout.axis.to(s.cos.device) if layout.n_axes > 1 else None
-    return lambda q, k: rome.apply_qk_angles(q, k, freqs, scales, m, pos, axis=axis, backend=s.backend)
+    return _positions_op(s, rome.apply_qk_angles, lambda layout, pos: tuple(
+        t.to(s.cos.device) for t in angle_frequencies(layout.inv_freq, layout.attention_scaling)))
 
 
 def _rome_module(s: Setup):

@@ -162,13 +162,9 @@ def tables(w: Workload, *, mode: str | None = None, dtype=torch.float32, device=
     if tokens is not None and not w.decode:
         pos = pos[tokens]
     pos = pos.to(device)
-    if w.layout is not None:  # the model's scaled / mRoPE tables: float64 angles rounded once
-        layout = w.layout(mode)
-        angles = angles_for_positions(layout, pos)
-        cos, sin = cos_sin_for_positions(layout, pos, dtype=dtype)
-    else:
-        angles = rome.rope_angles(pos, w.sections, mode=mode, theta=w.theta)
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    layout = w.rope_layout(mode)  # float64 angles rounded once (scaled / mRoPE where the model's)
+    angles = angles_for_positions(layout, pos)
+    cos, sin = cos_sin_for_positions(layout, pos, dtype=dtype)
     if w.decode:
         angles, cos, sin = (t[:, None, None, :] for t in (angles, cos, sin))
     return Tables(cos, sin, angles, pos)
