@@ -241,7 +241,7 @@ def _direct_ok(backend: str, x: Tensor, out: Tensor, cos: Tensor, matrix: Tensor
     kernel = ops._kernel()
     plan = kernel.launch.plan(matrix, x.dtype, cos.dtype, transpose=False, interpret=kernel.INTERPRET)
     np_ = plan.config.block_d // plan.config.block_n
-    return not any((plan.nz >> (k * np_ + n)) & 1 for n in range(np_) for k in range(n))
+    return not any(plan.reads(n, k) for n in range(np_) for k in range(n))
 
 
 def _launch(xs: list[Tensor], outs: list[Tensor], cos, sin, matrix, backend: str) -> None:

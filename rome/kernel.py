@@ -9,12 +9,16 @@ Shapes: x, out ``[..., D]`` with unit last stride, any other strides; cos, sin b
 
 Tiling (``rome.launch`` chooses the sizes; the inspection tool compiles the same choices). A
 program walks row tiles ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked), persistent
-over tiles. The product is cut into ``BLOCK_N``-wide column panels: output panel n is
-``Σ_k x[:, panel k] @ M[panel k, panel n]`` over the blocks of M that are nonzero (``NZ``, a
-bitmask found once per matrix on the host: a rotation matrix of D=128 in 64-panels has 2 to 4
-of its 4 blocks, a dense matrix all). An M block is 64×64 (8 KB in bf16) and is re-read per
-tile from L1/L2; nothing D×D is held, so registers and shared memory stay small for every D up
-to 256 (``python -m profiling kernels`` shows the numbers).
+over the tiles of q and then of k as one sequence (a tile of k picks k's pointers and strides
+by scalar selects, so the tile's code exists once). The product is cut into ``BLOCK_N``-wide
+column panels: output panel n is ``Σ_k x[:, panel k] @ M[panel k, panel n]`` over the blocks of
+M that are nonzero (``NZ``, a bitmask found once per matrix on the host: a rotation matrix of
+D=128 in 64-panels has 2 to 4 of its 4 blocks, a dense matrix all). The output panels are
+unrolled (their loads are independent), the sum over k is a runtime loop that skips zero
+blocks: one dot per panel in the code whatever D (the NP × NP unroll compiled for 80 s at
+D=256). An M block is 64×64 (8 KB in bf16) and is re-read per tile from L1/L2; nothing D×D is
+held, so registers and shared memory stay small for every D up to 256 (``python -m profiling
+kernels`` shows the numbers).
 
 Exactness of the product. Half-precision x is a tensor-core operand as it is: with a signed
 permutation each output of x @ M is one ±x term in the fp32 accumulator, so exact. fp32 x with
@@ -292,11 +296,11 @@ def _angle_tables(f_ptr, stride_f, scale_ptr, stride_sc, p, ok, tcols, D, F64: t
     return tl.where(ok, c, float("nan")), tl.where(ok, s, float("nan"))
 
 
-# --- one tensor's rows --------------------------------------------------------------------
+# --- one row tile ---------------------------------------------------------------------------
 
 
 @triton.jit
-def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
+def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
                  axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
                  x_ptr, o_ptr, c_ptr, s_ptr, p_ptr, n_rows, R1, R2,
                  sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, sp0, sp1, sp2, D,
@@ -305,79 +309,79 @@ def _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  RAW_X: tl.constexpr, RAW_T: tl.constexpr, F64: tl.constexpr):
+    # rows [tile*BLOCK_R, +BLOCK_R) of one tensor, output panel by output panel (static: the
+    # panels' loads are independent); panel n sums its nonzero blocks k in a runtime loop, so
+    # the code holds one dot per panel whatever D (an unrolled NP x NP took minutes to compile)
     NP: tl.constexpr = BLOCK_D // BLOCK_N  # column panels
     pcols = tl.arange(0, BLOCK_N)
-    wk = tl.arange(0, BLOCK_N)
-    n_tiles = tl.cdiv(n_rows, BLOCK_R)
-    for tile in range(pid, n_tiles, nprog):
-        r = tl.full((BLOCK_R,), tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # int64 rows
-        i2 = r % R2
-        i1 = (r // R2) % R1
-        i0 = r // R2 // R1
-        row_ok = (r < n_rows)[:, None]
-        xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
-        orow = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
-        cr = i0 * sc0 + i1 * sc1 + i2 * sc2  # [BLOCK_R] (0 with positions: a cache row per token)
-        sr = i0 * ss0 + i1 * ss1 + i2 * ss2
-        prow = i0 * sp0 + i1 * sp1 + i2 * sp2  # the row's positions (POSITIONS > 0)
-        p1 = r  # (one axis: the row's position, [BLOCK_R, 1])
-        if POSITIONS == 1:  # one axis: the row's cache row, once per tile
-            p = tl.load(p_ptr + prow, mask=r < n_rows, other=0).to(tl.int64)
-            if not ANGLES:
-                cr += p * stride_pc
-                sr += p * stride_ps
-            p_ok = ((p >= 0) & (p < n_pos))[:, None]
-            p1 = p[:, None]
-        else:
-            p_ok = row_ok
-        for n in tl.static_range(NP):
-            cols = n * BLOCK_N + pcols
-            mask = row_ok & (cols < D)[None, :]
-            x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
-            if ANGLES:  # cos and sin computed from the positions and frequencies
-                if POSITIONS == 2:
-                    cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
-                else:
-                    cpos, ok = p1, p_ok
-                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cpos, ok, cols, D, F64)
-            elif POSITIONS == 2:  # cos and sin at cols share the positions read
+    r = tl.full((BLOCK_R,), tile, tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # int64 rows
+    i2 = r % R2
+    i1 = (r // R2) % R1
+    i0 = r // R2 // R1
+    row_ok = (r < n_rows)[:, None]
+    xr = (i0 * sx0 + i1 * sx1 + i2 * sx2)[:, None]
+    orow = (i0 * so0 + i1 * so1 + i2 * so2)[:, None]
+    cr = i0 * sc0 + i1 * sc1 + i2 * sc2  # [BLOCK_R] (0 with positions: a cache row per token)
+    sr = i0 * ss0 + i1 * ss1 + i2 * ss2
+    prow = i0 * sp0 + i1 * sp1 + i2 * sp2  # the row's positions (POSITIONS > 0)
+    p1 = r  # (one axis: the row's position, [BLOCK_R, 1])
+    if POSITIONS == 1:  # one axis: the row's cache row, once per tile
+        p = tl.load(p_ptr + prow, mask=r < n_rows, other=0).to(tl.int64)
+        if not ANGLES:
+            cr += p * stride_pc
+            sr += p * stride_ps
+        p_ok = ((p >= 0) & (p < n_pos))[:, None]
+        p1 = p[:, None]
+    else:
+        p_ok = row_ok
+    for n in tl.static_range(NP):
+        cols = n * BLOCK_N + pcols
+        mask = row_ok & (cols < D)[None, :]
+        x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
+        if ANGLES:  # cos and sin computed from the positions and frequencies
+            if POSITIONS == 2:
                 cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
-                c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
-                s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
             else:
-                c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
-                s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
-            acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
-            for k in tl.static_range(NP):
-                if (NZ >> (k * NP + n)) & 1:
-                    kcols = k * BLOCK_N + wk
-                    kmask = row_ok & (kcols < D)[None, :]
-                    if k == n:
-                        v = x
-                    else:
-                        v = _load(x_ptr, xr + kcols[None, :], kmask, RAW_X)
+                cpos, ok = p1, p_ok
+            c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cpos, ok, cols, D, F64)
+        elif POSITIONS == 2:  # cos and sin at cols share the positions read
+            cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+            c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
+            s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
+        else:
+            c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
+            s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
+        acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
+        blocks = (NZ >> (n * NP)) & ((1 << NP) - 1)  # bit k: block (k, n) of W is nonzero
+        for k in range(NP):
+            if (blocks >> k) & 1:
+                kcols = k * BLOCK_N + pcols
+                kmask = row_ok & (kcols < D)[None, :]
+                if k == n:  # x's own panel, already loaded (times sin, already read)
+                    v = x
                     if TRANSPOSE and not GATHER_SIN:
-                        if k == n:
-                            v = v * s
-                        else:
-                            v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                                            n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS,
-                                            ANGLES, c_ptr, stride_pc, p1, F64)
-                    wmask = (kcols < D)[:, None] & (cols < D)[None, :]
-                    w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
-                                mask=wmask, other=0.0)
-                    w = w.to(tl.float32) if FP32_DOT else w.to(OP_DTYPE)
-                    acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT, F64)
-            if TRANSPOSE and not GATHER_SIN:
-                y = _add2(x, c, acc, F64)  # acc already holds (x*sin) @ Mᵀ
-            else:
-                if GATHER_SIN:
-                    src = tl.load(src_ptr + cols, mask=cols < D, other=0)
-                    s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                                n_pos, p_ok, src, mask, D, RAW_T, POSITIONS,
-                                ANGLES, c_ptr, stride_pc, p1, F64)
-                y = _dot2(x, c, acc, s, F64)
-            _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
+                        v = x * s
+                else:
+                    v = _load(x_ptr, xr + kcols[None, :], kmask, RAW_X)
+                    if TRANSPOSE and not GATHER_SIN:
+                        v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                                        n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS,
+                                        ANGLES, c_ptr, stride_pc, p1, F64)
+                wmask = (kcols < D)[:, None] & (cols < D)[None, :]
+                w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
+                            mask=wmask, other=0.0)
+                w = w.to(tl.float32) if FP32_DOT else w.to(OP_DTYPE)
+                acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT, F64)
+        if TRANSPOSE and not GATHER_SIN:
+            y = _add2(x, c, acc, F64)  # acc already holds (x*sin) @ Wᵀ
+        else:
+            if GATHER_SIN:
+                src = tl.load(src_ptr + cols, mask=cols < D, other=0)
+                s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
+                            n_pos, p_ok, src, mask, D, RAW_T, POSITIONS,
+                            ANGLES, c_ptr, stride_pc, p1, F64)
+            y = _dot2(x, c, acc, s, F64)
+        _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
 
 @triton.jit
@@ -401,30 +405,33 @@ def _rome_kernel(
     ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq hi/lo rows, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: x*cos + (x*sin) @ Mᵀ
     GATHER_SIN: tl.constexpr,  # W is a signed permutation: (x*sin) @ W == (x @ W) * sin[src]
-    NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit k*NP + n
+    NZ: tl.constexpr,  # bitmask of W's nonzero [BLOCK_N, BLOCK_N] blocks, bit n*NP + k for block (k, n)
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,  # tile rows, padded D, panel
     SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,  # the dot's operand: SPLIT pieces in OP_DTYPE
     FP32_DOT: tl.constexpr,  # fp32 operands, IEEE (general matrices; the interpreter)
     RAW_X: tl.constexpr, RAW_T: tl.constexpr,  # interpreter: x / tables are bf16 read as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
 ):
-    # Persistent: program p does row tiles p, p + P, ... of a (q), then of b (k).
+    # Persistent over the row tiles of a (q) and then of b (k), as one sequence: program p does
+    # tiles p, p + P, ...; a tile of b takes b's arguments by scalar selects, so the tile's code
+    # is compiled once for both tensors.
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
-                 a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
-                 a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
-                 a_sc0, a_sc1, a_sc2, a_ss0, a_ss1, a_ss2, a_sp0, a_sp1, a_sp2, D, POSITIONS, ANGLES,
-                 TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
-                 RAW_X, RAW_T, F64)
-    _rotate_rows(pid, nprog, w_ptr, stride_wk, stride_wn, src_ptr,
-                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
-                 b_x, b_o, b_c, b_s, b_p, b_rows, b_R1, b_R2,
-                 b_sx0, b_sx1, b_sx2, b_so0, b_so1, b_so2,
-                 b_sc0, b_sc1, b_sc2, b_ss0, b_ss1, b_ss2, b_sp0, b_sp1, b_sp2, D, POSITIONS, ANGLES,
-                 TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N, SPLIT, OP_DTYPE, FP32_DOT,
-                 RAW_X, RAW_T, F64)
+    a_tiles = tl.cdiv(a_rows, BLOCK_R)
+    for t in range(pid, a_tiles + tl.cdiv(b_rows, BLOCK_R), nprog):
+        on_b = t >= a_tiles
+        _rotate_tile(tl.where(on_b, t - a_tiles, t), w_ptr, stride_wk, stride_wn, src_ptr,
+                     axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                     tl.where(on_b, b_x, a_x), tl.where(on_b, b_o, a_o), tl.where(on_b, b_c, a_c),
+                     tl.where(on_b, b_s, a_s), tl.where(on_b, b_p, a_p), tl.where(on_b, b_rows, a_rows),
+                     tl.where(on_b, b_R1, a_R1), tl.where(on_b, b_R2, a_R2),
+                     tl.where(on_b, b_sx0, a_sx0), tl.where(on_b, b_sx1, a_sx1), tl.where(on_b, b_sx2, a_sx2),
+                     tl.where(on_b, b_so0, a_so0), tl.where(on_b, b_so1, a_so1), tl.where(on_b, b_so2, a_so2),
+                     tl.where(on_b, b_sc0, a_sc0), tl.where(on_b, b_sc1, a_sc1), tl.where(on_b, b_sc2, a_sc2),
+                     tl.where(on_b, b_ss0, a_ss0), tl.where(on_b, b_ss1, a_ss1), tl.where(on_b, b_ss2, a_ss2),
+                     tl.where(on_b, b_sp0, a_sp0), tl.where(on_b, b_sp1, a_sp1), tl.where(on_b, b_sp2, a_sp2),
+                     D, POSITIONS, ANGLES, TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N,
+                     SPLIT, OP_DTYPE, FP32_DOT, RAW_X, RAW_T, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

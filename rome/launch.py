@@ -68,7 +68,7 @@ class Config:
     num_stages: int = 1
     positions: int = 0  # 0: per-row tables; 1: cache rows by one position; 2: by pos[r, axis[j]]
     angles: bool = False  # with positions: cos/sin computed from them and the frequencies
-    maxnreg: int | None = None  # registers per thread ptxas may use (None: its own choice)
+    maxnreg: int | None = None  # registers per thread ptxas may use (None: its own target)
 
     @property
     def options(self) -> dict:
@@ -130,7 +130,10 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     # fp32 x's three pieces with angles at 8 warps: ptxas held 128 registers and spilled 8-32 B
     # on sm_80; a cap of 168 (D <= 128: still 2 CTAs of 256 threads per SM) or 224 (D=256, whose
     # uncapped sm_90 build took 207) lets it keep them (168 at D=256 spilled 72-128 B)
-    maxnreg = (168 if block_d <= 128 else 224) if angles and x_dtype == torch.float32 else None
+    # Everywhere else the ceiling is explicit at 255: left to itself, ptxas aimed at 128 registers
+    # and spilled one 8-byte value (stored before the tile loop, reloaded every tile) in 32 of the
+    # 460 sm_80/sm_90 builds of the one-tile-body kernel; told it may use 255, it spilled none.
+    maxnreg = (168 if block_d <= 128 else 224) if angles and x_dtype == torch.float32 else 255
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
@@ -145,20 +148,26 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
 class Plan:
     config: Config
     operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
-    nz: int  # bit k*NP + n set where block (k, n) of the dot's matrix is nonzero
+    nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
     src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
+
+    def reads(self, n: int, k: int) -> bool:
+        """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
+        np_ = self.config.block_d // self.config.block_n
+        return bool((self.nz >> (n * np_ + k)) & 1)
 
 
 def _block_mask(nonzero: torch.Tensor, block: int, block_d: int) -> int:
     """Bitmask of the nonzero [block, block] blocks of a boolean [D, D] padded to the kernel's
-    BLOCK_D (bit k*NP + n, NP = BLOCK_D // block panels: the kernel's indexing, which for D not a
-    power of two has more panels than ceil(D / block))."""
+    BLOCK_D: bit n*NP + k for block (k, n), NP = BLOCK_D // block panels, so output panel n's
+    bits lie together (the kernel's indexing; for D not a power of two there are more panels
+    than ceil(D / block))."""
     d = nonzero.shape[0]
     np_ = block_d // block
     pad = torch.zeros(np_ * block, np_ * block, dtype=torch.bool)
     pad[:d, :d] = nonzero
     blocks = pad.reshape(np_, block, np_, block).any(3).any(1)
-    return sum(1 << (k * np_ + n) for k in range(np_) for n in range(np_) if blocks[k, n])
+    return sum(1 << (n * np_ + k) for k in range(np_) for n in range(np_) if blocks[k, n])
 
 
 @functools.lru_cache(maxsize=256)
