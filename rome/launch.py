@@ -108,9 +108,12 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         split, op, ieee = 1, tl.float32, True
     block_d = max(16, triton.next_power_of_2(head_dim))
     # rows per tile, panel width and warps, read off the compiled kernels (python -m profiling
-    # kernels): one-piece half-precision dots hold a [32, 64] panel in ~180 registers (D <= 128);
-    # four panels (D=256) or three pieces need half the rows; three pieces at D=256 take 8 warps
-    # (fp32 x) or 32-wide panels (bf16 dy*sin). sm_100 still spills 8 bytes in a few configs (python -m profiling kernels).
+    # kernels) when the kernel still unrolled every (k, n) block and both tensors: one-piece
+    # half-precision dots held a [32, 64] panel in ~180 registers (D <= 128); four panels
+    # (D=256) or three pieces needed half the rows; three pieces at D=256 took 8 warps (fp32 x)
+    # or 32-wide panels (bf16 dy*sin). The one-body kernel needs fewer registers with the same
+    # sizes (bf16 fwd D=128 on sm_90: 156 under the 255 cap below, was 180) and compiles clean
+    # for sm_80 and sm_90; the sizes have not been re-chosen (that wants a GPU's timings).
     if ieee:  # FMA dots: [16, 32] panels over 8 warps (4 warps spilled 8 bytes at D=128)
         block_r, block_n, num_warps = 16, 32, 8
     elif split == 1:

@@ -24,10 +24,13 @@ SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's targe
 
 
 @pytest.fixture(scope="module")
-def compiled():
-    """Every config for sm_80 and sm_90, compiled once (in worker processes, one per CPU): the
-    rows. About 5 minutes on 2 cores from an empty Triton cache, seconds from a warm one."""
-    rows, _ = kernels.inspect_kernels(ARCHS)
+def compiled(request):
+    """Every config for sm_80 and sm_90, compiled once (in worker processes): the rows. The
+    compile is started by conftest.py when the suite is collected, in the background while the
+    interpreter tests run (about 11 minutes of one core from an empty Triton cache, seconds
+    from a warm one); this waits for it."""
+    started = getattr(request.config, "rome_static_compile", None)
+    rows, _ = started.result() if started is not None else kernels.inspect_kernels(ARCHS)
     return rows
 
 
