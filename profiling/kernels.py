@@ -140,18 +140,39 @@ def _environ(**values):
                 os.environ[k] = v
 
 
-@contextlib.contextmanager
-def compiler_pool(jobs: int = 1):
-    """Worker processes (spawned) for ``triton.compile``, whose environment has
-    ``TRITON_INTERPRET=0`` from the start.
+def _pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def start_compiler_pool(jobs: int = 1) -> cf.ProcessPoolExecutor:
+    """``jobs`` worker processes (spawned) for ``triton.compile``, all started before this
+    returns, whose environment has ``TRITON_INTERPRET=0`` from the start.
 
     A process that imported triton under ``TRITON_INTERPRET=1`` (the CPU tests, ``python -m
     profiling`` without a GPU) holds interpreter objects for every ``@triton.jit`` function,
     triton's own ``tl.cdiv`` & co. included, and cannot compile; a fresh process can. The parent's
-    environment says ``TRITON_INTERPRET=0`` while the pool lives, so every worker it spawns sees it.
+    environment says ``TRITON_INTERPRET=0`` only while the workers start (each busy a moment, so
+    every submit starts a new one): afterwards the pool starts no process, and processes the
+    parent starts later (e.g. from another thread while the pool compiles) do not see it.
     """
-    with _environ(TRITON_INTERPRET="0"), cf.ProcessPoolExecutor(
-            max(1, jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+    jobs = max(1, jobs)
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        with _environ(TRITON_INTERPRET="0"):
+            pids = set()
+            while len(pids) < jobs:
+                pids |= {f.result() for f in [pool.submit(_pid_after, 0.5) for _ in range(jobs)]}
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        raise
+    return pool
+
+
+@contextlib.contextmanager
+def compiler_pool(jobs: int = 1):
+    """``start_compiler_pool(jobs)``, shut down on exit."""
+    with start_compiler_pool(jobs) as pool:
         yield pool
 
 
@@ -578,15 +599,16 @@ def _list_configs(ref: str, cc: int) -> list[dict]:
 
 
 def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref: str = DEFAULT_CONFIGS,
-                    on_done=None):
+                    on_done=None, pool: cf.ProcessPoolExecutor | None = None):
     """Compile every config for every arch in ``jobs`` worker processes and read the cubins.
 
     ``configs_ref``: ``"module:function"``, ``function(cc)`` listing KernelConfigs (it runs in a
     worker, as the kernel must not be an interpreter object). Returns ``(rows, files)``: one row
     per (config, arch), and per row its cubin and SASS text (identical compiles run once).
-    ``on_done(n_done, n_total)`` reports progress.
+    ``on_done(n_done, n_total)`` reports progress. ``pool``: a ``start_compiler_pool`` pool to
+    use (and shut down when done) instead of starting ``jobs`` workers.
     """
-    with compiler_pool(jobs or os.cpu_count() or 1) as pool:
+    with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
         listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs)))
         plan = [(cfg, ARCHS[cc]) for cc in archs for cfg in listed[cc]]
         unique = list(dict.fromkeys(cfg["job"] for cfg, _ in plan))

@@ -34,6 +34,7 @@ def _seed():
 STATIC_MODULE = "test_kernels_static.py"
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection
 def pytest_collection_modifyitems(config, items):
     # The static compile of every kernel config (tests/test_kernels_static.py) is the suite's
     # longest job and runs in compiler processes, while the rest of the suite is one process
@@ -48,9 +49,11 @@ def pytest_collection_modifyitems(config, items):
             from profiling import kernels
 
             pool = ThreadPoolExecutor(1, thread_name_prefix="rome-static-compile")
-            # config.rome_static_compile: a Future of (rows, files) for sm_80 and sm_90
-            config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90),
-                                                     jobs=max(1, (os.cpu_count() or 2) - 1))
+            # the workers start here, before any test (tests that spawn processes themselves
+            # must not start while the compile's environment is set); config.rome_static_compile:
+            # a Future of (rows, files) for sm_80 and sm_90
+            workers = kernels.start_compiler_pool(max(1, (os.cpu_count() or 2) - 1))
+            config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90), pool=workers)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():
         return
