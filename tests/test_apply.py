@@ -251,3 +251,24 @@ def test_within_one_ulp_where_terms_cancel(backend, dtype):
     naive = ((x.double() * cos.double()).float() + (x @ m).float() * sin).to(dtype)  # fp32 math
     if dtype == torch.float32:  # the inputs really do cancel: plain fp32 is far off
         assert ulp_error(naive, want, dtype).max().item() > 16
+
+
+def test_matrix_with_an_asymmetric_block_mask():
+    """Block (0, 1) of M nonzero and block (1, 0) zero (D=128, 64-wide panels): the kernel's
+    block mask (bit n*NP + k) must send input panel 0 into output panel 1 and not the reverse,
+    forward and, with Mᵀ, backward. Against the float64 formula."""
+    g = torch.Generator().manual_seed(3)
+    d = 128
+    m = torch.eye(d)
+    m[:64, 64:] = torch.randint(-2, 3, (64, 64), generator=g).float()  # exact, not a permutation
+    x = torch.randn(2, 5, d, generator=g)
+    cos, sin = torch.randn(5, d, generator=g), torch.randn(5, d, generator=g)
+    dy = torch.randn(2, 5, d, generator=g)
+    x64, c64, s64, m64, dy64 = (t.double() for t in (x, cos, sin, m, dy))
+    want = x64 * c64 + (x64 @ m64) * s64
+    want_dx = dy64 * c64 + (dy64 * s64) @ m64.T
+    xs = x.to(DEVICE).requires_grad_()
+    out = rome.apply(xs, cos.to(DEVICE), sin.to(DEVICE), m.to(DEVICE), backend="triton")
+    (dx,) = torch.autograd.grad(out, [xs], dy.to(DEVICE))
+    torch.testing.assert_close(out.cpu().double(), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(dx.cpu().double(), want_dx, rtol=1e-5, atol=1e-4)
