@@ -126,9 +126,10 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r, block_n, num_warps = 16, 32, 4
     if angles:  # the angle arithmetic holds ~40 more fp32 values per element: half the rows
         block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs), and the warps
-        # that compiled without spill on sm_80 and sm_90: 8 spilled 32-56 B in half-precision
-        # forwards and multi-axis backwards at D=128, 4 spilled 8-40 B in the others
-        if x_dtype == torch.float32 or block_d > 128 or (transpose and positions == 1):
+        # that compile without spill on sm_80, sm_90 and sm_100: 8 for fp32 x, D=256 and every
+        # backward (the one-body kernel's half-precision multi-axis backward at 4 warps took
+        # 206-231 registers on sm_80/sm_90 and spilled 40-56 B on sm_100; at 8, 163-186 and none)
+        if x_dtype == torch.float32 or block_d > 128 or transpose:
             num_warps = max(num_warps, 8)
     # fp32 x's three pieces with angles at 8 warps: ptxas held 128 registers and spilled 8-32 B
     # on sm_80; a cap of 168 (D <= 128: still 2 CTAs of 256 threads per SM) or 224 (D=256, whose
