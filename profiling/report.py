@@ -82,42 +82,59 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
     moved = speed.io_bytes(q, k, t.cos, t.sin)
     statuses, records = [], []
-    default_method = "do_bench_cudagraph" if graphs else ("do_bench" if device.type == "cuda" else "perf_counter (CPU)")
-    for v in VARIANTS.values():
-        status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
-        statuses.append(status)
-        try:
-            run = v.build(setup)
-            passes = speed.Passes(run, v.prepare(q), v.prepare(k), differentiable=v.differentiable)
-        except (Unsupported, Unavailable) as e:
-            status |= {"status": type(e).__name__.lower(), "reason": str(e)}
-            continue
-        if not v.differentiable:
-            status["reason"] = "no backward: bwd and fwd+bwd not timed"
-        for name, fn in passes.passes.items():
-            if on_step:
-                on_step(f"speed {v.name} {name}")
+    default_method = ("do_bench_cudagraph" if graphs else "do_bench") if device.type == "cuda" else \
+        "perf_counter (CPU), interleaved rounds"
+
+    def jobs():
+        for v in VARIANTS.values():
+            status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
+            statuses.append(status)
             try:
-                method = default_method
+                run = v.build(setup)
+                passes = speed.Passes(run, v.prepare(q), v.prepare(k), differentiable=v.differentiable)
+            except (Unsupported, Unavailable) as e:
+                status |= {"status": type(e).__name__.lower(), "reason": str(e)}
+                continue
+            if not v.differentiable:
+                status["reason"] = "no backward: bwd and fwd+bwd not timed"
+            for name, fn in passes.passes.items():
+                yield v, status, name, fn, passes.leaves()
+
+    timed = failed = None
+    if device.type == "cpu":  # every variant and pass timed in shared rounds: a drifting CPU
+        all_jobs = list(jobs())  # shifts them alike (speed.bench_interleaved)
+        if on_step:
+            on_step("speed: every variant, interleaved rounds")
+        timed, failed = speed.bench_interleaved({i: job[3] for i, job in enumerate(all_jobs)})
+    for i, (v, status, name, fn, leaves) in enumerate(all_jobs if timed is not None else jobs()):
+        if on_step:
+            on_step(f"speed {v.name} {name}")
+        try:
+            method = default_method
+            if timed is not None:
+                if i in failed:
+                    raise failed[i]
+                timing = timed[i]
+            else:
                 try:
-                    timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=passes.leaves())
+                    timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)
                 except Exception:
                     if not graphs:
                         raise
                     method = "do_bench (CUDA graph capture failed)"
-                    timing = speed.bench(fn, device, grad_to_none=passes.leaves())
-                mem = speed.peak_memory(fn, device)
-                kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
-            except Exception as e:  # one broken variant must not sink the report
-                status |= {"status": "error", "reason": f"{name}: {type(e).__name__}: {e}"}
-                continue
-            nbytes = moved * (2 if name == "fwd+bwd" else 1)
-            gbps = nbytes / (timing["median_ms"] * 1e-3) / 1e9
-            records.append({
-                "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
-                **timing, "method": method, "bytes": nbytes, "gbps": gbps,
-                "pct_copy_bw": 100 * gbps / copy["gbps"], "peak_mem_bytes": mem, **kern,
-            })
+                    timing = speed.bench(fn, device, grad_to_none=leaves)
+            mem = speed.peak_memory(fn, device)
+            kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
+        except Exception as e:  # one broken variant must not sink the report
+            status |= {"status": "error", "reason": f"{name}: {type(e).__name__}: {e}"}
+            continue
+        nbytes = moved * (2 if name == "fwd+bwd" else 1)
+        gbps = nbytes / (timing["median_ms"] * 1e-3) / 1e9
+        records.append({
+            "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
+            **timing, "method": method, "bytes": nbytes, "gbps": gbps,
+            "pct_copy_bw": 100 * gbps / copy["gbps"], "peak_mem_bytes": mem, **kern,
+        })
     for r in records:
         for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):
             base = next((b for b in records if b["variant"] == ref and b["pass"] == r["pass"]), None)
@@ -375,7 +392,7 @@ def report(args) -> Path:
     prec_w = w.replace(batch=min(w.batch, 2 if not w.decode else 8), q_heads=min(w.q_heads, 4 if device.type == "cuda" else 2),
                        kv_heads=min(w.kv_heads, 2 if device.type == "cuda" else 1))
     prec_backend = "triton"  # the kernel itself: on a GPU, or through the interpreter on the CPU
-    n_speed = 0 if args.skip_speed else 3 * len(VARIANTS)
+    n_speed = 0 if args.skip_speed else 3 * len(VARIANTS) + (device.type == "cpu")  # + the interleaved timing
     n_prec = 0 if args.skip_precision else 10 * len(VARIANTS) + 1  # + the angles measurement
     skip_models = getattr(args, "skip_models", False)
     n_models = 0 if skip_models else models.STEPS * len(models.MODELS)
@@ -417,7 +434,10 @@ def report(args) -> Path:
             "speed": ("triton.testing.do_bench (CUDA events, L2 flushed), min/median/max; GB/s = bytes the op "
                       "must move (q, k read and written once, cos, sin read once; twice that for fwd+bwd) / "
                       "median; % copy BW against the copy in this run." if device.type == "cuda" else
-                      f"{GPU_LINE} time.perf_counter around repeated calls for 0.5 s after 0.25 s of warm-up; "
+                      f"{GPU_LINE} time.perf_counter around repeated calls after {speed.CPU_WARMUP_S} s of warm-up, "
+                      f"every variant and pass timed in {speed.cpu_rounds()} shared rounds (shuffled order, "
+                      f"~{speed.CPU_BURST_S * 1e3:g} ms per visit, ~{speed.CPU_MEASURE_S} s each in all), so the "
+                      "machine's drift lands on all alike; "
                       "rome variants on the torch backend (the Triton kernel on the CPU would be timing Triton's "
                       "interpreter). On a CPU the scaled-down q and k fit in cache, so 'copy bandwidth' is cache "
                       "bandwidth, and a shared machine makes these timings noisy: they say nothing about the GPU "

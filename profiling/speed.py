@@ -2,7 +2,8 @@
 
 GPU: ``triton.testing.do_bench`` (CUDA events, L2 flushed before every run) or
 ``do_bench_cudagraph`` (for launch-bound shapes such as decode), min/median/max.
-CPU: ``time.perf_counter`` around repeated calls, after warm-up; labelled CPU in the report.
+CPU: ``time.perf_counter`` around repeated calls, after warm-up; the report's speed table times
+all its callables interleaved (``bench_interleaved``); labelled CPU in the report.
 """
 
 from __future__ import annotations
@@ -46,6 +47,56 @@ def bench(fn, device: torch.device, *, cudagraph=False, grad_to_none=None) -> di
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return {"min_ms": min(times), "median_ms": statistics.median(times), "max_ms": max(times)}
+
+
+CPU_BURST_S = 0.02  # one visit of a callable in an interleaved round
+
+
+def cpu_rounds() -> int:
+    return max(1, round(CPU_MEASURE_S / CPU_BURST_S))
+
+
+def bench_interleaved(fns: dict, *, seed: int = 0) -> tuple[dict, dict]:
+    """CPU: min / median / max milliseconds of every ``fns[key]()``, timed in rounds.
+
+    A shared CPU's speed drifts during a run (this project's 2-core machine: the same call 2-3x
+    slower from one minute to the next), so timing one callable after another makes their ratios
+    depend on when each ran. Here each round visits every callable, in an order shuffled per round,
+    for a burst of about ``CPU_BURST_S`` (``CPU_MEASURE_S / CPU_BURST_S`` rounds: each callable
+    gets about ``CPU_MEASURE_S`` of timed calls, and at least 10), so a slow stretch lands on all
+    of them alike. Warm-up as in ``bench``. Returns ``(timings, errors)``: a callable that raises is left out of the rounds and
+    its exception returned under its key."""
+    import random
+
+    rng = random.Random(seed)
+    times, per_call, errors = {}, {}, {}
+    for key, fn in fns.items():  # warm-up, and each call's cost for its burst size
+        try:
+            start, calls = time.perf_counter(), 0
+            while calls < 3 or (time.perf_counter() - start < CPU_WARMUP_S and calls < 1000):
+                fn()
+                calls += 1
+        except Exception as e:  # noqa: BLE001 -- reported per callable by the caller
+            errors[key] = e
+            continue
+        per_call[key] = (time.perf_counter() - start) / calls
+        times[key] = []
+    rounds = cpu_rounds()
+    burst = {k: max(-(-10 // rounds), round(CPU_BURST_S / c)) for k, c in per_call.items()}
+    for _ in range(rounds):
+        order = list(times)
+        rng.shuffle(order)
+        for key in order:
+            try:
+                for _ in range(burst[key]):
+                    t = time.perf_counter()
+                    fns[key]()
+                    times[key].append((time.perf_counter() - t) * 1e3)
+            except Exception as e:  # noqa: BLE001
+                errors[key] = e
+                del times[key]
+    timings = {k: {"min_ms": min(v), "median_ms": statistics.median(v), "max_ms": max(v)} for k, v in times.items()}
+    return timings, errors
 
 
 def io_bytes(q, k, cos, sin) -> int:

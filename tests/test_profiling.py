@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -440,3 +441,36 @@ def test_models_section_reports_what_it_could_not_measure(monkeypatch):
 
     text = models_section({"models": m})
     assert "a: not measured (unavailable)" in text and "| model |" not in text
+
+
+def test_bench_interleaved_visits_every_callable_each_round(monkeypatch):
+    """CPU timing in shared rounds: every callable is visited in every round (so a drifting
+    machine lands on all alike), one that raises is reported under its key and dropped, the
+    others still get at least 10 timed calls."""
+    monkeypatch.setattr(speed, "CPU_WARMUP_S", 0.0)
+    monkeypatch.setattr(speed, "CPU_MEASURE_S", 0.01)
+    monkeypatch.setattr(speed, "CPU_BURST_S", 0.002)  # 5 rounds
+    calls, boom = [], {"n": 0}
+
+    def timed(key, seconds):
+        def fn():
+            calls.append(key)
+            time.sleep(seconds)
+        return fn
+
+    def fails():
+        boom["n"] += 1
+        if boom["n"] > 3:  # passes its warm-up, fails in the first round
+            raise RuntimeError("broken variant")
+
+    timings, errors = speed.bench_interleaved({"a": timed("a", 0.001), "b": timed("b", 0.0005), "bad": fails})
+    assert set(timings) == {"a", "b"} and isinstance(errors["bad"], RuntimeError)
+    assert speed.cpu_rounds() == 5
+    warm = 3  # each callable's warm-up calls come first
+    assert calls[:2 * warm] == ["a"] * warm + ["b"] * warm
+    timed_calls = calls[2 * warm:]
+    assert timed_calls.count("a") >= 10 and timed_calls.count("b") >= 10
+    runs = [k for i, k in enumerate(timed_calls) if i == 0 or timed_calls[i - 1] != k]
+    assert len(runs) >= 2 * 5 - 4 and {"a", "b"} == set(runs)  # alternating bursts, round after round
+    for t in timings.values():
+        assert 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
