@@ -36,7 +36,7 @@ from torch import Tensor
 from . import structure
 from .positions import angle_rows, gather_rows
 
-CHUNK_ELEMENTS = {"cpu": 1 << 16}  # elements of x per chunk (CPU: fp64 temporaries in L2)
+CHUNK_ELEMENTS = {"cpu": 1 << 17}  # elements of x per chunk (CPU: fp64 temporaries near L2)
 _DEFAULT_CHUNK = 1 << 22  # other devices: bounds the float64 temporaries to 32 MiB each
 
 
@@ -158,16 +158,19 @@ def rotate_into(
     with no_autocast():
         x0 = live[0][0]
         dt = torch.float64 if x0.dtype == torch.float64 else compute_dtype(x0)
-        c, s = cos.to(dt), sin.to(dt)  # tables once per call: the chunks' math is all in dt
+        c = cos.to(dt)  # tables once per call: the chunks' math is all in dt
         info = _structure(matrix)
         if info is None or not info.gather:
             m = matrix.to(dt)
             step = functools.partial(_dense, m=m.mT if transpose else m, transpose=transpose, dt=dt)
-            tables = (c, s)
+            tables = (c, sin.to(dt))
         else:
             index, sign = (info.index_t, info.sign_t) if transpose else (info.index, info.sign)
             # (x @ M)[j] = sign[j] x[index[j]];  ((x*s) @ Mᵀ)[i] = sign_t[i] x[index_t[i]] s[index_t[i]]
-            signed = (s.index_select(-1, index) if transpose else s) * sign.to(dt)  # exact
+            # the sin table's columns gathered in its own dtype (gather: ~3x index_select's speed
+            # along the last dim on the CPU), then signs and dt in one exact product
+            src = torch.gather(sin, -1, index.expand(sin.shape)) if transpose else sin
+            signed = src.to(dt) * sign.to(dt)  # one dtype: ~5x a mixed-dtype product's speed
             # a zero column gathers its own x (times 0): a non-finite x stays in its own column
             index = torch.where(sign != 0, index, torch.arange(len(index), device=index.device))
             step = functools.partial(_gathered, index=index, dt=dt)
