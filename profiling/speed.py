@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import statistics
 import sys
@@ -35,18 +36,27 @@ def bench(fn, device: torch.device, *, cudagraph=False, grad_to_none=None) -> di
         else:
             ms = triton.testing.do_bench(fn, grad_to_none=grad_to_none, quantiles=q)
         return dict(zip(("min_ms", "median_ms", "max_ms"), ms))
-    # CPU: warm up for 0.25 s (allocator, thread pool, caches settle), then time for 0.5 s
-    start = time.perf_counter()
-    for i in range(1000):
-        fn()
-        if i >= 2 and time.perf_counter() - start > CPU_WARMUP_S:
-            break
+    # CPU: warm up (allocator, thread pool, caches settle), then time for CPU_MEASURE_S
+    _cpu_warmup(fn)
     times, start = [], time.perf_counter()
     while len(times) < 10 or (time.perf_counter() - start < CPU_MEASURE_S and len(times) < 200):
         t = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t) * 1e3)
-    return {"min_ms": min(times), "median_ms": statistics.median(times), "max_ms": max(times)}
+    return _summary(times)
+
+
+def _cpu_warmup(fn) -> float:
+    """Call ``fn`` for ``CPU_WARMUP_S`` (at least 3, at most 1000 calls); seconds per call."""
+    start, calls = time.perf_counter(), 0
+    while calls < 3 or (time.perf_counter() - start < CPU_WARMUP_S and calls < 1000):
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls
+
+
+def _summary(times_ms: list[float]) -> dict:
+    return {"min_ms": min(times_ms), "median_ms": statistics.median(times_ms), "max_ms": max(times_ms)}
 
 
 CPU_BURST_S = 0.02  # one visit of a callable in an interleaved round
@@ -64,22 +74,16 @@ def bench_interleaved(fns: dict, *, seed: int = 0) -> tuple[dict, dict]:
     depend on when each ran. Here each round visits every callable, in an order shuffled per round,
     for a burst of about ``CPU_BURST_S`` (``CPU_MEASURE_S / CPU_BURST_S`` rounds: each callable
     gets about ``CPU_MEASURE_S`` of timed calls, and at least 10), so a slow stretch lands on all
-    of them alike. Warm-up as in ``bench``. Returns ``(timings, errors)``: a callable that raises is left out of the rounds and
-    its exception returned under its key."""
-    import random
-
+    of them alike. Warm-up as in ``bench``. Returns ``(timings, errors)``: a callable that raises
+    is left out of the rounds and its exception returned under its key."""
     rng = random.Random(seed)
     times, per_call, errors = {}, {}, {}
     for key, fn in fns.items():  # warm-up, and each call's cost for its burst size
         try:
-            start, calls = time.perf_counter(), 0
-            while calls < 3 or (time.perf_counter() - start < CPU_WARMUP_S and calls < 1000):
-                fn()
-                calls += 1
+            per_call[key] = _cpu_warmup(fn)
         except Exception as e:  # noqa: BLE001 -- reported per callable by the caller
             errors[key] = e
             continue
-        per_call[key] = (time.perf_counter() - start) / calls
         times[key] = []
     rounds = cpu_rounds()
     burst = {k: max(-(-10 // rounds), round(CPU_BURST_S / c)) for k, c in per_call.items()}
@@ -95,8 +99,7 @@ def bench_interleaved(fns: dict, *, seed: int = 0) -> tuple[dict, dict]:
             except Exception as e:  # noqa: BLE001
                 errors[key] = e
                 del times[key]
-    timings = {k: {"min_ms": min(v), "median_ms": statistics.median(v), "max_ms": max(v)} for k, v in times.items()}
-    return timings, errors
+    return {k: _summary(v) for k, v in times.items()}, errors
 
 
 def io_bytes(q, k, cos, sin) -> int:
