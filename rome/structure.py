@@ -43,7 +43,10 @@ class MatrixInfo:
 
     ``index``/``sign`` (``[C]``) and ``index_t``/``sign_t`` (``[R]``) are int64 / float32 tensors
     on the matrix's device, meaningful when ``gather`` (zeros otherwise; index 0 for a zero
-    column or row). ``bf16_exact``: every entry is exactly representable in bfloat16 (NaN and
+    column or row). ``take``/``take_t``: ``index``/``index_t`` with a zero column (row) pointing
+    at its own position instead (0 past the other side's length), so a gather with them never
+    moves an element of x into a column that only multiplies it by 0 (a non-finite x stays in
+    its own column). ``bf16_exact``: every entry is exactly representable in bfloat16 (NaN and
     ±inf count as representable).
     """
 
@@ -55,6 +58,8 @@ class MatrixInfo:
     sign: Tensor
     index_t: Tensor
     sign_t: Tensor
+    take: Tensor
+    take_t: Tensor
 
 
 def _analyse(matrix: Tensor) -> MatrixInfo:
@@ -78,7 +83,15 @@ def _analyse(matrix: Tensor) -> MatrixInfo:
     else:
         index, index_t = (torch.zeros(n, dtype=torch.int64, device=m.device) for n in (cols, rows))
         sign, sign_t = (torch.zeros(n, dtype=torch.float32, device=m.device) for n in (cols, rows))
-    return MatrixInfo((rows, cols), gather, gather and full, bf16_exact, index, sign, index_t, sign_t)
+    take, take_t = _own_where_zero(index, sign, rows), _own_where_zero(index_t, sign_t, cols)
+    return MatrixInfo((rows, cols), gather, gather and full, bf16_exact, index, sign, index_t, sign_t,
+                      take, take_t)
+
+
+def _own_where_zero(index: Tensor, sign: Tensor, limit: int) -> Tensor:
+    """``index``, where ``sign`` is 0 replaced by the position itself (0 at or past ``limit``)."""
+    own = torch.arange(len(index), device=index.device)
+    return torch.where(sign != 0, index, torch.where(own < limit, own, 0))
 
 
 _cache: OrderedDict[tuple, tuple[Tensor, MatrixInfo, Tensor | None]] = OrderedDict()

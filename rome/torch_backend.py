@@ -15,8 +15,12 @@ general (non-gather) M takes a float64 product.
 Speed: a matrix that ``rome.structure`` finds to be a signed (partial) permutation is never
 multiplied: per chunk, ``g = gather(x, index)``, ``g *= sign*sin`` (the signs folded into the sin
 table once per call), ``g += x*cos``; a general M takes a float64 matmul. The work walks x in
-chunks of ``CHUNK_ELEMENTS`` elements in x's memory order (a view, never a copy of x), so on the
-CPU a chunk's float64 temporaries stay in cache; on other devices chunks only bound their size.
+chunks of ``CHUNK_ELEMENTS`` elements in x's memory order (views, never a copy of x) with float64
+scratch allocated once per call (``_Work``), so the float64 temporaries stay a few MiB however
+large x is; on devices other than the CPU chunks only bound their size.
+On the CPU these passes are near what eager torch allows: per 128K float64 elements a gather
+costs ~2x a copy, and neither index_select, slice-and-cat nor transposed layouts were faster
+(measured); the one-ulp guarantee costs the float64 passes.
 
 Autocast: the op computes as documented whatever the ambient autocast state, and its output
 dtype follows x; autocast is switched off inside (``no_autocast``), so x @ M never runs in a
@@ -29,6 +33,7 @@ import contextlib
 import functools
 import itertools
 import math
+import threading
 
 import torch
 from torch import Tensor
@@ -36,7 +41,7 @@ from torch import Tensor
 from . import structure
 from .positions import angle_rows, gather_rows
 
-CHUNK_ELEMENTS = {"cpu": 1 << 17}  # elements of x per chunk (CPU: fp64 temporaries near L2)
+CHUNK_ELEMENTS = {"cpu": 1 << 18}  # elements of x per chunk (CPU: measured best of 2**16..2**19)
 _DEFAULT_CHUNK = 1 << 22  # other devices: bounds the float64 temporaries to 32 MiB each
 
 
@@ -52,7 +57,8 @@ def no_autocast(fn=None):
         return wrapped
     stack = contextlib.ExitStack()
     for device_type in ("cpu", "cuda"):
-        stack.enter_context(torch.autocast(device_type, enabled=False))
+        if torch.is_autocast_enabled(device_type):  # entering a context costs ~10 µs
+            stack.enter_context(torch.autocast(device_type, enabled=False))
     return stack
 
 
@@ -112,9 +118,15 @@ def _chunked(fn, x: Tensor, out: Tensor, *tables: Tensor) -> None:
     # split dim j, the outermost whose inner dims hold fewer than ``rows`` rows; loop over the rest
     j = next(j for j in range(len(lead)) if math.prod(lead[j + 1 :]) < rows)
     step = max(1, rows // math.prod(lead[j + 1 :]))
+    inner = (*lead[j + 1 :], x.shape[-1])
+    geometry = [(t.stride(), t.storage_offset()) for t in tensors]
     for outer in itertools.product(*map(range, lead[:j])):
-        for pieces in zip(*(t[outer].split(step) for t in tensors)):
-            fn(*pieces)
+        bases = [offset + sum(i * st for i, st in zip(outer, strides)) for strides, offset in geometry]
+        for start in range(0, lead[j], step):
+            n = min(step, lead[j] - start)
+            # one as_strided view per tensor: a few µs less per piece than select + split
+            fn(*(t.as_strided((n, *inner), strides[j:], base + start * strides[j])
+                 for t, (strides, _), base in zip(tensors, geometry, bases)))
 
 
 def rotate(
@@ -155,36 +167,79 @@ def rotate_into(
     live = [(x, out) for x, out in zip(xs, outs) if x.numel()]
     if not live:
         return
-    with no_autocast():
-        x0 = live[0][0]
-        dt = torch.float64 if x0.dtype == torch.float64 else compute_dtype(x0)
-        c = cos.to(dt)  # tables once per call: the chunks' math is all in dt
+    x0 = live[0][0]
+    dt = torch.float64 if x0.dtype == torch.float64 else compute_dtype(x0)
+    with no_autocast(), _Work.get(dt, x0.device) as work:
         info = _structure(matrix)
         if info is None or not info.gather:
             m = matrix.to(dt)
             step = functools.partial(_dense, m=m.mT if transpose else m, transpose=transpose, dt=dt)
-            tables = (c, sin.to(dt))
+            tables = (cos.to(dt), sin.to(dt))
         else:
-            index, sign = (info.index_t, info.sign_t) if transpose else (info.index, info.sign)
+            index, take, sign = ((info.index_t, info.take_t, info.sign_t) if transpose
+                                 else (info.index, info.take, info.sign))
             # (x @ M)[j] = sign[j] x[index[j]];  ((x*s) @ Mᵀ)[i] = sign_t[i] x[index_t[i]] s[index_t[i]]
             # the sin table's columns gathered in its own dtype (gather: ~3x index_select's speed
-            # along the last dim on the CPU), then signs and dt in one exact product
+            # along the last dim on the CPU; multiplying x by sign*sin before gathering x*s
+            # instead was measured 10% slower); the tables in dt once a call, into the scratch
+            # (never into the caller's tables), signs and dt in one exact product in one dtype
+            # (~5x a mixed-dtype product's speed)
             src = torch.gather(sin, -1, index.expand(sin.shape)) if transpose else sin
-            signed = src.to(dt) * sign.to(dt)  # one dtype: ~5x a mixed-dtype product's speed
-            # a zero column gathers its own x (times 0): a non-finite x stays in its own column
-            index = torch.where(sign != 0, index, torch.arange(len(index), device=index.device))
-            step = functools.partial(_gathered, index=index, dt=dt)
+            c = cos if cos.dtype == dt else work.like(cos, 2).copy_(cos)
+            signed = work.like(src, 3)
+            torch.mul(src if src.dtype == dt else signed.copy_(src), sign.to(dt), out=signed)
+            # take: a zero column gathers its own x (times 0), so a non-finite x stays in its column
+            step = functools.partial(_gathered, index=take, dt=dt, work=work)
             tables = (c, signed)
         for x, out in live:
             _chunked(step, x, out, *tables)
 
 
-def _gathered(x, out, c, signed, *, index, dt) -> None:
-    xd = x.to(dt)
-    direct = out.dtype == dt  # float64 x: work in out itself
-    g = torch.gather(xd, -1, index.expand(xd.shape), out=out if direct else None)
-    g.mul_(signed).addcmul_(xd, c)  # sign*x[index]*s exact, + x*c exact, one rounding in dt
-    if not direct:
+class _Work:
+    """Float64 scratch reused by every chunk of a call and, on the CPU, kept per thread between
+    calls up to ``KEEP_ELEMENTS`` a buffer (new temporaries per chunk were measured 8-16% slower
+    in a chunk loop on a 2-core CPU: allocation and first-touch page faults)."""
+
+    KEEP_ELEMENTS = 1 << 18  # 2 MiB of float64 a buffer, 8 MiB a thread: a chunk, a 2048 x 128 table
+    _kept = threading.local()
+
+    def __init__(self, dt, device):
+        self.dt, self.device, self.buffers, self.busy = dt, device, [], False
+
+    @classmethod
+    @contextlib.contextmanager
+    def get(cls, dt, device):
+        """This thread's kept scratch on the CPU (a new one elsewhere, or if it is in use)."""
+        work = getattr(cls._kept, "work", None) if device.type == "cpu" else None
+        if work is None or work.dt != dt or work.busy:
+            work = cls(dt, device)
+            if device.type == "cpu" and getattr(cls._kept, "work", None) is None:
+                cls._kept.work = work
+        work.busy = True
+        try:
+            yield work
+        finally:
+            work.busy = False
+
+    def like(self, x: Tensor, i: int) -> Tensor:
+        """Scratch ``i``, shaped like ``x`` (contiguous)."""
+        while len(self.buffers) <= i:
+            self.buffers.append(torch.empty(0, dtype=self.dt, device=self.device))
+        n = x.numel()
+        buf = self.buffers[i]
+        if buf.numel() < n:
+            buf = torch.empty(n, dtype=self.dt, device=self.device)
+            if n <= self.KEEP_ELEMENTS or self.device.type != "cpu":
+                self.buffers[i] = buf
+        return buf[:n].view(x.shape)
+
+
+def _gathered(x, out, c, signed, *, index, dt, work: _Work) -> None:
+    xd = x if x.dtype == dt else work.like(x, 0).copy_(x)
+    g = out if out.dtype == dt else work.like(x, 1)  # float64 x: the result goes into out itself
+    torch.gather(xd, -1, index.expand(xd.shape), out=g)
+    g.mul_(signed).addcmul_(xd, c)  # sign*x[index]*s exact, + x*c exact: one rounding in dt
+    if g is not out:
         out.copy_(g)
 
 

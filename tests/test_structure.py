@@ -38,6 +38,10 @@ def test_partial_rotary_zero_block_is_a_gather_not_a_permutation():
     x = torch.randn(5, 64, dtype=torch.float64, device=DEVICE)
     assert torch.equal(_gather(x, info.index, info.sign), x @ m.double())
     assert torch.equal(_gather(x, info.index_t, info.sign_t), x @ m.double().T)
+    # take: the gather index with each zero column (row) reading its own position
+    own = torch.arange(64, device=DEVICE)
+    for take, index in ((info.take, info.index), (info.take_t, info.index_t)):
+        assert torch.equal(take[:32], index[:32]) and torch.equal(take[32:], own[32:])
 
 
 def test_scattered_signed_permutation():

@@ -1,5 +1,7 @@
 """rome.torch_backend: within one ulp of the exact result, gather == dense, chunking, autocast."""
 
+import threading
+
 import pytest
 import torch
 
@@ -239,3 +241,35 @@ def test_no_autocast_restores_state():
         with torch_backend.no_autocast():
             assert not torch.is_autocast_enabled("cpu")
         assert torch.is_autocast_enabled("cpu")
+
+
+def test_scratch_kept_per_thread_gives_each_call_its_own_result(monkeypatch):
+    """The float64 scratch kept between calls (``_Work``): calls of growing, shrinking and
+    over-the-cap sizes, and threads at once, each get the result of a fresh computation."""
+    monkeypatch.setitem(torch_backend.CHUNK_ELEMENTS, DEVICE, 7 * 16)
+    monkeypatch.setattr(torch_backend._Work, "KEEP_ELEMENTS", 12 * 16)
+    m = rome.rotation_matrix((8, 8), "half", device=DEVICE)
+    cases = []
+    for rows in (3, 40, 5, 2, 64, 1):  # tables over and under the cap, chunks and no chunks
+        x = torch.randn(2, rows, 16, device=DEVICE).bfloat16()
+        c, s = random_tables((rows, 16))
+        x64, c64, s64, m64 = x.double(), c.double(), s.double(), m.double()
+        want = (x64 * c64 + (x64 @ m64) * s64).bfloat16()
+        want_t = (x64 * c64 + (x64 * s64) @ m64.T).bfloat16()
+        cases.append((x, c, s, want, want_t))
+
+    def run_all(results):
+        for x, c, s, want, want_t in cases * 3:
+            results.append(torch.equal(torch_backend.rotate(x, c, s, m), want))
+            results.append(torch.equal(torch_backend.rotate(x, c, s, m, transpose=True), want_t))
+
+    alone = []
+    run_all(alone)
+    assert all(alone)
+    threaded = [[] for _ in range(3)]
+    threads = [threading.Thread(target=run_all, args=(r,)) for r in threaded]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(all(r) and len(r) == len(alone) for r in threaded)
