@@ -465,6 +465,8 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):
             with positions_checked():  # checked by the forward
+                if _direct(*hs, cos, sin, matrix, *(t for t in (positions, axis) if t is not None)):
+                    return _rotate(hs, cos, sin, matrix, ctx.backend, t, positions, axis, ctx.angles)
                 out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend, positions, axis, ctx.angles)
             return [out] if len(hs) == 1 else list(out)
 
@@ -640,6 +642,38 @@ def _use_function(*tensors: Tensor) -> bool:
     return any(fwAD.unpack_dual(t).tangent is not None for t in tensors)
 
 
+_is_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+
+
+def _direct(*tensors: Tensor) -> bool:
+    """Whether an op may run its implementation (``_rotate``) without the dispatcher: eager, plain
+    tensors, and nothing that would record the call (an autograd graph, a trace, a dispatch or
+    torch-function mode, the profiler, which then shows ``rome::*`` as before). The result is
+    the op's, bitwise; what is saved is the custom op's dispatch, ~50 µs a call."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    if (torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled() or torch._C._autograd._profiler_enabled()
+            or torch._C._are_functorch_transforms_active()):
+        return False
+    # legacy vmap (gradcheck's batched grads) wraps plain-typed tensors: the op batches them
+    return all(type(t) is Tensor and not _is_legacy_batched(t) for t in tensors)
+
+
+def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *xs):
+    """The public entry points' one way in: ``_Rotate`` under forward AD and torch.func, the
+    implementation itself where ``_direct`` allows, else the op (autograd, compile, modes)."""
+    extra = [t for t in (positions, axis) if t is not None]
+    if _use_function(*xs, cos, sin, matrix):
+        outs = _Rotate.apply(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs)
+    elif _direct(*xs, cos, sin, matrix, *extra):
+        outs = _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles)
+    else:
+        outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
+        outs = [outs] if len(xs) == 1 else outs
+    return outs[0] if len(xs) == 1 else tuple(outs)
+
+
 def _no_dtensor(fn: str, named: dict) -> None:
     """The positions/angles ops have no DTensor sharding rules (their positions index the cache
     rows, which a shard of x cannot know): a clear error instead of DTensor's own."""
@@ -678,9 +712,7 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     _check_types({"x": x}, cos, sin, matrix, backend)
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
         x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
-    if _use_function(x, cos, sin, matrix):
-        return _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, x)[0]
-    return torch.ops.rome.apply(x, cos, sin, matrix, backend)
+    return _call(False, backend, None, None, False, cos, sin, matrix, x)
 
 
 def apply_qk(
@@ -691,10 +723,7 @@ def apply_qk(
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
         q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
-    if _use_function(q, k, cos, sin, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, None, None, False, cos, sin, matrix, q, k)
-        return q_out, k_out
-    return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend)
+    return _call(False, backend, None, None, False, cos, sin, matrix, q, k)
 
 
 def apply_at(
@@ -719,9 +748,7 @@ def apply_at(
     _check_types({"x": x}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     _no_dtensor("apply_at", {"x": x, "cos": cos, "sin": sin, "positions": positions})
-    if _use_function(x, cos, sin, matrix):
-        return _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, x)[0]
-    return torch.ops.rome.apply(x, cos, sin, matrix, backend, positions, axis)
+    return _call(False, backend, positions, axis, False, cos, sin, matrix, x)
 
 
 def apply_qk_at(
@@ -733,10 +760,7 @@ def apply_qk_at(
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     _no_dtensor("apply_qk_at", {"q": q, "k": k, "cos": cos, "sin": sin, "positions": positions})
-    if _use_function(q, k, cos, sin, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, positions, axis, False, cos, sin, matrix, q, k)
-        return q_out, k_out
-    return torch.ops.rome.apply_qk(q, k, cos, sin, matrix, backend, positions, axis)
+    return _call(False, backend, positions, axis, False, cos, sin, matrix, q, k)
 
 
 def apply_qk_angles(
@@ -758,7 +782,4 @@ def apply_qk_angles(
     _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)
     _check_position_types(positions, axis)
     _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
-    if _use_function(q, k, freqs, scales, matrix):
-        q_out, k_out = _Rotate.apply(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
-        return q_out, k_out
-    return torch.ops.rome.apply_qk(q, k, freqs, scales, matrix, backend, positions, axis, True)
+    return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import rome
 from rome.precision import tolerance
@@ -272,3 +273,41 @@ def test_matrix_with_an_asymmetric_block_mask():
     (dx,) = torch.autograd.grad(out, [xs], dy.to(DEVICE))
     torch.testing.assert_close(out.cpu().double(), want, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(dx.cpu().double(), want_dx, rtol=1e-5, atol=1e-4)
+
+
+class _SeenOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eager_calls_skip_the_dispatcher_only_where_nothing_records(backend):
+    """Eager calls without grad run the op's implementation directly (ops._direct); a dispatch
+    mode, the profiler and autograd still see ``rome::*`` ops, with the same bits."""
+    q = torch.randn(1, 2, 6, 16, device=DEVICE)
+    k = torch.randn(1, 1, 6, 16, device=DEVICE)
+    cos, sin = random_tables((6, 16))
+    m = matrix((8, 8), "half", torch.float32)
+    direct = rome.apply_qk(q, k, cos, sin, m, backend=backend)
+    via_op = torch.ops.rome.apply_qk(q, k, cos, sin, m, backend)
+    assert all(torch.equal(a, b) for a, b in zip(direct, via_op))
+    with _SeenOps() as seen:
+        moded = rome.apply(q, cos, sin, m, backend=backend)
+    assert "rome.apply.default" in seen.ops and torch.equal(moded, direct[0])
+    with torch.profiler.profile() as prof:
+        rome.apply_qk(q, k, cos, sin, m, backend=backend)
+    assert "rome::apply_qk" in {e.name for e in prof.events()}
+    ql = q.detach().requires_grad_()
+    out = rome.apply(ql, cos, sin, m, backend=backend)
+    assert "rome_apply" in type(out.grad_fn).__name__ and torch.equal(out.detach(), direct[0])
+    g = torch.randn_like(out)
+    (plain,) = torch.autograd.grad(out, ql, g)  # the backward's transposed op runs directly
+    with torch.profiler.profile() as prof:  # ... and through the op under the profiler
+        (profiled,) = torch.autograd.grad(rome.apply(ql, cos, sin, m, backend=backend), ql, g)
+    assert "rome::apply_transposed" in {e.name for e in prof.events()}
+    assert torch.equal(plain, profiled)
