@@ -257,14 +257,22 @@ def cache_index(positions: Tensor, axis: Tensor | None, head_dim: int) -> Tensor
     positions ``[..., A]`` (``positions[..., 0]`` on every column for A = 1 without axis)."""
     if axis is None:
         return positions[..., :1].expand(*positions.shape[:-1], head_dim).long()
-    return positions.long()[..., axis.to(positions.device, torch.int64)]
+    # a gather along the last dim: ~3.5x advanced indexing's speed on the CPU ([2048, 3] -> 128)
+    axis = axis.to(positions.device, torch.int64).expand(*positions.shape[:-1], head_dim)
+    return torch.gather(positions.long(), -1, axis)
+
+
+def rows_at(cache: Tensor, index: Tensor) -> Tensor:
+    """``out[..., j] = cache[index[..., j], j]`` for a cache ``[P, D]`` and int64 ``index``
+    ``[..., D]`` (``cache_index``); differentiable in the cache."""
+    flat = index.to(cache.device).reshape(-1, index.shape[-1])
+    return torch.gather(cache, 0, flat).view(index.shape)  # ~1.9x advanced indexing's speed (CPU)
 
 
 def gather_rows(cache: Tensor, positions: Tensor, axis: Tensor | None = None) -> Tensor:
     """Per-token tables ``[..., D]`` from a cache ``[P, D]``: ``out[..., j] = cache[index[..., j], j]``
     with ``index = cache_index(positions, axis, D)`` (differentiable in the cache)."""
-    columns = torch.arange(cache.shape[-1], device=cache.device)
-    return cache[cache_index(positions, axis, cache.shape[-1]).to(cache.device), columns]
+    return rows_at(cache, cache_index(positions, axis, cache.shape[-1]))
 
 
 def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int) -> Tensor:
@@ -300,11 +308,22 @@ def angle_rows(freqs: Tensor, scales: Tensor, positions: Tensor, axis: Tensor | 
     """Per-token ``(cos, sin)`` ``[..., D]`` of the angles mode in float64, rounded once to
     ``dtype``: ``(scales[0] + scales[1]) * cos(p * (freqs[0] + freqs[1]))`` with ``p = positions[..., axis[j]]``
     (the torch backend's tables and the tests' oracle); pass-through columns 1 and 0."""
+    d = freqs.shape[-1]
     inv = freqs[0].to(torch.float64) + freqs[1].to(torch.float64)
-    p = cache_index(positions, axis, freqs.shape[-1]).to(inv.device, torch.float64)
+    s = scales[0].to(torch.float64) + scales[1].to(torch.float64)
+    columns = None
+    if inv.device.type == "cpu":  # (unique syncs a GPU; elsewhere every column is computed)
+        # columns sharing (axis, frequency, scale) share their tables (half and interleave
+        # rotation: every pair): the float64 cos/sin for one of each, ~half the transcendentals
+        ax = torch.zeros(d, dtype=torch.float64) if axis is None else axis.to(torch.float64)
+        (ax, inv, s), columns = torch.unique(torch.stack([ax, inv, s]), dim=1, return_inverse=True)
+        axis = None if axis is None else ax.long()
+    p = cache_index(positions, axis, inv.shape[-1]).to(inv.device, torch.float64)
     angles = p * inv
     rotated = inv != 0
-    s = scales[0].to(torch.float64) + scales[1].to(torch.float64)
-    cos = torch.where(rotated, angles.cos() * s, 1.0)
-    sin = torch.where(rotated, angles.sin() * s, 0.0)
-    return cos.to(dtype), sin.to(dtype)
+    cos = torch.where(rotated, angles.cos() * s, 1.0).to(dtype)
+    sin = torch.where(rotated, angles.sin() * s, 0.0).to(dtype)
+    if columns is not None:
+        columns = columns.expand(*cos.shape[:-1], d)
+        cos, sin = torch.gather(cos, -1, columns), torch.gather(sin, -1, columns)
+    return cos, sin

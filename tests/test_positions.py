@@ -1,9 +1,12 @@
 """rome.positions: every accepted position layout read as [B', S, A] (or [T, A] packed), offsets,
 cu_seqlens, unrotated masks, and bad input."""
 
+import itertools
+
 import pytest
 import torch
 
+import rome.positions
 from rome.positions import check_cu_seqlens, check_range, normalize_positions, token_mask
 
 
@@ -113,3 +116,45 @@ def test_check_range_and_masks():
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize("axes,with_axis", [(1, False), (1, True), (3, True)])
+def test_cache_index_and_gather_rows_against_a_loop(axes, with_axis):
+    """gather_rows(cache, positions, axis)[..., j] = cache[positions[..., axis[j]], j], element by
+    element, for non-contiguous int32 positions of several leading dims, grads included."""
+    d, rows = 12, 9
+    cache = torch.randn(rows, d, dtype=torch.float64, requires_grad=True)
+    positions = torch.randint(0, rows, (2, 5, 3, axes), dtype=torch.int32).transpose(0, 1)
+    axis = torch.randint(0, axes, (d,)) if with_axis else None
+    index = rome.positions.cache_index(positions, axis, d)
+    got = rome.positions.gather_rows(cache, positions, axis)
+    assert index.shape == got.shape == (5, 2, 3, d) and index.dtype == torch.int64
+    for lead in itertools.product(*map(range, positions.shape[:-1])):
+        for j in range(d):
+            p = int(positions[lead][0 if axis is None else int(axis[j])])
+            assert index[lead][j] == p and got[lead][j] == cache[p, j]
+    got.backward(torch.ones_like(got))
+    counts = torch.zeros(rows, d, dtype=torch.float64)
+    for lead in itertools.product(*map(range, positions.shape[:-1])):
+        for j in range(d):
+            counts[int(index[lead][j]), j] += 1
+    assert torch.equal(cache.grad, counts)
+
+
+@pytest.mark.parametrize("axes", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_angle_rows_share_equal_columns_bitwise(axes, dtype):
+    """angle_rows computes one column of each (axis, frequency, scale) and copies it to its equals
+    (on the CPU): bitwise the per-column float64 formula, pass-through columns 1 and 0."""
+    d = 16
+    inv = torch.tensor([1.0, 0.25, 1e-3, 0.0] * 2 + [0.5, 0.7, 0.0, 3e-5] * 2, dtype=torch.float64)
+    axis = torch.randint(0, axes, (d,)) if axes > 1 else None
+    freqs, scales = rome.positions.angle_frequencies(inv, 0.9)
+    positions = torch.randint(0, 1 << 20, (3, 7, axes)).transpose(0, 1)
+    cos, sin = rome.positions.angle_rows(freqs, scales, positions, axis, dtype=dtype)
+    inv64, s64 = freqs.double().sum(0), scales.double().sum(0)
+    p = rome.positions.cache_index(positions, axis, d).double()
+    want_c = torch.where(inv64 != 0, (p * inv64).cos() * s64, 1.0).to(dtype)
+    want_s = torch.where(inv64 != 0, (p * inv64).sin() * s64, 0.0).to(dtype)
+    assert cos.shape == (7, 3, d) and cos.dtype == dtype
+    assert torch.equal(cos, want_c) and torch.equal(sin, want_s)
