@@ -46,8 +46,11 @@ class MatrixInfo:
     column or row). ``take``/``take_t``: ``index``/``index_t`` with a zero column (row) pointing
     at its own position instead (0 past the other side's length), so a gather with them never
     moves an element of x into a column that only multiplies it by 0 (a non-finite x stays in
-    its own column). ``bf16_exact``: every entry is exactly representable in bfloat16 (NaN and
-    ±inf count as representable).
+    its own column). ``pairs``/``pairs_t``: ``take``/``take_t`` as an index of column pairs where
+    it moves whole aligned pairs in order (``take[2i:2i+2] == (2k, 2k+1)``: half rotation with
+    even halves), so a gather can move two elements at a time; None where it splits a pair
+    (interleave rotation swaps within one). ``bf16_exact``: every entry is exactly representable
+    in bfloat16 (NaN and ±inf count as representable).
     """
 
     shape: tuple[int, int]
@@ -60,6 +63,8 @@ class MatrixInfo:
     sign_t: Tensor
     take: Tensor
     take_t: Tensor
+    pairs: Tensor | None = None
+    pairs_t: Tensor | None = None
 
 
 def _analyse(matrix: Tensor) -> MatrixInfo:
@@ -84,8 +89,17 @@ def _analyse(matrix: Tensor) -> MatrixInfo:
         index, index_t = (torch.zeros(n, dtype=torch.int64, device=m.device) for n in (cols, rows))
         sign, sign_t = (torch.zeros(n, dtype=torch.float32, device=m.device) for n in (cols, rows))
     take, take_t = _own_where_zero(index, sign, rows), _own_where_zero(index_t, sign_t, cols)
+    pairs, pairs_t = (_pairwise(t) if gather else None for t in (take, take_t))
     return MatrixInfo((rows, cols), gather, gather and full, bf16_exact, index, sign, index_t, sign_t,
-                      take, take_t)
+                      take, take_t, pairs, pairs_t)
+
+
+def _pairwise(take: Tensor) -> Tensor | None:
+    """``take[0::2] // 2`` where ``take`` moves aligned pairs whole and in order, else None."""
+    even, odd = take[0::2], take[1::2]
+    if len(take) % 2 or not bool(((even % 2 == 0) & (odd == even + 1)).all()):
+        return None
+    return even // 2
 
 
 def _own_where_zero(index: Tensor, sign: Tensor, limit: int) -> Tensor:

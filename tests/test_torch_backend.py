@@ -273,3 +273,26 @@ def test_scratch_kept_per_thread_gives_each_call_its_own_result(monkeypatch):
     for t in threads:
         t.join()
     assert all(all(r) and len(r) == len(alone) for r in threaded)
+
+
+@pytest.mark.parametrize("transpose", [False, True], ids=["forward", "transpose"])
+def test_pair_gather_and_its_fallback(transpose, monkeypatch):
+    """Half rotation with even halves moves aligned pairs (``MatrixInfo.pairs``): the gather runs
+    on complex128 views; an odd offset of a float64 x, odd halves or an interleave matrix (no
+    pairs) take the element gather. Every path gives the float64 formula's bits."""
+    seen = []
+    real_gather = torch.gather
+    monkeypatch.setattr(torch, "gather", lambda t, *a, **k: seen.append(t.dtype) or real_gather(t, *a, **k))
+    for sections, mode, pairs in (((8, 8), "half", True), ((6, 10), "half", False), ((8, 8), "interleave", False)):
+        m = rome.rotation_matrix(sections, mode, dtype=torch.float64, device=DEVICE)
+        assert (structure.describe(m).pairs is not None) == pairs
+        c, s = random_tables((5, 16))  # fp32, and x with bf16 values: every product exact
+        wide = torch.randn(2, 5, 17, device=DEVICE).bfloat16().double()
+        for x, paired in ((wide[..., :16].bfloat16(), pairs), (wide[..., :16].contiguous(), pairs),
+                          (wide[..., 1:], False)):  # odd storage offset: no complex view
+            seen.clear()
+            got = torch_backend.rotate(x, c, s, m, transpose=transpose)
+            x64, c64, s64 = x.double(), c.double(), s.double()
+            want = x64 * c64 + ((x64 * s64) @ m.T if transpose else (x64 @ m) * s64)
+            assert torch.equal(got, want.to(x.dtype))
+            assert (torch.complex128 in seen) == paired
