@@ -36,7 +36,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
-from .positions import angle_rows, check_range, gather_rows, scatter_rows
+from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
 
 BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -421,7 +421,7 @@ def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, ax
                                "(apply_qk_angles); detach them")
         _, rows_s = angle_rows(cos, sin, positions, axis)
         return _table_grads(xs, hs, rows_s, rows_s, matrix, transpose, needs)
-    rows_c, rows_s = gather_rows(cos, positions, axis), gather_rows(sin, positions, axis)
+    rows_c, rows_s = rows_of((cos, sin), positions, axis)
     dcos, dsin, dm = _table_grads(xs, hs, rows_c, rows_s, matrix, transpose, needs)
     p = cos.shape[0]
     dcos = None if dcos is None else scatter_rows(dcos, positions, axis, p)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 __all__ = ["angle_frequencies", "angle_rows", "cache_index", "check_cu_seqlens", "check_range",
            "gather_rows", "normalize_positions", "scatter_rows", "token_mask"]
@@ -262,17 +263,36 @@ def cache_index(positions: Tensor, axis: Tensor | None, head_dim: int) -> Tensor
     return torch.gather(positions.long(), -1, axis)
 
 
-def rows_at(cache: Tensor, index: Tensor) -> Tensor:
-    """``out[..., j] = cache[index[..., j], j]`` for a cache ``[P, D]`` and int64 ``index``
-    ``[..., D]`` (``cache_index``); differentiable in the cache."""
-    flat = index.to(cache.device).reshape(-1, index.shape[-1])
-    return torch.gather(cache, 0, flat).view(index.shape)  # ~1.9x advanced indexing's speed (CPU)
-
-
 def gather_rows(cache: Tensor, positions: Tensor, axis: Tensor | None = None) -> Tensor:
     """Per-token tables ``[..., D]`` from a cache ``[P, D]``: ``out[..., j] = cache[index[..., j], j]``
     with ``index = cache_index(positions, axis, D)`` (differentiable in the cache)."""
-    return rows_at(cache, cache_index(positions, axis, cache.shape[-1]))
+    return rows_of((cache,), positions, axis)[0]
+
+
+RUNS = 8  # at most this many runs of columns reading one axis: rows copied per run
+
+
+def rows_of(caches, positions: Tensor, axis: Tensor | None = None) -> list[Tensor]:
+    """``gather_rows`` of each cache (one shape ``[P, D]``), sharing the work on the positions.
+
+    Where the columns fall in at most ``RUNS`` runs of one axis (1D: one run; a video's sections:
+    one a section), whole rows are copied per run (``index_select``: ~10x an element gather on
+    the CPU) and the runs concatenated; else one element gather (``take``) by flat index."""
+    d = caches[0].shape[-1]
+    lead = positions.shape[:-1]
+    runs = [(0, 0)]
+    if axis is not None:  # the runs need axis's values: read where that costs no sync or trace
+        readable = axis.device.type == "cpu" and not is_fake(axis) and not torch.compiler.is_compiling()
+        ax = axis.tolist() if readable else None
+        runs = [(j, a) for j, a in enumerate(ax) if j == 0 or a != ax[j - 1]] if readable else None
+    if runs is not None and len(runs) <= RUNS:
+        flat = positions.reshape(-1, positions.shape[-1]).to(caches[0].device, torch.int64)
+        ends = [j for j, _ in runs[1:]] + [d]
+        return [torch.cat([c[:, j:e].index_select(0, flat[:, a]) for (j, a), e in zip(runs, ends)], -1)
+                .view(*lead, d) for c in caches]
+    index = cache_index(positions, axis, d).to(caches[0].device)
+    flat = index * d + torch.arange(d, device=index.device)  # row-major offsets into the cache
+    return [torch.take(c, flat) for c in caches]
 
 
 def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int) -> Tensor:
@@ -311,19 +331,44 @@ def angle_rows(freqs: Tensor, scales: Tensor, positions: Tensor, axis: Tensor | 
     d = freqs.shape[-1]
     inv = freqs[0].to(torch.float64) + freqs[1].to(torch.float64)
     s = scales[0].to(torch.float64) + scales[1].to(torch.float64)
-    columns = None
-    if inv.device.type == "cpu":  # (unique syncs a GPU; elsewhere every column is computed)
-        # columns sharing (axis, frequency, scale) share their tables (half and interleave
-        # rotation: every pair): the float64 cos/sin for one of each, ~half the transcendentals
-        ax = torch.zeros(d, dtype=torch.float64) if axis is None else axis.to(torch.float64)
-        (ax, inv, s), columns = torch.unique(torch.stack([ax, inv, s]), dim=1, return_inverse=True)
-        axis = None if axis is None else ax.long()
-    p = cache_index(positions, axis, inv.shape[-1]).to(inv.device, torch.float64)
+    if inv.device.type != "cpu":  # (unique syncs a GPU: there every element is computed)
+        return _angle_tables(cache_index(positions, axis, d).to(inv.device, torch.float64), inv, s, dtype)
+    # On the CPU the float64 cos/sin are computed once per distinct value, bitwise the same as
+    # for every element at a fraction of the transcendentals. Where positions repeat (a video's
+    # axes take a few dozen values) the tables are a cache [V, D] of the distinct positions read
+    # at the positions; else per token. Either way once per distinct column: columns sharing
+    # (frequency, scale), and the axis when per token, share their tables (every pair of a
+    # half or interleave rotation).
+    values, rows = torch.unique(positions, return_inverse=True)
+    if 2 * values.numel() <= positions[..., 0].numel():
+        (inv, s), columns = _distinct_columns(inv, s)
+        cos, sin = (t[:, columns] for t in _angle_tables(values.to(torch.float64)[:, None], inv, s, dtype))
+        return tuple(rows_of((cos, sin), rows, axis))
+    ax = torch.zeros(d, dtype=torch.float64) if axis is None else axis.to(torch.float64)
+    (ax, inv, s), columns = _distinct_columns(ax, inv, s)
+    p = cache_index(positions, None if axis is None else ax.long(), inv.shape[-1]).to(torch.float64)
+    cos, sin = _angle_tables(p, inv, s, dtype)
+    columns = columns.expand(*cos.shape[:-1], d)
+    return torch.gather(cos, -1, columns), torch.gather(sin, -1, columns)
+
+
+def _distinct_columns(*columns: Tensor) -> tuple[list[Tensor], Tensor]:
+    """The distinct columns of ``[D]`` vectors read together, in order of first appearance, and
+    each column's index among them (on the host: torch.unique along a dim took ~0.4 ms here)."""
+    first: dict = {}
+    reps, inverse = [], []
+    for j, key in enumerate(zip(*(c.tolist() for c in columns))):
+        if key not in first:
+            first[key] = len(reps)
+            reps.append(j)
+        inverse.append(first[key])
+    reps = torch.tensor(reps, dtype=torch.int64)
+    return [c[reps] for c in columns], torch.tensor(inverse, dtype=torch.int64)
+
+
+def _angle_tables(p: Tensor, inv: Tensor, s: Tensor, dtype) -> tuple[Tensor, Tensor]:
+    """``(s*cos(p*inv), s*sin(p*inv))`` in float64 rounded once to dtype; 1 and 0 where inv is 0."""
     angles = p * inv
     rotated = inv != 0
-    cos = torch.where(rotated, angles.cos() * s, 1.0).to(dtype)
-    sin = torch.where(rotated, angles.sin() * s, 0.0).to(dtype)
-    if columns is not None:
-        columns = columns.expand(*cos.shape[:-1], d)
-        cos, sin = torch.gather(cos, -1, columns), torch.gather(sin, -1, columns)
-    return cos, sin
+    return (torch.where(rotated, angles.cos() * s, 1.0).to(dtype),
+            torch.where(rotated, angles.sin() * s, 0.0).to(dtype))

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from . import structure
-from .positions import angle_rows, cache_index, rows_at
+from .positions import angle_rows, rows_of
 
 CHUNK_ELEMENTS = {"cpu": 1 << 18}  # elements of x per chunk (CPU: measured best of 2**16..2**19)
 _DEFAULT_CHUNK = 1 << 22  # other devices: bounds the float64 temporaries to 32 MiB each
@@ -157,8 +157,7 @@ def rotate_into(
     if angles:
         cos, sin = angle_rows(cos, sin, positions, axis)
     elif positions is not None:
-        index = cache_index(positions, axis, cos.shape[-1])  # once for both caches
-        cos, sin = rows_at(cos, index), rows_at(sin, index)
+        cos, sin = rows_of((cos, sin), positions, axis)
     for x, out in zip(xs, outs, strict=True):
         if out.shape != x.shape or out.dtype != x.dtype:
             raise ValueError(

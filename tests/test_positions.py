@@ -118,14 +118,15 @@ def test_bad_input(call, error, match):
         call()
 
 
-@pytest.mark.parametrize("axes,with_axis", [(1, False), (1, True), (3, True)])
-def test_cache_index_and_gather_rows_against_a_loop(axes, with_axis):
+@pytest.mark.parametrize("axes,kind", [(1, None), (1, "blocks"), (3, "blocks"), (3, "scattered")])
+def test_cache_index_and_gather_rows_against_a_loop(axes, kind):
     """gather_rows(cache, positions, axis)[..., j] = cache[positions[..., axis[j]], j], element by
-    element, for non-contiguous int32 positions of several leading dims, grads included."""
+    element, for non-contiguous int32 positions of several leading dims, grads included: rows
+    copied per run of one axis (no axis, sections) and the element gather (> RUNS runs)."""
     d, rows = 12, 9
     cache = torch.randn(rows, d, dtype=torch.float64, requires_grad=True)
     positions = torch.randint(0, rows, (2, 5, 3, axes), dtype=torch.int32).transpose(0, 1)
-    axis = torch.randint(0, axes, (d,)) if with_axis else None
+    axis = None if kind is None else (torch.arange(d) * axes // d if kind == "blocks" else torch.arange(d) % axes)
     index = rome.positions.cache_index(positions, axis, d)
     got = rome.positions.gather_rows(cache, positions, axis)
     assert index.shape == got.shape == (5, 2, 3, d) and index.dtype == torch.int64
@@ -141,16 +142,18 @@ def test_cache_index_and_gather_rows_against_a_loop(axes, with_axis):
     assert torch.equal(cache.grad, counts)
 
 
+@pytest.mark.parametrize("span", [4, 1 << 20], ids=["repeating", "distinct"])
 @pytest.mark.parametrize("axes", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_angle_rows_share_equal_columns_bitwise(axes, dtype):
-    """angle_rows computes one column of each (axis, frequency, scale) and copies it to its equals
-    (on the CPU): bitwise the per-column float64 formula, pass-through columns 1 and 0."""
+def test_angle_rows_share_equal_values_bitwise(span, axes, dtype):
+    """angle_rows computes cos/sin once per distinct column and, where positions repeat, per
+    distinct position (on the CPU): bitwise the per-element float64 formula, pass-through
+    columns 1 and 0."""
     d = 16
     inv = torch.tensor([1.0, 0.25, 1e-3, 0.0] * 2 + [0.5, 0.7, 0.0, 3e-5] * 2, dtype=torch.float64)
     axis = torch.randint(0, axes, (d,)) if axes > 1 else None
     freqs, scales = rome.positions.angle_frequencies(inv, 0.9)
-    positions = torch.randint(0, 1 << 20, (3, 7, axes)).transpose(0, 1)
+    positions = torch.randint(0, span, (3, 7, axes), dtype=torch.int32).transpose(0, 1)
     cos, sin = rome.positions.angle_rows(freqs, scales, positions, axis, dtype=dtype)
     inv64, s64 = freqs.double().sum(0), scales.double().sum(0)
     p = rome.positions.cache_index(positions, axis, d).double()
