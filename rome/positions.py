@@ -280,11 +280,11 @@ def rows_of(caches, positions: Tensor, axis: Tensor | None = None) -> list[Tenso
     the CPU) and the runs concatenated; else one element gather (``take``) by flat index."""
     d = caches[0].shape[-1]
     lead = positions.shape[:-1]
-    runs = [(0, 0)]
-    if axis is not None:  # the runs need axis's values: read where that costs no sync or trace
+    runs = [(0, 0)]  # (first column, axis) of each run
+    if axis is not None:  # the runs need axis's values: read only where that costs no sync or trace
         readable = axis.device.type == "cpu" and not is_fake(axis) and not torch.compiler.is_compiling()
-        ax = axis.tolist() if readable else None
-        runs = [(j, a) for j, a in enumerate(ax) if j == 0 or a != ax[j - 1]] if readable else None
+        ax = axis.tolist() if readable else []
+        runs = [(j, a) for j, a in enumerate(ax) if j == 0 or a != ax[j - 1]] or None
     if runs is not None and len(runs) <= RUNS:
         flat = positions.reshape(-1, positions.shape[-1]).to(caches[0].device, torch.int64)
         ends = [j for j, _ in runs[1:]] + [d]
