@@ -34,6 +34,7 @@ POSITIONS_NAME = {0: "none", 1: "1-axis", 2: "axes"}
 _PROGRAMS_PER_SM = 8
 _INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
 _INTERPRET_BLOCK_R = 16
+MIN_ROWS = 16  # tile rows: tl.dot's M on triton 3.2-3.4 (3.5+ take fewer)
 
 
 def _has_maxnreg() -> bool:
@@ -125,19 +126,21 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     else:  # a general bf16 matrix's backward at D=256: 64-wide panels spilled on sm_80/sm_90
         block_r, block_n, num_warps = 16, 32, 4
     if angles:  # the angle arithmetic holds ~40 more fp32 values per element: half the rows
-        block_r //= 2  # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs), and the warps
-        # that compile without spill on sm_80, sm_90 and sm_100: 8 for fp32 x, D=256 and every
-        # backward (the one-body kernel's half-precision multi-axis backward at 4 warps took
-        # 206-231 registers on sm_80/sm_90 and spilled 40-56 B on sm_100; at 8, 163-186 and none)
+        # (full tiles spilled 8-224 B in 12 of 36 sm_90 configs) but never under MIN_ROWS (8-row
+        # tiles do not compile on triton 3.2-3.4), and the warps that compile without spill on
+        # sm_80, sm_90 and sm_100: 8 for fp32 x, D=256 and every backward (the one-body kernel's
+        # half-precision multi-axis backward at 4 warps took 206-231 registers on sm_80/sm_90 and
+        # spilled 40-56 B on sm_100; at 8, 163-186 and none)
+        block_r = max(block_r // 2, MIN_ROWS)
         if x_dtype == torch.float32 or block_d > 128 or transpose:
             num_warps = max(num_warps, 8)
-    # fp32 x's three pieces with angles at 8 warps: ptxas held 128 registers and spilled 8-32 B
-    # on sm_80; a cap of 168 (D <= 128: still 2 CTAs of 256 threads per SM) or 224 (D=256, whose
-    # uncapped sm_90 build took 207) lets it keep them (168 at D=256 spilled 72-128 B)
-    # Everywhere else the ceiling is explicit at 255: left to itself, ptxas aimed at 128 registers
-    # and spilled one 8-byte value (stored before the tile loop, reloaded every tile) in 32 of the
+    # The register ceiling is explicit at 255 (256 threads x 255 fill the 64K register file, so
+    # no 8-warp block loses occupancy to it): left to itself, ptxas aimed at 128 registers and
+    # spilled one 8-byte value (stored before the tile loop, reloaded every tile) in 32 of the
     # 460 sm_80/sm_90 builds of the one-tile-body kernel; told it may use 255, it spilled none.
-    maxnreg = (168 if block_d <= 128 else 224) if angles and x_dtype == torch.float32 else 255
+    # (fp32 x's angles once had caps of 168/224 at 8-row tiles; at 16 rows 168 spilled 16-80 B
+    # in the backward on sm_90/sm_100.)
+    maxnreg = 255
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=gather_sin, split=split, op_dtype=op, fp32_dot=ieee or interpret,
