@@ -71,6 +71,12 @@ def environment(device: torch.device) -> dict:
 # --- the two parts ------------------------------------------------------------------------
 
 
+def _autotuned() -> dict:
+    from rome import tuning  # (imported late: rome's kernel modules load after the report set up Triton)
+
+    return tuning.chosen()
+
+
 def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     """Speed, memory and kernels of every variant on ``w`` (the workload as run)."""
     backend = "triton" if device.type == "cuda" else "torch"
@@ -312,6 +318,10 @@ def markdown(r: dict) -> str:
         kinds = sorted({s["kernel_kind"] for s in r["speed"]})
         lines += [f"kernels/call counts {' and '.join(kinds)} seen by torch.profiler per call "
                   "(CPU: aten ops with no aten op above them, each one pass over memory).", ""]
+    if r.get("autotuned"):
+        lines += ["Tiles rome's autotuner picked in this run (`rome.tuning`: timed once per specialisation, "
+                  "at its first launch of at least 4M elements):", ""]
+        lines += [f"- {name}: {tile}" for name, tile in sorted(r["autotuned"].items())] + [""]
     lines += ["## Variants", "", _table(r["variants"], [("variant", "variant", ""), ("kind", "kind", ""),
               ("status", "status", ""), ("reason", "reason", ""), ("what", "description", "")]), ""]
     lines += [
@@ -453,6 +463,8 @@ def report(args) -> Path:
         "precision_skipped": skipped,
         "angles": angles,
         "models": model_results,
+        # the tiles rome's autotuner picked in this run (GPU; empty on the CPU or ROME_AUTOTUNE=0)
+        "autotuned": _autotuned(),
     }
     if not getattr(args, "skip_kernels", False):
         results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console)

@@ -20,6 +20,11 @@ D=256). An M block is 64×64 (8 KB in bf16) and is re-read per tile from L1/L2; 
 held, so registers and shared memory stay small for every D up to 256 (``python -m profiling
 kernels`` shows the numbers).
 
+On a GPU the tile rows and warps of the signed-permutation specialisations are autotuned
+(``rome.tuning``, once per specialisation and device, among ``rome.launch.candidates``: the
+chosen tile, half its rows, twice its warps); every other launch, and every launch under the
+interpreter, takes ``rome.launch.choose``'s sizes, whose reasoning is in ``rome.launch``.
+
 Exactness of the product. Half-precision x is a tensor-core operand as it is: with a signed
 permutation each output of x @ M is one ±x term in the fp32 accumulator, so exact. fp32 x with
 a matrix exact in bf16 (every rotation matrix) is fed as SPLIT=3 bf16 pieces hi + mid + lo whose
@@ -72,7 +77,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import launch
+from . import launch, tuning
 
 
 # --- element helpers ----------------------------------------------------------------------
@@ -485,6 +490,9 @@ def _dummy(device):
     return launch._dummy(device)
 
 
+_A_OUT, _B_OUT = (_rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))  # the outputs' arg indices
+_DO_BENCH = None  # the autotuner's benchmarker (None: Triton's); tests time candidates on the CPU
+
 ANGLE_POSITIONS = 1 << 24  # angles from positions: positions below it are exact in fp32
 
 
@@ -528,26 +536,43 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                     n_pos)
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles)
-    cfg = plan.config
     w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
     swk, swn = w.stride()
     if transpose:
         swk, swn = swn, swk
     max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
+    groups = []  # (args, rows of a, rows of b): one launch each
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a = group[0]
         b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
-        tiles = max(triton.cdiv(a[5], cfg.block_r), triton.cdiv(b[5], cfg.block_r))
-        kwargs = dict(
+        groups.append(((w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1]), a[5], b[5]))
+
+    def grid(a_rows, b_rows):  # persistent: at most max_programs programs over the tiles of a and b
+        return lambda meta: (min(max(triton.cdiv(a_rows, meta["BLOCK_R"]), triton.cdiv(b_rows, meta["BLOCK_R"])),
+                                 max_programs),)
+
+    def consts(cfg):  # the launch's constexprs but the tile (BLOCK_R and the compile options)
+        return dict(
             POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
-            BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n,
-            SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot,
-            RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype,
+            FP32_DOT=cfg.fp32_dot, RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
         )
-        args = (w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1])
-        grid = (min(tiles, max_programs),)
+
+    def time_candidates(autotuner):  # the first launch's arguments, outputs replaced by scratch
+        args, a_rows, b_rows = groups[0]
+        args = list(args)
+        for i in (_A_OUT, _B_OUT):
+            o = args[i]
+            args[i] = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
+        autotuner[grid(a_rows, b_rows)](*args, **consts(plan.config), enable_fp_fusion=False)
+
+    elements = sum(x.numel() for x in xs)
+    cfg = tuning.pick(_rome_kernel, plan.candidates, x0.device, elements, time_candidates, _DO_BENCH)
+    for args, a_rows, b_rows in groups:
+        launch_grid = grid(a_rows, b_rows)
         if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
-            _rome_kernel[grid](*args, **kwargs)
+            _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r,
+                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         else:
-            _rome_kernel[grid](*args, **kwargs, **cfg.options)
+            _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r,
+                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.options)

@@ -9,16 +9,33 @@ launcher can choose, with the exact Triton signature of a real launch, so that
 Tile sizes (GPU): rows per tile ``BLOCK_R`` = 32 keeps the fp32 panel accumulator, x, cos, sin
 and the error-free-sum temporaries of a [32, 64] panel in ~16 registers each at 4 warps, with
 room to spare for fp32's three-piece split; the panel width 64 bounds the matrix block a dot
-reads (8 KB bf16, 16 KB fp32) whatever D is, so D=256 fits as well as D=64. Programs per SM
-come from the compiled kernel's registers and shared memory (``max_programs``). Untuned on a
-GPU so far; the inspection tool's table shows what each choice costs.
+reads (8 KB bf16, 16 KB fp32) whatever D is, so D=256 fits as well as D=64. The grid is
+persistent: at most 8 programs per SM (``max_programs``), of which as many run at once as the
+compiled kernel's registers and shared memory let fit (the inspection tool's occupancy columns).
+No size here was timed on a GPU yet; the inspection tool's table shows what each choice costs.
+
+Autotuning (GPU). ``candidates(cfg)`` lists the launch configs ``rome.tuning`` times on a GPU for
+one specialisation (x dtype, head_dim, pass, tables, positions: every field of ``Config`` but the
+tile rows and warps): ``choose``'s first, then half the rows (fewer registers a thread: more
+programs resident per SM) and the same tile on twice the warps (half the work a thread), each
+where it stays a legal launch: at least ``MIN_ROWS`` rows, at most 8 warps (256 threads at up to
+255 registers fill the 64K register file). From the static table (sm_90): bf16 forward D=128 as
+chosen is 32 rows on 4 warps, 156 registers, 3 blocks (96 rows) resident per SM; which of it,
+16 rows or 8 warps moves bytes fastest is what a GPU's timing decides. The panel width
+``BLOCK_N`` is never tuned: the block mask and the in-place rule (``rome.inplace``) depend on it.
+Tuned are the specialisations whose bits cannot depend on the tile: M a signed permutation (each
+output of the dot one exact term) with fp32 tables or caches, not ``angles`` (its tiles are sized
+to compile without spill). A general matrix keeps ``choose``'s config: its sums could round
+differently on another tile shape. Every candidate is compiled by ``kernel_configs`` (the static
+gate), so a tuned launch is one CI checked for spill and shared memory. Under the interpreter
+there is one candidate.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -70,6 +87,7 @@ class Config:
     positions: int = 0  # 0: per-row tables; 1: cache rows by one position; 2: by pos[r, axis[j]]
     angles: bool = False  # with positions: cos/sin computed from them and the frequencies
     maxnreg: int | None = None  # registers per thread ptxas may use (None: its own target)
+    permutation: bool = False  # M is a signed permutation: every tile gives the same bits (tunable)
 
     @property
     def options(self) -> dict:
@@ -147,13 +165,34 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
         block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
-        num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg,
+        num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=gather,
     )
+
+
+MAX_TUNED_WARPS = 8  # 256 threads at up to 255 registers each fill an SM's 64K registers
+
+
+def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
+    """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first; only
+    ``cfg`` under the interpreter and where the tile could change the bits (module docstring)."""
+    if interpret or not cfg.permutation or cfg.angles or cfg.table_dtype != torch.float32:
+        return (cfg,)
+    alts = []
+    if cfg.block_r // 2 >= MIN_ROWS:  # half the rows: fewer registers, more programs per SM
+        alts.append(replace(cfg, block_r=cfg.block_r // 2))
+    if 2 * cfg.num_warps <= MAX_TUNED_WARPS:  # the same tile on twice the warps
+        alts.append(replace(cfg, num_warps=2 * cfg.num_warps))
+    return (cfg, *alts)
+
+
+def tile_name(cfg: Config) -> str:
+    return f"BLOCK_R={cfg.block_r} warps={cfg.num_warps}"
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
-    config: Config
+    config: Config  # choose()'s: the launch when nothing is tuned
+    candidates: tuple  # the configs the autotuner may pick from (config first; same block_n)
     operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
     nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
     src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
@@ -209,7 +248,7 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
     operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
-    return Plan(cfg, operand, nz, src)
+    return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src)
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:
@@ -281,7 +320,8 @@ def _matrix_kinds(x_dtype, transpose):
 def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
     """Every specialisation ``rotate`` can launch on a GPU: x dtype × head_dim × pass × fp32 or
     x-dtype tables × matrix kind, with every block of M nonzero (the most work; a rotation
-    matrix's mask only removes dots). One tensor or q+k is the same kernel (a lone x launches with
+    matrix's mask only removes dots), each with the autotuner's other candidates (``candidates``,
+    named "tuned BLOCK_R=.. warps=.."). One tensor or q+k is the same kernel (a lone x launches with
     an empty second tensor), so it is not a dimension. ``arch`` does not change the choice today.
 
     Positions read in the kernel (``meta["positions"]``, what ``rome.RoPE`` launches): x dtype ×
@@ -302,15 +342,22 @@ def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
                     for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
                         cfg = choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
                                      exact_in_x=exact_x, exact_in_bf16=exact_bf16)
-                        out.append(_kernel_config(fn, cfg, label))
+                        out += _kernel_configs(fn, cfg, label)
                 for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                     cfg = choose(x_dtype, torch.float32, d, transpose=transpose, gather=True,
                                  exact_in_x=True, exact_in_bf16=True, positions=positions, angles=angles)
-                    out.append(_kernel_config(fn, cfg, "rotation"))
+                    out += _kernel_configs(fn, cfg, "rotation")
     return out
 
 
-def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
+def _kernel_configs(fn, cfg: Config, matrix_kind: str) -> list[KernelConfig]:
+    """``cfg`` and the autotuner's other candidates for it (named with their tile)."""
+    first, *alts = candidates(cfg)
+    return [_kernel_config(fn, first, matrix_kind)] + [
+        _kernel_config(fn, alt, matrix_kind, f" tuned {tile_name(alt)}") for alt in alts]
+
+
+def _kernel_config(fn, cfg: Config, matrix_kind: str, suffix: str = "") -> KernelConfig:
     np_ = cfg.block_d // cfg.block_n
     constexprs = dict(
         POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
@@ -351,11 +398,12 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str) -> KernelConfig:
         elif name in ptr_type or (cfg.head_dim % 16 == 0 and not name.endswith(("rows", "R1", "R2"))):
             divisible.append(name)
     xb, tb = cfg.x_dtype.itemsize, cfg.table_dtype.itemsize
-    name = f"{cfg.name} M={matrix_kind}"
+    name = f"{cfg.name} M={matrix_kind}{suffix}"
     meta = dict(x_dtype=_NAME[cfg.x_dtype], head_dim=cfg.head_dim, pass_="bwd" if cfg.transpose else "fwd",
                 table_dtype=_NAME[cfg.table_dtype], matrix=matrix_kind,
                 block_r=cfg.block_r, block_d=cfg.block_d, block_n=cfg.block_n, split=cfg.split,
                 fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin, positions=cfg.positions, angles=cfg.angles,
+                tuned_candidate=bool(suffix),
                 # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
                 bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
     return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,

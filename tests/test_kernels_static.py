@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from profiling import kernels
-from rome import launch
 from profiling.__main__ import main
+from rome import launch
 
 ARCHS = (80, 90)
 SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's target everywhere
@@ -28,8 +28,8 @@ SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's targe
 def compiled(request):
     """Every config for sm_80 and sm_90, compiled once (in worker processes): the rows. The
     compile is started by conftest.py when the suite is collected, in the background while the
-    interpreter tests run (about 11 minutes of one core from an empty Triton cache, seconds
-    from a warm one); this waits for it."""
+    interpreter tests run (724 builds, about a second of CPU each from an empty Triton cache,
+    seconds in all from a warm one); this waits for it."""
     started = getattr(request.config, "rome_static_compile", None)
     rows, _ = started.result() if started is not None else kernels.inspect_kernels(ARCHS)
     return rows
@@ -51,6 +51,18 @@ def test_configs_cover_the_launcher(compiled):
         # tl.dot's M on triton 3.2-3.4 (the floor is 3.2): fewer rows do not compile there
         few = [r["config"] for r in rows if r["meta"]["block_r"] < launch.MIN_ROWS]
         assert not few, few
+        # every autotuner candidate is compiled too, under its own name
+        tuned = {n for n in names if " tuned " in n}
+        want = set()
+        for x in (torch.bfloat16, torch.float16, torch.float32):
+            for d in launch.HEAD_DIMS:
+                for transpose in (False, True):
+                    for positions in (0, 1, 2):
+                        cfg = launch.choose(x, torch.float32, d, transpose=transpose, gather=True, exact_in_x=True,
+                                            exact_in_bf16=True, positions=positions)
+                        want |= {f"{alt.name} M=rotation tuned {launch.tile_name(alt)}"
+                                 for alt in launch.candidates(cfg)[1:]}
+        assert len(want) == 132 and tuned == want, (sorted(want - tuned)[:3], sorted(tuned - want)[:3])
 
 
 @pytest.mark.parametrize("cc", ARCHS)

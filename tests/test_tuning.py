@@ -1,0 +1,184 @@
+"""rome.launch.candidates and rome.tuning: what the GPU autotuner may pick, and its launch path.
+
+The autotuner's benchmarker needs a GPU; here it is replaced by one that runs each candidate once
+and reports times that make the last candidate win (Triton's autotuner takes a ``do_bench``), so
+the whole path runs under the interpreter: scratch outputs for the timed runs (an in-place
+launch is rotated once), the choice remembered per key, the same bits whichever candidate runs.
+Under the interpreter ``candidates`` gives one config, so the tests give two where they run
+there (a GPU tests its real candidates)."""
+
+import dataclasses
+
+import pytest
+import torch
+import triton
+
+import rome
+from rome import launch, ops, tuning
+from helpers import random_tables
+
+from conftest import DEVICE
+
+kernel = ops._kernel()
+
+HALF, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
+
+
+def _grid():
+    """choose()'s config for every x dtype, head_dim, pass, table dtype, matrix kind and positions."""
+    for x in (BF16, HALF, FP32):
+        for d in launch.HEAD_DIMS:
+            for transpose in (False, True):
+                for gather, ex, eb in ((True, True, True), (False, True, True), (False, False, False)):
+                    for t in dict.fromkeys((FP32, x)):
+                        yield launch.choose(x, t, d, transpose=transpose, gather=gather, exact_in_x=ex,
+                                            exact_in_bf16=eb)
+                for positions in (1, 2):
+                    for angles in (False, True):
+                        yield launch.choose(x, FP32, d, transpose=transpose, gather=True, exact_in_x=True,
+                                            exact_in_bf16=True, positions=positions, angles=angles)
+
+
+TILE = ("block_r", "num_warps")
+
+
+def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change():
+    tuned = 0
+    for cfg in _grid():
+        # tl.dot's M: triton 3.2-3.4 reject fewer than 16 rows (the floor is 3.2)
+        assert cfg.block_r >= launch.MIN_ROWS, cfg.name
+        cands = launch.candidates(cfg)
+        assert cands[0] == cfg
+        assert launch.candidates(cfg, interpret=True) == (cfg,)
+        tunable = cfg.permutation and not cfg.angles and cfg.table_dtype == FP32
+        want = []
+        if tunable and cfg.block_r // 2 >= launch.MIN_ROWS:
+            want.append((cfg.block_r // 2, cfg.num_warps))  # half the rows
+        if tunable and 2 * cfg.num_warps <= launch.MAX_TUNED_WARPS:
+            want.append((cfg.block_r, 2 * cfg.num_warps))  # twice the warps (256 threads x 255 regs: 64K)
+        assert [(c.block_r, c.num_warps) for c in cands[1:]] == want, cfg.name
+        for alt in cands[1:]:
+            tuned += 1
+            # the panel width (block mask, in-place rule), the dot and everything but the tile
+            same = {f.name for f in dataclasses.fields(cfg)} - set(TILE)
+            assert all(getattr(alt, f) == getattr(cfg, f) for f in same), alt
+            assert alt.block_r >= launch.MIN_ROWS
+    assert tuned == 132  # x dtype x D x pass x (tables, one axis, several axes), where a tile is free
+    bf16_128 = launch.choose(BF16, FP32, 128, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True)
+    assert [(c.block_r, c.num_warps) for c in launch.candidates(bf16_128)] == [(32, 4), (16, 4), (32, 8)]
+    fp32_256 = launch.choose(FP32, FP32, 256, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True)
+    assert [(c.block_r, c.num_warps) for c in launch.candidates(fp32_256)] == [(16, 8)]
+
+
+# --- the launch path, with a stand-in benchmarker --------------------------------------------
+
+
+class Bench:
+    """Runs each timed candidate once (into the scratch outputs) and makes the last one win."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, fn, quantiles=None):
+        fn()
+        self.calls += 1
+        return [1.0 / self.calls] * 3
+
+
+# triton 3.2/3.3's autotuner passes warp-specialisation options (num_buffers_warp_spec, ...) that
+# their JIT takes on a GPU but their interpreter rejects: the launch path is checked from 3.4 on
+INTERPRETER_TUNES = not (kernel.INTERPRET and "num_buffers_warp_spec" in triton.Config({}).all_kwargs())
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    if not INTERPRETER_TUNES:
+        pytest.skip(f"triton {triton.__version__}'s interpreter rejects its autotuner's launch options")
+    b = Bench()
+    monkeypatch.setattr(kernel, "_DO_BENCH", b)
+    monkeypatch.setattr(tuning, "MIN_ELEMENTS", 1)
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    if kernel.INTERPRET:  # two candidates where the interpreter has one: half the rows
+        real = launch.candidates
+        monkeypatch.setattr(launch, "candidates", lambda cfg, interpret=False: (
+            real(cfg), (cfg, dataclasses.replace(cfg, block_r=cfg.block_r // 2)))[cfg.permutation])
+    tuning.reset()
+    yield b
+    tuning.reset()
+
+
+def _inputs(d=64, mode="interleave", dtype=FP32):
+    m = rome.rotation_matrix([d], mode, device=DEVICE)
+    q = torch.randn(1, 2, 40, d, device=DEVICE).to(dtype)
+    k = torch.randn(1, 1, 40, d, device=DEVICE).to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    cos, sin = random_tables((40, d))
+    return q, k, cos, sin, m
+
+
+def _want(q, k, cos, sin, m, monkeypatch):
+    with monkeypatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")
+        return rome.apply_qk(q, k, cos, sin, m, backend="triton")
+
+
+def test_the_first_launch_times_the_candidates_and_every_later_one_reuses_the_choice(bench, monkeypatch):
+    q, k, cos, sin, m = _inputs()
+    want = _want(q, k, cos, sin, m, monkeypatch)
+    assert bench.calls == 0 and not tuning.chosen()  # ROME_AUTOTUNE=0: choose()'s config, nothing timed
+    q0, k0 = q.clone(), k.clone()
+    got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+    n = len(launch.plan(m, FP32, FP32, transpose=False, interpret=kernel.INTERPRET).candidates)
+    assert bench.calls == n
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(q, q0) and torch.equal(k, k0)  # inputs untouched by the timed runs
+    cfg = launch.plan(m, FP32, FP32, transpose=False, interpret=kernel.INTERPRET).candidates[-1]
+    assert list(tuning.chosen().values()) == [launch.tile_name(cfg)]  # the last one won
+    again = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+    assert bench.calls == n and torch.equal(again[0], want[0])
+    # the backward is another key: timed once, same bits as untuned
+    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+    go = torch.randn_like(q), torch.randn_like(k)
+    torch.autograd.backward(rome.apply_qk(qg, kg, cos, sin, m, backend="triton"), go)
+    nt = len(launch.plan(m, FP32, FP32, transpose=True, interpret=kernel.INTERPRET).candidates)
+    assert bench.calls == n + nt and len(tuning.chosen()) == 2
+    with monkeypatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")
+        qw, kw = q.clone().requires_grad_(), k.clone().requires_grad_()
+        torch.autograd.backward(rome.apply_qk(qw, kw, cos, sin, m, backend="triton"), go)
+    assert torch.equal(qg.grad, qw.grad) and torch.equal(kg.grad, kw.grad)
+
+
+def test_an_in_place_launch_that_tunes_is_rotated_once(bench, monkeypatch):
+    q, k, cos, sin, m = _inputs(64, "interleave")  # one panel: the kernel writes q and k directly
+    want = _want(q, k, cos, sin, m, monkeypatch)
+    rome.apply_qk_(q, k, cos, sin, m, backend="triton")
+    assert bench.calls > 1  # it tuned on this launch (scratch outputs: q and k written once)
+    assert torch.equal(q, want[0]) and torch.equal(k, want[1])
+
+
+def test_small_launches_and_general_matrices_are_not_tuned(bench, monkeypatch):
+    q, k, cos, sin, m = _inputs()
+    monkeypatch.setattr(tuning, "MIN_ELEMENTS", q.numel() + k.numel() + 1)
+    rome.apply_qk(q, k, cos, sin, m, backend="triton")
+    assert bench.calls == 0 and not tuning.chosen()  # below the size worth timing: not remembered
+    monkeypatch.setattr(tuning, "MIN_ELEMENTS", 1)
+    g = torch.randn(64, 64, device=DEVICE)  # a general matrix: one candidate
+    assert len(launch.plan(g, FP32, FP32, transpose=False, interpret=kernel.INTERPRET).candidates) == 1
+    rome.apply_qk(q, k, cos, sin, g, backend="triton")
+    assert bench.calls == 0
+    rome.apply_qk(q, k, cos, sin, m, backend="triton")  # large enough now: tuned
+    assert bench.calls > 1 and len(tuning.chosen()) == 1
+
+
+def test_the_autotuner_is_keyed_on_head_dim_dtype_and_pass(bench, monkeypatch):
+    """One choice per specialisation: another head_dim, x dtype or pass tunes again."""
+    seen = 0
+    for d, dtype in ((64, FP32), (32, FP32), (64, BF16)):
+        q, k, cos, sin, m = _inputs(d, "half", dtype)
+        want = _want(q, k, cos, sin, m, monkeypatch)
+        got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        seen += len(launch.plan(m, dtype, FP32, transpose=False, interpret=kernel.INTERPRET).candidates)
+        assert bench.calls == seen and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(tuning.chosen()) == 3
+    assert tuning.tuner(kernel._rome_kernel, launch.plan(m, BF16, FP32, transpose=False, interpret=kernel.INTERPRET).candidates,
+                        bench).keys == ["D"]  # (Triton adds every tensor argument's dtype to the key)
