@@ -145,9 +145,11 @@ def _pid_after(seconds: float) -> int:
     return os.getpid()
 
 
-def start_compiler_pool(jobs: int = 1) -> cf.ProcessPoolExecutor:
+def start_compiler_pool(jobs: int = 1, *, nice: int = 0) -> cf.ProcessPoolExecutor:
     """``jobs`` worker processes (spawned) for ``triton.compile``, all started before this
-    returns, whose environment has ``TRITON_INTERPRET=0`` from the start.
+    returns, whose environment has ``TRITON_INTERPRET=0`` from the start. ``nice``: added to the
+    workers' niceness (and so ptxas's), so that compiling in the background takes the CPUs the
+    foreground work leaves idle.
 
     A process that imported triton under ``TRITON_INTERPRET=1`` (the CPU tests, ``python -m
     profiling`` without a GPU) holds interpreter objects for every ``@triton.jit`` function,
@@ -157,7 +159,8 @@ def start_compiler_pool(jobs: int = 1) -> cf.ProcessPoolExecutor:
     parent starts later (e.g. from another thread while the pool compiles) do not see it.
     """
     jobs = max(1, jobs)
-    pool = cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=os.nice if nice else None, initargs=(nice,) if nice else ())
     try:
         with _environ(TRITON_INTERPRET="0"):
             pids = set()

@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(config, items):
     # The static compile of every kernel config (tests/test_kernels_static.py) is the suite's
     # longest job and runs in compiler processes, while the rest of the suite is one process
     # under the interpreter: its tests go last and the compile starts now, in the background on
-    # all CPUs but one, so the two overlap (the module's fixture waits for the result).
+    # every CPU at a lower priority, so the two overlap: the interpreter (one process) keeps its
+    # CPU, the compile takes the others and, while the fixture waits, all of them.
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
         items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
@@ -52,7 +53,7 @@ def pytest_collection_modifyitems(config, items):
             # the workers start here, before any test (tests that spawn processes themselves
             # must not start while the compile's environment is set); config.rome_static_compile:
             # a Future of (rows, files) for sm_80 and sm_90
-            workers = kernels.start_compiler_pool(max(1, (os.cpu_count() or 2) - 1))
+            workers = kernels.start_compiler_pool(os.cpu_count() or 2, nice=10)
             config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90), pool=workers)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():
