@@ -74,15 +74,19 @@ def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change()
 
 
 class Bench:
-    """Runs each timed candidate once (into the scratch outputs) and makes the last one win."""
+    """Runs each timed candidate once (into the scratch outputs) and makes the last one win, or
+    the ``winner``-th of each tuning counted from ``start``."""
 
     def __init__(self):
         self.calls = 0
+        self.winner = self.start = None
 
     def __call__(self, fn, quantiles=None):
         fn()
         self.calls += 1
-        return [1.0 / self.calls] * 3
+        if self.winner is None:
+            return [1.0 / self.calls] * 3
+        return [0.0 if self.calls - 1 - self.start == self.winner else 1.0] * 3
 
 
 # triton 3.2/3.3's autotuner passes warp-specialisation options (num_buffers_warp_spec, ...) that
@@ -182,3 +186,34 @@ def test_the_autotuner_is_keyed_on_head_dim_dtype_and_pass(bench, monkeypatch):
     assert len(tuning.chosen()) == 3
     assert tuning.tuner(kernel._rome_kernel, launch.plan(m, BF16, FP32, transpose=False, interpret=kernel.INTERPRET).candidates,
                         bench).keys == ["D"]  # (Triton adds every tensor argument's dtype to the key)
+
+
+@pytest.mark.parametrize("dtype, mode", [(FP32, "half"), (BF16, "interleave")])
+def test_every_candidate_gives_the_same_bits(bench, monkeypatch, dtype, mode):
+    """Each candidate made the winner in turn: forward and backward bitwise choose()'s."""
+    q, k, cos, sin, m = _inputs(128, mode, dtype)
+    go = torch.randn_like(q), torch.randn_like(k)
+
+    def run():
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = rome.apply_qk(qg, kg, cos, sin, m, backend="triton")
+        torch.autograd.backward(out, go)
+        return out[0].detach(), out[1].detach(), qg.grad, kg.grad
+
+    with monkeypatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")
+        want = run()
+    for transpose in (False, True):
+        cands = launch.plan(m, dtype, FP32, transpose=transpose, interpret=kernel.INTERPRET).candidates
+        assert len(cands) > 1
+        for i, cand in enumerate(cands):
+            tuning.reset()
+            bench.winner, bench.start = i, bench.calls
+            if transpose:  # the forward's key tuned first (its pick: the first candidate)
+                bench.winner = len(launch.plan(m, dtype, FP32, transpose=False, interpret=kernel.INTERPRET)
+                                   .candidates) + i
+            got = run()
+            picked = [t for name, t in tuning.chosen().items() if (" bwd " in name) == transpose]
+            assert picked == [launch.tile_name(cand)], (picked, i)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (launch.tile_name(cand), transpose)
