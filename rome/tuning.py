@@ -10,7 +10,8 @@ caller's tensors, so an in-place launch is not rotated twice and an output alias
 not touched before its one real write. Until a key is tuned, a launch takes ``choose``'s config:
 smaller launches (a decode step: too short to time, and their config hardly matters), launches
 while a CUDA graph is being captured (timing would break the capture; the graph keeps that
-config), and every launch with ``ROME_AUTOTUNE=0`` in the environment. Tuning changes no bit
+config), and every launch with ``ROME_AUTOTUNE=0`` in the environment. Where the scratch outputs
+do not fit in memory the key keeps ``choose``'s config, with a warning. Tuning changes no bit
 (only specialisations whose results cannot depend on the tile have candidates), so the
 environment variable is about time spent, not reproducibility.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import warnings
 
 import torch
 import triton
@@ -75,7 +77,14 @@ def pick(fn, candidates: tuple, device: torch.device, elements: int, time_candid
         if key not in _chosen:
             autotuner = tuner(fn, candidates, do_bench)
             autotuner.cache.clear()  # its key (D, dtypes) does not hold the device: time again
-            time_candidates(autotuner)
+            try:
+                time_candidates(autotuner)
+            except torch.cuda.OutOfMemoryError:  # no room for the scratch outputs: never retried
+                warnings.warn(f"rome: no memory to time the launch configs of {candidates[0].name} on {device} "
+                              f"(scratch outputs of {elements} elements); using {launch.tile_name(candidates[0])}",
+                              stacklevel=2)
+                _chosen[key] = candidates[0]
+                return candidates[0]
             best = autotuner.best_config
             by_tile = {(c.block_r, c.num_warps): c for c in candidates}
             _chosen[key] = by_tile[best.kwargs["BLOCK_R"], best.num_warps]

@@ -217,3 +217,16 @@ def test_every_candidate_gives_the_same_bits(bench, monkeypatch, dtype, mode):
             assert picked == [launch.tile_name(cand)], (picked, i)
             for g, w in zip(got, want):
                 assert torch.equal(g, w), (launch.tile_name(cand), transpose)
+
+
+def test_no_memory_for_the_scratch_outputs_keeps_the_first_config(bench, monkeypatch):
+    q, k, cos, sin, m = _inputs()
+    cands = launch.plan(m, FP32, FP32, transpose=False, interpret=kernel.INTERPRET).candidates
+
+    def oom(autotuner):
+        raise torch.cuda.OutOfMemoryError("no room")
+
+    with pytest.warns(UserWarning, match="no memory to time"):
+        got = tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench)
+    assert got is cands[0] and list(tuning.chosen().values()) == [launch.tile_name(cands[0])]
+    assert tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench) is cands[0]  # not retried
