@@ -112,6 +112,7 @@ def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool((m.to(dtype).to(m.dtype) == m).all()) if m.dtype != dtype else True
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
            exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False) -> Config:
     """The kernel specialisation for these inputs (see the module docstring)."""
@@ -172,6 +173,7 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
 MAX_TUNED_WARPS = 8  # 256 threads at up to 255 registers each fill an SM's 64K registers
 
 
+@functools.lru_cache(maxsize=1024)
 def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
     """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first; only
     ``cfg`` under the interpreter and where the tile could change the bits (module docstring)."""
