@@ -86,3 +86,36 @@ def test_module_decode_step_in_a_cuda_graph():
         graph.replay()
         want = rope(q, k, pos)
         assert torch.equal(out[0], want[0]) and torch.equal(out[1], want[1]), f"replay {step}"
+
+
+def test_autotuning_with_tritons_benchmarker(monkeypatch):
+    """The first launch of >= 4M elements times the candidates with Triton's own benchmarker,
+    remembers one, and gives choose()'s bits; a captured graph of a new key is not tuned."""
+    from rome import tuning
+
+    tuning.reset()
+    sections, mode = (44, 44, 40), "half"
+    q = torch.randn(1, 32, 1024, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 8, 1024, 128, device="cuda", dtype=torch.bfloat16)
+    cos, sin = tables(sections, mode, 1024)
+    m = rome.rotation_matrix(sections, mode, device="cuda")
+    with monkeypatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")
+        want = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+    assert not tuning.chosen()
+    got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+    assert len(tuning.chosen()) == 1, tuning.chosen()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # in a capture a key not tuned yet (the transpose's) takes choose()'s config and stays untuned
+    with monkeypatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")  # warm-up: the host work for Mᵀ, outside the capture
+        want_t = torch.ops.rome.apply_qk_transposed(q, k, cos, sin, m, "triton")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_t = torch.ops.rome.apply_qk_transposed(q, k, cos, sin, m, "triton")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(tuning.chosen()) == 1
+    assert torch.equal(out_t[0], want_t[0]) and torch.equal(out_t[1], want_t[1])
+    tuning.reset()
