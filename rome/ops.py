@@ -465,10 +465,7 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):
             with positions_checked():  # checked by the forward
-                if _direct(*hs, cos, sin, matrix, *(t for t in (positions, axis) if t is not None)):
-                    return _rotate(hs, cos, sin, matrix, ctx.backend, t, positions, axis, ctx.angles)
-                out = _OPS[(t, len(hs))](*hs, cos, sin, matrix, ctx.backend, positions, axis, ctx.angles)
-            return [out] if len(hs) == 1 else list(out)
+                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
                             positions, axis, ctx.angles)
@@ -660,17 +657,23 @@ def _direct(*tensors: Tensor) -> bool:
     return all(type(t) is Tensor and not _is_legacy_batched(t) for t in tensors)
 
 
-def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *xs):
-    """The public entry points' one way in: ``_Rotate`` under forward AD and torch.func, the
-    implementation itself where ``_direct`` allows, else the op (autograd, compile, modes)."""
+def _run(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, xs) -> list[Tensor]:
+    """The rotated ``xs``: the implementation itself where ``_direct`` allows, else the op
+    (autograd, compile, modes); the entry points and the op's backward both come here."""
     extra = [t for t in (positions, axis) if t is not None]
+    if _direct(*xs, cos, sin, matrix, *extra):
+        return _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles)
+    outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
+    return [outs] if len(xs) == 1 else list(outs)
+
+
+def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *xs):
+    """The public entry points' one way in: ``_Rotate`` under forward AD and torch.func, else
+    ``_run``."""
     if _use_function(*xs, cos, sin, matrix):
         outs = _Rotate.apply(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs)
-    elif _direct(*xs, cos, sin, matrix, *extra):
-        outs = _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles)
     else:
-        outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
-        outs = [outs] if len(xs) == 1 else outs
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, xs)
     return outs[0] if len(xs) == 1 else tuple(outs)
 
 
