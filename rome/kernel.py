@@ -564,15 +564,15 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         for i in (_A_OUT, _B_OUT):
             o = args[i]
             args[i] = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
-        autotuner[grid(a_rows, b_rows)](*args, **consts(plan.config), enable_fp_fusion=False)
+        # the compile options but the register cap, which each candidate's triton.Config carries
+        options = {k: v for k, v in plan.config.options.items() if k != "maxnreg"}
+        autotuner[grid(a_rows, b_rows)](*args, **consts(plan.config), **options)
 
     elements = sum(x.numel() for x in xs)
     cfg = tuning.pick(_rome_kernel, plan.candidates, x0.device, elements, time_candidates, _DO_BENCH)
     for args, a_rows, b_rows in groups:
         launch_grid = grid(a_rows, b_rows)
-        if INTERPRET:  # (ops.py serialises interpreted launches: they are not thread-safe)
-            _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r,
-                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        else:
-            _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r,
-                                      num_warps=cfg.num_warps, num_stages=cfg.num_stages, **cfg.options)
+        # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter
+        # takes no compile options)
+        _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r, num_warps=cfg.num_warps,
+                                  num_stages=cfg.num_stages, **({} if INTERPRET else cfg.options))

@@ -42,7 +42,7 @@ def enabled() -> bool:
 
 
 def _triton_config(cfg: launch.Config) -> triton.Config:
-    kw = {"maxnreg": cfg.maxnreg} if cfg.maxnreg is not None and launch._HAS_MAXNREG else {}
+    kw = {"maxnreg": cfg.options["maxnreg"]} if "maxnreg" in cfg.options else {}  # (where Triton has it)
     return triton.Config({"BLOCK_R": cfg.block_r}, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kw)
 
 
