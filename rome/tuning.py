@@ -36,9 +36,17 @@ _chosen: dict = {}  # (candidates, device) -> the Config that won
 _lock = threading.Lock()
 
 
+_OFF, _ON = ("0", "false", "off", "no"), ("1", "true", "on", "yes", "")
+
+
 def enabled() -> bool:
-    """False where ``ROME_AUTOTUNE=0``: every launch takes ``choose``'s config."""
-    return os.environ.get(ENV, "1").strip() != "0"
+    """False where ``ROME_AUTOTUNE`` is 0/false/off/no (any case): every launch takes ``choose``'s
+    config; true unset or 1/true/on/yes. Any other value is a ``ValueError``, not a guess."""
+    value = os.environ.get(ENV, "1").strip().lower()
+    if value not in _OFF + _ON:
+        raise ValueError(f"{ENV}={os.environ[ENV]!r}: expected 0/false/off/no to turn autotuning off, "
+                         "or 1/true/on/yes")
+    return value not in _OFF
 
 
 def _triton_config(cfg: launch.Config) -> triton.Config:

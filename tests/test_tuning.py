@@ -230,3 +230,18 @@ def test_no_memory_for_the_scratch_outputs_keeps_the_first_config(bench, monkeyp
         got = tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench)
     assert got is cands[0] and list(tuning.chosen().values()) == [launch.tile_name(cands[0])]
     assert tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench) is cands[0]  # not retried
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("no", False),
+                                       ("1", True), ("on", True), ("TRUE", True), ("", True)])
+def test_the_environment_switch(monkeypatch, value, on):
+    monkeypatch.setenv(tuning.ENV, value)
+    assert tuning.enabled() is on
+
+
+def test_an_unknown_environment_value_is_an_error_naming_it(monkeypatch):
+    monkeypatch.setenv(tuning.ENV, "sometimes")
+    with pytest.raises(ValueError, match="ROME_AUTOTUNE='sometimes'"):
+        tuning.enabled()
+    monkeypatch.delenv(tuning.ENV)
+    assert tuning.enabled()
