@@ -374,12 +374,22 @@ OPS = {spec.name: _register(spec) for spec in SPECS}
 # --- public API ---------------------------------------------------------------------------
 
 
+def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None) -> None:
+    """The types the ops' schemas take, checked before the dispatcher (whose own message for a
+    list or an int is a RuntimeError): TypeError / ValueError as ``rome.apply`` raises them."""
+    ops._check_types(xs, cos, sin, matrix, backend)
+    for name, out in (outs or {}).items():
+        if not isinstance(out, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+
+
 def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto") -> Tensor:
     """``x <- x*cos + (x @ matrix)*sin`` in place; returns x. Bitwise ``rome.apply``'s result.
 
     Shapes, dtypes and backends as ``rome.apply``. Not differentiable (see the module docstring);
     x must not overlap itself nor share memory with cos/sin/matrix.
     """
+    _check_args({"x": x}, cos, sin, matrix, backend)
     torch.ops.rome.apply_(x, cos, sin, matrix, backend)
     return x
 
@@ -389,6 +399,7 @@ def apply_qk_(
 ) -> tuple[Tensor, Tensor]:
     """q and k rotated in place in one launch (``rome.apply_qk``'s rules); returns (q, k).
     q and k may be views of one buffer, but must not share memory."""
+    _check_args({"q": q, "k": k}, cos, sin, matrix, backend)
     torch.ops.rome.apply_qk_(q, k, cos, sin, matrix, backend)
     return q, k
 
@@ -405,6 +416,7 @@ def apply_qkv_(
     the q and k views (``[S, 1, D]`` for ``[B, S, 3, N, D]`` or ``[B, S, N_q + 2 N_kv, D]``).
     """
     q, k, _ = qkv_split(qkv, num_heads=num_heads, num_kv_heads=num_kv_heads, layout=layout)
+    _check_args({"qkv": qkv}, cos, sin, matrix, backend)
     torch.ops.rome.apply_qkv_(qkv, cos, sin, matrix, q.shape[-2], k.shape[-2], layout, backend)
     return qkv
 
@@ -414,6 +426,7 @@ def apply_out(
 ) -> Tensor:
     """``out <- x*cos + (x @ matrix)*sin``; returns out. out: x's shape and dtype, any strides;
     it is x itself (in place) or disjoint from x and the tables."""
+    _check_args({"x": x}, cos, sin, matrix, backend, {"out": out})
     torch.ops.rome.apply_out(x, cos, sin, matrix, out, backend)
     return out
 
@@ -426,5 +439,6 @@ def apply_qk_out(
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
     q_out, k_out = out
+    _check_args({"q": q, "k": k}, cos, sin, matrix, backend, {"q_out": q_out, "k_out": k_out})
     torch.ops.rome.apply_qk_out(q, k, cos, sin, matrix, q_out, k_out, backend)
     return q_out, k_out

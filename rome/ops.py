@@ -73,8 +73,9 @@ def _broadcasts_to(shape, target) -> bool:
         return False
 
 
-def _check_types(xs: dict[str, Tensor], cos, sin, matrix, backend) -> None:
-    for name, t in (*xs.items(), ("cos", cos), ("sin", sin), ("matrix", matrix)):
+def _check_types(xs: dict[str, Tensor], cos, sin, matrix, backend, tables=("cos", "sin")) -> None:
+    """``tables``: the names of the cos and sin arguments (``("freqs", "scales")`` with angles)."""
+    for name, t in (*xs.items(), *zip(tables, (cos, sin)), ("matrix", matrix)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.is_nested:
@@ -107,8 +108,9 @@ def _check_no_forward_ad(named: dict[str, Tensor]) -> None:
 
 def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axis=None, angles=False) -> str:
     """Validate the arguments of any of the four ops; return the backend that will run."""
-    _check_types(xs, cos, sin, matrix, backend)
-    named = {**xs, "cos": cos, "sin": sin, "matrix": matrix}
+    tables = ("freqs", "scales") if angles else ("cos", "sin")
+    _check_types(xs, cos, sin, matrix, backend, tables)
+    named = {**xs, **dict(zip(tables, (cos, sin))), "matrix": matrix}
     _check_no_forward_ad(named)
     if positions is not None or axis is not None or angles:
         named |= _check_position_types(positions, axis)
@@ -186,9 +188,9 @@ def _check_angles(freqs: Tensor, scales: Tensor, d: int) -> None:
     if freqs.shape != (2, d) or scales.shape != (2, d) or freqs.dtype != torch.float32 \
             or scales.dtype != torch.float32:
         raise ValueError(
-            f"with angles, cos must be the float32 frequencies [2, D] = [2, {d}] (inv_freq as hi + lo, "
-            f"rome.positions.angle_frequencies) and sin the float32 scales [2, D] = [2, {d}], got cos "
-            f"{_shape(freqs)} {freqs.dtype} and sin {_shape(scales)} {scales.dtype}"
+            f"freqs must be the float32 frequencies [2, D] = [2, {d}] (inv_freq as hi + lo, "
+            f"rome.positions.angle_frequencies) and scales the float32 scales [2, D] = [2, {d}], got "
+            f"freqs {_shape(freqs)} {freqs.dtype} and scales {_shape(scales)} {scales.dtype}"
         )
 
 
@@ -225,7 +227,10 @@ ANGLE_POSITIONS = 1 << 24  # angles: positions below it are exact in float32
 
 
 def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> None:
-    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs)."""
+    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs).
+    Meta tensors have no values to check (and the op reads none)."""
+    if positions.device.type == "meta":
+        return
     if angles:
         span = check_range(positions)
         if span is not None and span[1] >= ANGLE_POSITIONS:
@@ -782,7 +787,7 @@ def apply_qk_angles(
     in ``[0, 2**24)``.
     The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
     and matrix, not in freqs/scales."""
-    _check_types({"q": q, "k": k}, freqs, scales, matrix, backend)
+    _check_types({"q": q, "k": k}, freqs, scales, matrix, backend, ("freqs", "scales"))
     _check_position_types(positions, axis)
     _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
     return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k)

@@ -188,6 +188,11 @@ def normalize_positions(
             raise TypeError(f"positions must be a tensor or None, got {type(positions).__name__}")
         _check_dtype(positions)
         pos = _to_bsa(positions, n_axes, batch, seq, axes_dim)
+        if device is not None and positions.device.type == "meta" and torch.device(device).type != "meta":
+            raise ValueError(
+                f"positions on {positions.device} cannot be used with q on {device}: a meta tensor "
+                f"has no values to copy (put positions and q on one device; all-meta works)"
+            )
         if device is not None:
             pos = pos.to(device)
         pos = pos.to(torch.float64 if pos.is_floating_point() else torch.int64)
@@ -205,8 +210,9 @@ def check_range(
     positions: Tensor, limit: int | None = None, *, name: str = "max_positions"
 ) -> tuple[float, float] | None:
     """``(min, max)`` of the positions (one host sync) after checking ``0 <= p < limit``
-    (``name`` names the limit in the message); None for no positions."""
-    if positions.numel() == 0:
+    (``name`` names the limit in the message); None for no positions, and for positions on the
+    meta device (no values: the caller reads none either)."""
+    if positions.numel() == 0 or positions.device.type == "meta":
         return None
     if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
         raise ValueError("positions must be finite, got inf or nan")

@@ -479,7 +479,7 @@ def test_angles_bad_input():
     for backend in BACKENDS:
         with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 = 16777216 with angles \(exact in float32\), got max 16777224"):
             ops.apply_qk_angles(q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
-        with pytest.raises(ValueError, match=r"with angles, cos must be the float32 frequencies \[2, D\] = \[2, 32\]"):
+        with pytest.raises(ValueError, match=r"freqs must be the float32 frequencies \[2, D\] = \[2, 32\]"):
             ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
         with pytest.raises(RuntimeError, match=r"no gradient for the frequencies and scales"):
             f = freqs.clone().requires_grad_()
