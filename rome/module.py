@@ -211,16 +211,26 @@ def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
             f"build RoPE(mrope_layout(...)) yourself"
         )
     mode = "interleave" if kind in INTERLEAVE_MODEL_TYPES else "half"
+    return _HFLayouts(config, layer_type, section, interleaved if section is not None else False, mode)
 
-    def build(seq_len=None) -> RopeLayout:
-        freqs = frequencies_from_hf(config, seq_len=seq_len, layer_type=layer_type)
-        if freqs.rope_type == "axial":
-            return axial_layout(freqs)
-        if section is not None:
-            return mrope_layout(freqs, section, interleaved=interleaved)
-        return rope_layout(freqs, mode=mode)
 
-    return build
+class _HFLayouts:
+    """``seq_len -> RopeLayout`` of one transformers config (a class, not a closure: a RoPE
+    with ``dynamic`` set pickles)."""
+
+    def __init__(self, config, layer_type, section, interleaved: bool, mode: str):
+        self.config, self.layer_type = config, layer_type
+        self.section, self.interleaved, self.mode = section, interleaved, mode
+
+    def __call__(self, seq_len=None) -> RopeLayout:
+        # layouts live on the CPU, also inside `with torch.device("meta")` (a model built empty)
+        with torch.device("cpu"):
+            freqs = frequencies_from_hf(self.config, seq_len=seq_len, layer_type=self.layer_type)
+            if freqs.rope_type == "axial":
+                return axial_layout(freqs)
+            if self.section is not None:
+                return mrope_layout(freqs, self.section, interleaved=self.interleaved)
+            return rope_layout(freqs, mode=self.mode)
 
 
 # --- the module ------------------------------------------------------------------------------
@@ -302,7 +312,7 @@ class RoPE(nn.Module):
         """
         text = _text_config(config)
         build = _hf_layout_builder(text, layer_type)
-        layout = build()
+        layout = build()  # on the CPU (float64), whatever the default device
         dynamic = None
         if _rope_type(text, layer_type) in ("dynamic", "longrope"):
             dynamic = build
@@ -320,7 +330,9 @@ class RoPE(nn.Module):
     def sections(cls, sections, *, mode: str = "half", theta=10000.0, **kwargs) -> RoPE:
         """Multi-axis (2D/3D video) RoPE, one ``mode`` block per section, section i reading
         position axis i with base ``theta`` (one, or one per section): ``section_layout``."""
-        return cls(section_layout(sections, mode=mode, theta=theta), **kwargs)
+        with torch.device("cpu"):
+            layout = section_layout(sections, mode=mode, theta=theta)
+        return cls(layout, **kwargs)
 
     @classmethod
     def vision(cls, head_dim: int, *, theta: float = 10000.0, n_axes: int = 2, **kwargs) -> RoPE:
@@ -331,10 +343,19 @@ class RoPE(nn.Module):
             raise ValueError(
                 f"head_dim must be a positive multiple of 2 * n_axes = {2 * n_axes}, got {head_dim!r}"
             )
-        freqs = rope_frequencies(head_dim // n_axes, theta=theta)
-        return cls(axial_layout(freqs, n_axes=n_axes), **kwargs)
+        with torch.device("cpu"):
+            layout = axial_layout(rope_frequencies(head_dim // n_axes, theta=theta), n_axes=n_axes)
+        return cls(layout, **kwargs)
 
     # --- state ---
+
+    def __getstate__(self):
+        """Pickle / deepcopy without the per-device memos (the shared caches hold a lock and
+        belong to this process): they are rebuilt on first use."""
+        state = dict(super().__getstate__())
+        for name in ("_freqs", "_caches", "_matrices", "_axes", "_lengths"):
+            state[name] = {}
+        return state
 
     @property
     def head_dim(self) -> int:
@@ -356,7 +377,8 @@ class RoPE(nn.Module):
         key = (device, dtype)
         cache = self._caches.get(key)
         if cache is None:
-            cache = self._caches[key] = _shared_cache(self.layout, device, dtype)
+            cache = _shared_cache(self.layout, device, dtype)
+            _keep(self._caches, key, cache)
         return cache
 
     def reserve(self, positions: int, *, device=None, dtype=torch.float32) -> None:
@@ -381,7 +403,8 @@ class RoPE(nn.Module):
         key = (dtype, device)
         m = self._matrices.get(key)
         if m is None:
-            m = self._matrices[key] = self.layout.matrix(dtype, device)
+            m = self.layout.matrix(dtype, device)
+            _keep(self._matrices, key, m)
         return m
 
     def _axis(self, device: torch.device) -> Tensor | None:
@@ -390,7 +413,8 @@ class RoPE(nn.Module):
             return None
         axis = self._axes.get(device)
         if axis is None:
-            axis = self._axes[device] = self.layout.axis.to(device)
+            axis = self.layout.axis.to(device)
+            _keep(self._axes, device, axis)
         return axis
 
     def _cached(self, q, k, pos, device, dtype, rows, graph):
@@ -402,8 +426,9 @@ class RoPE(nn.Module):
         if self.angles == "kernel" and dtype == torch.float32:
             freqs = self._freqs.get(device)
             if freqs is None:
-                freqs = self._freqs[device] = tuple(
+                freqs = tuple(
                     t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
+                _keep(self._freqs, device, freqs)
             if graph:  # the op checks positions when a compiled graph runs
                 return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
             if rows is not None and rows > ANGLE_POSITIONS:
@@ -543,6 +568,14 @@ class RoPE(nn.Module):
         else:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
         return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+
+
+def _keep(memo: dict, key, value) -> None:
+    """``memo[key] = value``, except while torch.compile traces: a dict filled during tracing
+    fails the guard the trace put on it (the key was absent), so the second call of the compiled
+    function would recompile. The traced graph builds the value instead (a matrix, an axis)."""
+    if not torch.compiler.is_compiling():
+        memo[key] = value
 
 
 def _capturing(t: Tensor) -> bool:

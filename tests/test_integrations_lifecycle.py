@@ -118,3 +118,86 @@ def test_diffusers_compile_fullgraph_no_recompile(name):
     assert frames == 1
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     torch.testing.assert_close(first, ref, rtol=1e-5, atol=1e-5)
+
+
+# --- transformers ----------------------------------------------------------------------------
+
+transformers = pytest.importorskip("transformers")
+
+TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=61, max_position_embeddings=64)
+TF_MODELS = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**TEXT)),
+    "gpt_neox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=61, max_position_embeddings=64, rotary_pct=0.5)),
+    "qwen2_vl_text": lambda: transformers.Qwen2VLTextModel(transformers.Qwen2VLTextConfig(
+        **TEXT, rope_parameters={"rope_type": "default", "mrope_section": [1, 1, 2]})),
+}
+
+
+def _tf_model(name):
+    torch.manual_seed(0)
+    return TF_MODELS[name]().eval()
+
+
+def _tf_run(model):
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model(input_ids=ids)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+class _TFCount:
+    def __init__(self, monkeypatch):
+        from rome.integrations import transformers as rt
+
+        self.n = 0
+        real = rt.apply_qk
+
+        def spy(*a, **k):
+            self.n += 1
+            return real(*a, **k)
+
+        monkeypatch.setattr(rt, "apply_qk", spy)
+
+
+@pytest.mark.parametrize("name", TF_MODELS)
+def test_transformers_patched_model_pickles_and_keeps_rome(name, monkeypatch):
+    model = _tf_model(name)
+    rome.integrations.patch(model, backend="torch")
+    ref = _tf_run(model)
+    for how, clone in _roundtrips(model).items():
+        count = _TFCount(monkeypatch)
+        out = _tf_run(clone)
+        assert count.n == 2, f"{how}: the copy ran rome {count.n} times, not once per layer"
+        monkeypatch.undo()
+        torch.testing.assert_close(out, ref, rtol=0, atol=0, msg=how)
+        with pytest.raises(ValueError, match="already patched by rome"):
+            rome.integrations.patch(clone)
+
+
+@pytest.mark.parametrize("name", TF_MODELS)
+def test_transformers_patch_on_meta_device(name):
+    with torch.device("meta"):
+        model = TF_MODELS[name]()
+        handle = rome.integrations.patch(model, backend="torch")
+    assert handle.active
+    assert all(p.device.type == "meta" for p in model.parameters())
+    handle.undo()
+
+
+def test_transformers_compile_fullgraph_no_recompile():
+    """A patched Llama decoder stack (rotary module and layers) compiles once: the first traced
+    call must not fill a cache (RoPE.matrix's, the tables') that a guard then fails on."""
+    model = _tf_model("llama")
+    rome.integrations.patch(model, backend="torch")
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    model = _tf_model("llama")  # fresh: nothing cached by an eager call
+    rome.integrations.patch(model, backend="torch")
+    first, second, frames = _compiled_twice(model, lambda m: m(input_ids=ids).logits)
+    assert frames == 1
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(first, ref, rtol=1e-5, atol=1e-5)

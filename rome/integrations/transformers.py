@@ -128,6 +128,9 @@ class _Tables:
         self.rope = rope
         self.caches: dict[tuple[torch.device, torch.dtype], tuple[Tensor, Tensor]] = {}
 
+    def __getstate__(self):
+        return {"rope": self.rope, "caches": {}}  # the caches are rebuilt on first use
+
     def __call__(self, positions: Tensor, axes_dim, device, dtype) -> tuple[Tensor, Tensor]:
         rope, layout = self.rope, self.rope.layout
         positions = positions.to(device)
@@ -156,19 +159,22 @@ def _table_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-def _rotary_forward(tables: _Tables, kind: str, n_axes: int):
-    """The rotary module's ``forward(x, position_ids) -> (cos, sin)`` on rome's tables."""
+class _RotaryForward:
+    """The rotary module's ``forward(x, position_ids) -> (cos, sin)`` on rome's tables (a
+    class, not a closure, so that it pickles)."""
+
+    def __init__(self, tables: _Tables, kind: str, n_axes: int):
+        self.tables, self.kind, self.n_axes = tables, kind, n_axes
 
     @torch.no_grad()
-    def forward(self, x, position_ids):
-        if kind == "vision":  # [T, A] (h, w) per patch -> [T, D]
+    def __call__(self, module, x, position_ids):
+        tables = self.tables
+        if self.kind == "vision":  # [T, A] (h, w) per patch -> [T, D]
             return tables(position_ids, -1, x.device, _table_dtype(x))
-        if n_axes > 1:  # mRoPE: [B, S] (text only) or [A, B, S] -> [B, S, D]
-            pos = position_ids.expand(n_axes, -1, -1) if position_ids.ndim == 2 else position_ids
+        if self.n_axes > 1:  # mRoPE: [B, S] (text only) or [A, B, S] -> [B, S, D]
+            pos = position_ids.expand(self.n_axes, -1, -1) if position_ids.ndim == 2 else position_ids
             return tables(pos, 0, x.device, _table_dtype(x))
         return tables(position_ids, None, x.device, _table_dtype(x))  # [B, S] -> [B, S, D]
-
-    return forward
 
 
 # --- q and k ---------------------------------------------------------------------------------
@@ -184,26 +190,28 @@ def _full_width(cos: Tensor, sin: Tensor, d: int) -> tuple[Tensor, Tensor]:
     return (torch.cat([cos, cos.new_ones(pad)], -1), torch.cat([sin, sin.new_zeros(pad)], -1))
 
 
-def _rotate_text(rope: RoPE, backend: str):
+class _RotateText:
     """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` as one ``rome.apply_qk``."""
 
-    def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    def __init__(self, rope: RoPE, backend: str):
+        self.rope, self.backend = rope, backend
+
+    def __getstate__(self):
+        return {"rope": self.rope, "backend": self.backend}  # not the rebound forwards
+
+    def __call__(self, q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = _full_width(cos, sin, q.shape[-1])
-        m = rope.matrix(q.dtype, q.device)
+        m = self.rope.matrix(q.dtype, q.device)
         return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m,
-                        backend=backend)
-
-    return apply_rotary_pos_emb
+                        backend=self.backend)
 
 
-def _rotate_vision(rope: RoPE, backend: str):
+class _RotateVision(_RotateText):
     """``apply_rotary_pos_emb_vision(q, k, cos, sin)``, q and k ``[T, N, D]``, tables ``[T, D]``."""
 
-    def apply_rotary_pos_emb_vision(q, k, cos, sin):
-        m = rope.matrix(q.dtype, q.device)
-        return apply_qk(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2), m, backend=backend)
-
-    return apply_rotary_pos_emb_vision
+    def __call__(self, q, k, cos, sin):
+        m = self.rope.matrix(q.dtype, q.device)
+        return apply_qk(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2), m, backend=self.backend)
 
 
 def _rebound(fn, name: str, value):
@@ -220,6 +228,40 @@ def _rebound(fn, name: str, value):
     new.__dict__.update(fn.__dict__)
     new.__wrapped__ = fn
     return new
+
+
+class _Forward:
+    """A patched instance's ``forward``: ``function(module, *args, **kwargs)``. It pickles (and
+    deep-copies) as the recipe it was made from, so an unpickled model runs rome again and counts
+    as patched (``patch`` refuses it; it has no handle to undo). ``how``: ``(_RotaryForward,)``,
+    or ``(attention class, function name, _RotateText)``: the class's own forward with that
+    global bound to rome's rotation (``_rebound``; one function per class and rotation)."""
+
+    def __init__(self, module: nn.Module, how: tuple, owner: str):
+        self.module, self.how, self.owner = module, how, owner
+        if len(how) == 1:
+            self.function = how[0]
+        else:
+            cls, name, rotate = how
+            functions = rotate.__dict__.setdefault("_functions", {})
+            if cls not in functions:
+                functions[cls] = _rebound(cls.forward, name, rotate)
+            self.function = functions[cls]
+        _PATCHED[module] = owner  # not the handle: it would keep the model alive
+
+    def __call__(self, *args, **kwargs):
+        return self.function(self.module, *args, **kwargs)
+
+    @property
+    def __func__(self):  # as a bound method's (code that inspects forward.__func__)
+        return self.function
+
+    @property
+    def __self__(self):
+        return self.module
+
+    def __reduce__(self):
+        return (_Forward, (self.module, self.how, self.owner))
 
 
 # --- building the RoPE of a rotary module ----------------------------------------------------
@@ -313,25 +355,19 @@ def patch(model: nn.Module, *, backend: str = "auto") -> Patch | None:
     handle = Patch(model, family=kind or found[0][0].module)
     try:
         for (family, rotary, layers), rope in zip(found, ropes):
-            tables = _Tables(rope)
-            forward = _rotary_forward(tables, family.kind, rope.n_axes)
-            handle.setattr(rotary, "forward", types.MethodType(forward, rotary))
-            rotate = (_rotate_vision if family.kind == "vision" else _rotate_text)(rope, backend)
-            functions = {}
+            forward = _RotaryForward(_Tables(rope), family.kind, rope.n_axes)
+            handle.setattr(rotary, "forward", _Forward(rotary, (forward,), name))
+            handle.on_undo(lambda m=rotary: _PATCHED.pop(m, None))
+            rotate = (_RotateVision if family.kind == "vision" else _RotateText)(rope, backend)
             for layer in layers:
                 cls = type(layer)
-                if cls not in functions:
-                    fn = cls.forward
-                    if family.function not in fn.__code__.co_names:
-                        raise ValueError(
-                            f"{cls.__name__}.forward does not call {family.function} (a "
-                            f"transformers version rome's patch does not know); not patched"
-                        )
-                    functions[cls] = _rebound(fn, family.function, rotate)
-                handle.setattr(layer, "forward", types.MethodType(functions[cls], layer))
-            for m in (rotary, *layers):
-                _PATCHED[m] = name  # not the handle: it would keep the model alive
-                handle.on_undo(lambda m=m: _PATCHED.pop(m, None))
+                if family.function not in cls.forward.__code__.co_names:
+                    raise ValueError(
+                        f"{cls.__name__}.forward does not call {family.function} (a "
+                        f"transformers version rome's patch does not know); not patched"
+                    )
+                handle.setattr(layer, "forward", _Forward(layer, (cls, family.function, rotate), name))
+                handle.on_undo(lambda m=layer: _PATCHED.pop(m, None))
     except BaseException:
         handle.undo()
         raise
