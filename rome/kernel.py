@@ -131,9 +131,11 @@ def _two_sum(p, q):
 
 @triton.jit
 def _sum2(p, q, small):
-    # p + q + small, with p + q exact by TwoSum and the small terms added last
+    # p + q + small, with p + q exact by TwoSum and the small terms added last. Where p + q
+    # rounds to +-inf (the result overflows, or a term is infinite) the error terms are inf - inf
+    # = NaN: the result is then that infinity (NaN stays NaN)
     t, err = _two_sum(p, q)
-    return t + (err + small)
+    return tl.where(tl.abs(t) == float("inf"), t, t + (err + small))
 
 
 @triton.jit
@@ -179,9 +181,9 @@ def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.co
 
 
 @triton.jit
-def _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D):
+def _cache_rows(p_ptr, prow, axis_ptr, stride_ax, stride_pa, n_pos, tcols, mask, D):
     # several axes: the cache row of element (r, j) is pos[r, axis[j]]; and whether it is in range
-    a = tl.load(axis_ptr + tcols, mask=tcols < D, other=0).to(tl.int64)
+    a = tl.load(axis_ptr + tcols * stride_ax, mask=tcols < D, other=0).to(tl.int64)
     p = tl.load(p_ptr + prow[:, None] + a[None, :] * stride_pa, mask=mask, other=0).to(tl.int64)
     return p, (p >= 0) & (p < n_pos)
 
@@ -196,21 +198,21 @@ def _table(t_ptr, offsets, mask, ok, RAW_T: tl.constexpr, POSITIONS: tl.constexp
 
 
 @triton.jit
-def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps, n_pos, p_ok, tcols, mask, D,
-            RAW_T: tl.constexpr, POSITIONS: tl.constexpr,
+def _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_ax, stride_pa, stride_ps, n_pos, p_ok, tcols, mask, D,
+            RAW_S: tl.constexpr, POSITIONS: tl.constexpr,
             ANGLES: tl.constexpr, c_ptr, stride_pc, prow_p, F64: tl.constexpr):
     # sin at rows r and columns tcols (the transpose reads it at other columns than x's)
     if ANGLES:  # computed at the columns' own positions (prow_p: the row's position, one axis)
         if POSITIONS == 2:
-            p, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
+            p, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_ax, stride_pa, n_pos, tcols, mask, D)
         else:
             p, ok = prow_p, p_ok
         _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, p, ok, tcols, D, F64)
         return s
     if POSITIONS == 2:
-        spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, tcols, mask, D)
-        return _table(s_ptr, sr[:, None] + spos * stride_ps + tcols[None, :], mask, ok, RAW_T, POSITIONS)
-    return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_T, POSITIONS)
+        spos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_ax, stride_pa, n_pos, tcols, mask, D)
+        return _table(s_ptr, sr[:, None] + spos * stride_ps + tcols[None, :], mask, ok, RAW_S, POSITIONS)
+    return _table(s_ptr, sr[:, None] + tcols[None, :], mask, p_ok, RAW_S, POSITIONS)
 
 
 # --- angles computed from positions (ANGLES): cos/sin of p * inv_freq, ~0.51 fp32 ulp -----------
@@ -306,14 +308,14 @@ def _angle_tables(f_ptr, stride_f, scale_ptr, stride_sc, p, ok, tcols, D, F64: t
 
 @triton.jit
 def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
-                 axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                 axis_ptr, stride_ax, stride_pa, stride_pc, stride_ps, n_pos,
                  x_ptr, o_ptr, c_ptr, s_ptr, p_ptr, n_rows, R1, R2,
                  sx0, sx1, sx2, so0, so1, so2, sc0, sc1, sc2, ss0, ss1, ss2, sp0, sp1, sp2, D,
                  POSITIONS: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                 RAW_X: tl.constexpr, RAW_T: tl.constexpr, F64: tl.constexpr):
+                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
     # rows [tile*BLOCK_R, +BLOCK_R) of one tensor, output panel by output panel (static: the
     # panels' loads are independent); panel n sums its nonzero blocks k in a runtime loop, so
     # the code holds one dot per panel whatever D (an unrolled NP x NP took minutes to compile)
@@ -345,17 +347,17 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
         x = _load(x_ptr, xr + cols[None, :], mask, RAW_X)
         if ANGLES:  # cos and sin computed from the positions and frequencies
             if POSITIONS == 2:
-                cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
+                cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_ax, stride_pa, n_pos, cols, mask, D)
             else:
                 cpos, ok = p1, p_ok
             c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cpos, ok, cols, D, F64)
         elif POSITIONS == 2:  # cos and sin at cols share the positions read
-            cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_pa, n_pos, cols, mask, D)
-            c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_T, POSITIONS)
-            s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_T, POSITIONS)
+            cpos, ok = _cache_rows(p_ptr, prow, axis_ptr, stride_ax, stride_pa, n_pos, cols, mask, D)
+            c = _table(c_ptr, cr[:, None] + cpos * stride_pc + cols[None, :], mask, ok, RAW_C, POSITIONS)
+            s = _table(s_ptr, sr[:, None] + cpos * stride_ps + cols[None, :], mask, ok, RAW_S, POSITIONS)
         else:
-            c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
-            s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_T, POSITIONS)
+            c = _table(c_ptr, cr[:, None] + cols[None, :], mask, p_ok, RAW_C, POSITIONS)
+            s = _table(s_ptr, sr[:, None] + cols[None, :], mask, p_ok, RAW_S, POSITIONS)
         acc = tl.zeros((BLOCK_R, BLOCK_N), dtype=tl.float32)
         blocks = (NZ >> (n * NP)) & ((1 << NP) - 1)  # bit k: block (k, n) of W is nonzero
         for k in range(NP):
@@ -369,8 +371,8 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
                 else:
                     v = _load(x_ptr, xr + kcols[None, :], kmask, RAW_X)
                     if TRANSPOSE and not GATHER_SIN:
-                        v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                                        n_pos, p_ok, kcols, kmask, D, RAW_T, POSITIONS,
+                        v = v * _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_ax, stride_pa, stride_ps,
+                                        n_pos, p_ok, kcols, kmask, D, RAW_S, POSITIONS,
                                         ANGLES, c_ptr, stride_pc, p1, F64)
                 wmask = (kcols < D)[:, None] & (cols < D)[None, :]
                 w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
@@ -382,8 +384,8 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
         else:
             if GATHER_SIN:
                 src = tl.load(src_ptr + cols, mask=cols < D, other=0)
-                s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_pa, stride_ps,
-                            n_pos, p_ok, src, mask, D, RAW_T, POSITIONS,
+                s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_ax, stride_pa, stride_ps,
+                            n_pos, p_ok, src, mask, D, RAW_S, POSITIONS,
                             ANGLES, c_ptr, stride_pc, p1, F64)
             y = _dot2(x, c, acc, s, F64)
         _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
@@ -394,9 +396,10 @@ def _rome_kernel(
     # the dot's matrix W ([D, D]: M forward, Mᵀ backward, by strides) and, with GATHER_SIN, src:
     # int32 [D], the row of W's nonzero in each column (where sin is read in the transpose)
     w_ptr, stride_wk, stride_wn, src_ptr,
-    # with POSITIONS: axis (int [D], the position axis of each column; POSITIONS == 2), the
-    # positions' axis stride, the row strides of the cos and sin caches and their row count
-    axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+    # with POSITIONS: axis (int [D], the position axis of each column, read through its stride;
+    # POSITIONS == 2), the positions' axis stride, the row strides of the cos and sin caches and
+    # their row count
+    axis_ptr, stride_ax, stride_pa, stride_pc, stride_ps, n_pos,
     # tensor a (q): x, out, cos, sin, positions; rows = R0*R1*R2 with strides per row dim for each
     a_x, a_o, a_c, a_s, a_p, a_rows, a_R1, a_R2,
     a_sx0, a_sx1, a_sx2, a_so0, a_so1, a_so2,
@@ -414,7 +417,7 @@ def _rome_kernel(
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,  # tile rows, padded D, panel
     SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,  # the dot's operand: SPLIT pieces in OP_DTYPE
     FP32_DOT: tl.constexpr,  # fp32 operands, IEEE (general matrices; the interpreter)
-    RAW_X: tl.constexpr, RAW_T: tl.constexpr,  # interpreter: x / tables are bf16 read as raw bits
+    RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: x / cos / sin in bf16, read as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
 ):
     # Persistent over the row tiles of a (q) and then of b (k), as one sequence: program p does
@@ -426,7 +429,7 @@ def _rome_kernel(
     for t in range(pid, a_tiles + tl.cdiv(b_rows, BLOCK_R), nprog):
         on_b = t >= a_tiles
         _rotate_tile(tl.where(on_b, t - a_tiles, t), w_ptr, stride_wk, stride_wn, src_ptr,
-                     axis_ptr, stride_pa, stride_pc, stride_ps, n_pos,
+                     axis_ptr, stride_ax, stride_pa, stride_pc, stride_ps, n_pos,
                      tl.where(on_b, b_x, a_x), tl.where(on_b, b_o, a_o), tl.where(on_b, b_c, a_c),
                      tl.where(on_b, b_s, a_s), tl.where(on_b, b_p, a_p), tl.where(on_b, b_rows, a_rows),
                      tl.where(on_b, b_R1, a_R1), tl.where(on_b, b_R2, a_R2),
@@ -436,143 +439,165 @@ def _rome_kernel(
                      tl.where(on_b, b_ss0, a_ss0), tl.where(on_b, b_ss1, a_ss1), tl.where(on_b, b_ss2, a_ss2),
                      tl.where(on_b, b_sp0, a_sp0), tl.where(on_b, b_sp1, a_sp1), tl.where(on_b, b_sp2, a_sp2),
                      D, POSITIONS, ANGLES, TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N,
-                     SPLIT, OP_DTYPE, FP32_DOT, RAW_X, RAW_T, F64)
+                     SPLIT, OP_DTYPE, FP32_DOT, RAW_X, RAW_C, RAW_S, F64)
+
+
+
+
+# --- the gather kernel: x @ M as the signed column gather it is ------------------------------
+
+
+@triton.jit
+def _fetch(ptr, offsets, mask, RAW_BF16: tl.constexpr):
+    # a load kept in its own dtype until used (half the registers of fp32 for a prefetched tile);
+    # RAW_BF16: bf16 read as its 16 bits (the interpreter)
+    if RAW_BF16:
+        return tl.load(ptr.to(tl.pointer_type(tl.int16)) + offsets, mask=mask, other=0)
+    return tl.load(ptr + offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def _widen(v, RAW_BF16: tl.constexpr):
+    # a _fetch'ed value -> fp32, exactly
+    if RAW_BF16:
+        return (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _rome_gather_kernel(
+    # the signed permutation, per output column j (int32 / fp32 [D], read once per program):
+    #   y[r, j] = x[r, j] * cos[t(r), j] + x[r, src[j]] * sign[j] * sin[t(r), scol[j]]
+    # with scol = j in the forward (src, sign: M's column gather) and scol = src in the
+    # transpose (the backward, with Mᵀ's: ((dy*sin) @ Mᵀ)[j] = sign_t[j] * dy[src[j]] * sin[src[j]])
+    src_ptr, sign_ptr,
+    # POSITIONS == 2: axis (int [D]; any stride), the position axis each column reads
+    axis_ptr, stride_ax,
+    # per-row data, shared by q and k: POSITIONS == 0: the tables cos, sin with the strides of
+    # their two T dims; else caches [P, D] (row strides stride_pc / stride_ps, n_pos rows) read at
+    # positions p (strides of the T dims, stride_pa between axes), or with ANGLES inv_freq and the
+    # column scale as fp32 hi/lo rows [2, D] (row strides stride_pc / stride_ps)
+    c_ptr, s_ptr, sct0, sct1, sst0, sst1,
+    p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
+    n_t, T1,  # T rows (those with their own tables): t = t0 * T1 + t1
+    # q (a) and k (b): x and out, the strides of their two T dims and of their two head dims (the
+    # rows sharing one table row: H0 * H1 = H of them, h = h0 * H1 + h1); b_H = 0 without k
+    a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
+    b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1,
+    D,  # head_dim
+    HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of HB heads
+    POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
+    ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq, s: scale)
+    TRANSPOSE: tl.constexpr,  # backward: sin read at src (scol = src)
+    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,  # T rows per program, D padded to a power of two
+    I64: tl.constexpr,  # 64-bit offsets inside a tile (some tensor spans 2**31 elements or more)
+    RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
+    F64: tl.constexpr,  # interpreter: error-free products through float64
+):
+    # Grid (T tiles, head groups of q then of k). A program reads the per-column vectors and its
+    # tables once (the table traffic is 8/HB bytes per element for fp32 tables, not 8), then walks
+    # its heads: each head's x tile and its gathered copy x[:, src] (the same lines: L1 hits) are
+    # loaded in one batch, the next head's batch is issued before this head's arithmetic (a
+    # register prefetch), and the output is stored; every load of a head precedes its store, so
+    # x may be out (in place). No dot, no shared memory, no layout conversion. Per element: x
+    # read and y written once (4 B in bf16), ~14 fp32 instructions (error-free products, TwoSum).
+    # Bound by DRAM bandwidth when enough bytes are in flight (see profiling/kernels.py's model).
+    pid_t = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    a_groups = tl.cdiv(a_H, HB)
+    on_b = pid_h >= a_groups
+    H = tl.where(on_b, b_H, a_H)
+    H1 = tl.where(on_b, b_H1, a_H1)
+    h_lo = tl.where(on_b, pid_h - a_groups, pid_h) * HB
+    h_hi = tl.minimum(h_lo + HB, H)
+
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    src = tl.load(src_ptr + cols, mask=cmask, other=0)
+    sign = tl.load(sign_ptr + cols, mask=cmask, other=0.0)
+    t = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = t < n_t
+    mask = row_ok[:, None] & cmask[None, :]
+    t0 = t // T1
+    t1 = t % T1  # (T1 == 1 is specialised to a constant: no division)
+    if I64:
+        t0 = t0.to(tl.int64)
+        t1 = t1.to(tl.int64)
+
+    # cos at (t, j) and sin at (t, scol[j]), once for the program's heads
+    if TRANSPOSE:
+        scols = src
+    else:
+        scols = cols
+    if POSITIONS == 0:
+        c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
+        s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + scols[None, :], mask, RAW_S)
+    else:
+        prow = t0 * spt0 + t1 * spt1
+        if POSITIONS == 1:
+            cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
+            sp = cp
+        else:
+            ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
+            cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
+            sp = cp
+            if TRANSPOSE:
+                sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
+                sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
+        if I64:
+            cp = cp.to(tl.int64)
+            sp = sp.to(tl.int64)
+        else:
+            cp = cp.to(tl.int32)
+            sp = sp.to(tl.int32)
+        c_ok = (cp >= 0) & (cp < n_pos)
+        s_ok = (sp >= 0) & (sp < n_pos)
+        if ANGLES:
+            if TRANSPOSE:
+                c, _ = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, scols, D, F64)
+            else:
+                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+        else:
+            c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
+            s = _table(s_ptr, sp * stride_ps + scols[None, :], mask, s_ok, RAW_S, POSITIONS)
+    s = s * sign[None, :]  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+
+    # this tensor's pointers and strides (q or k, by scalar selects)
+    x_ptr = tl.where(on_b, b_x, a_x)
+    o_ptr = tl.where(on_b, b_o, a_o)
+    sxh0 = tl.where(on_b, b_sxh0, a_sxh0).to(tl.int64)
+    sxh1 = tl.where(on_b, b_sxh1, a_sxh1).to(tl.int64)
+    soh0 = tl.where(on_b, b_soh0, a_soh0).to(tl.int64)
+    soh1 = tl.where(on_b, b_soh1, a_soh1).to(tl.int64)
+    xrow = (t0 * tl.where(on_b, b_sxt0, a_sxt0) + t1 * tl.where(on_b, b_sxt1, a_sxt1))[:, None]
+    orow = (t0 * tl.where(on_b, b_sot0, a_sot0) + t1 * tl.where(on_b, b_sot1, a_sot1))[:, None]
+    x_off = xrow + cols[None, :]
+    g_off = xrow + src[None, :]
+    o_off = orow + cols[None, :]
+
+    # the heads [h_lo, h_hi): the first one's loads, then per head the next one's before the math
+    ha = h_lo // H1  # once per program
+    hb = h_lo % H1
+    hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
+    ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
+    x = _fetch(x_ptr + hx, x_off, mask, RAW_X)
+    g = _fetch(x_ptr + hx, g_off, mask, RAW_X)
+    for h in range(h_lo, h_hi):
+        hb += 1
+        wrap = hb == H1
+        ha = tl.where(wrap, ha + 1, ha)
+        hb = tl.where(wrap, 0, hb)
+        nx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
+        no = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
+        more = mask & (tl.full((BLOCK_R, BLOCK_D), h + 1, tl.int32) < h_hi)  # (the last head: none)
+        x_next = _fetch(x_ptr + nx, x_off, more, RAW_X)
+        g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
+        y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
+        _store(o_ptr + ho, o_off, y, mask, RAW_X)
+        x = x_next
+        g = g_next
+        ho = no
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)
-MAX_HEAD_DIM = launch.MAX_HEAD_DIM
-SUPPORTED_DTYPES = tuple(launch.TL_DTYPE)
-
-
-def _row_layout(shape, tensors):
-    """Merge the row dims (all but the last) of same-shaped tensors where every stride allows.
-
-    Returns ``[(size, [stride per tensor]), ...]``, outermost first, size-1 dims dropped.
-    """
-    dims = []
-    for i, n in enumerate(shape[:-1]):
-        if n == 1:
-            continue
-        st = [t.stride(i) for t in tensors]
-        if dims and all(ps == s * n for ps, s in zip(dims[-1][1], st)):
-            dims[-1] = (dims[-1][0] * n, st)
-        else:
-            dims.append((n, st))
-    return dims
-
-
-def _launch_args(x, out, cos, sin, pos):
-    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims).
-
-    cos, sin and pos are views with x's row dims (stride 0 where they broadcast)."""
-    tensors = (x, out, cos, sin, pos)
-    dims = _row_layout(x.shape, tensors)
-    if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
-        return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
-    dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
-    rows = dims[0][0] * dims[1][0] * dims[2][0]
-    strides = [dims[d][1][t] for t in range(len(tensors)) for d in range(3)]
-    return [(x, out, cos, sin, pos, rows, dims[1][0], dims[2][0], *strides)]
-
-
-def _row_views(x, cos, sin, positions):
-    """cos, sin and positions as views with x's row dims: the tables broadcast to x, or (with
-    positions) the caches' first rows with stride 0 on every row dim and positions ``[..., A]``
-    broadcast to x's rows (the kernel adds ``pos * row stride``)."""
-    if positions is None:
-        return cos.expand(x.shape), sin.expand(x.shape), _dummy(x.device).expand(*x.shape[:-1], 1)
-    rows = (0,) * (x.ndim - 1)
-    return (cos.as_strided(x.shape, (*rows, cos.stride(-1))), sin.as_strided(x.shape, (*rows, sin.stride(-1))),
-            positions.expand(*x.shape[:-1], positions.shape[-1]))
-
-
-def _dummy(device):
-    return launch._dummy(device)
-
-
-_A_OUT, _B_OUT = (_rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))  # the outputs' arg indices
-_DO_BENCH = None  # the autotuner's benchmarker (None: Triton's); tests time candidates on the CPU
-
-ANGLE_POSITIONS = 1 << 24  # angles from positions: positions below it are exact in fp32
-
-
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
-    """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
-
-    Without positions, cos/sin are per-row tables broadcasting to every x. With positions
-    (int32/int64 ``[..., A]``, ``[...]`` broadcasting to x's rows), cos/sin are caches ``[P, D]``
-    and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
-    axis: int ``[D]`` in ``[0, A)``). A position outside ``[0, P)`` is never read: the kernel
-    writes NaN there (the op checks the range on the host before the launch).
-
-    ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
-    ``[2, D]`` scale of each column (hi + lo), and the kernel computes ``scale * cos(p * inv_freq)`` itself
-    (``_cos_sin_angle``: double-float angle and reduction by pi/2, then fp32 polynomials) for
-    positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
-
-    Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
-    cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
-    """
-    x0 = xs[0]
-    if not INTERPRET and not x0.is_cuda:
-        raise RuntimeError(
-            "backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before rome's "
-            f"kernel is first used, to run it on the CPU); got tensors on {x0.device}"
-        )
-    blocks = []
-    for x, out in zip(xs, outs):
-        if x.numel():
-            blocks += _launch_args(x, out, *_row_views(x, cos, sin, positions))
-    if not blocks:
-        return
-    if positions is None:
-        mode, pos_args = 0, (_dummy(x0.device), 0, 0, 0, 0)
-    else:
-        a = positions.shape[-1]
-        mode = 1 if a == 1 else 2
-        axis_t = axis if mode == 2 else _dummy(x0.device)
-        n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
-        pos_args = (axis_t, positions.stride(-1) if a > 1 else 0, cos.stride(0), sin.stride(0),
-                    n_pos)
-    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
-                       positions=mode, angles=angles)
-    w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
-    swk, swn = w.stride()
-    if transpose:
-        swk, swn = swn, swk
-    max_programs = launch.max_programs(x0.device, interpret=INTERPRET)
-    groups = []  # (args, rows of a, rows of b): one launch each
-    for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
-        a = group[0]
-        b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
-        groups.append(((w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1]), a[5], b[5]))
-
-    def grid(a_rows, b_rows):  # persistent: at most max_programs programs over the tiles of a and b
-        return lambda meta: (min(max(triton.cdiv(a_rows, meta["BLOCK_R"]), triton.cdiv(b_rows, meta["BLOCK_R"])),
-                                 max_programs),)
-
-    def consts(cfg):  # the launch's constexprs but the tile (BLOCK_R and the compile options)
-        return dict(
-            POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=transpose, GATHER_SIN=cfg.gather_sin, NZ=plan.nz,
-            BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split, OP_DTYPE=cfg.op_dtype,
-            FP32_DOT=cfg.fp32_dot, RAW_X=cfg.raw_x, RAW_T=cfg.raw_t, F64=INTERPRET,
-        )
-
-    def time_candidates(autotuner):  # the first launch's arguments, outputs replaced by scratch
-        args, a_rows, b_rows = groups[0]
-        args = list(args)
-        for i in (_A_OUT, _B_OUT):
-            o = args[i]
-            args[i] = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
-        # the compile options but the register cap, which each candidate's triton.Config carries
-        options = {k: v for k, v in plan.config.options.items() if k != "maxnreg"}
-        autotuner[grid(a_rows, b_rows)](*args, **consts(plan.config), **options)
-
-    elements = sum(x.numel() for x in xs)
-    cfg = tuning.pick(_rome_kernel, plan.candidates, x0.device, elements, time_candidates, _DO_BENCH)
-    for args, a_rows, b_rows in groups:
-        launch_grid = grid(a_rows, b_rows)
-        # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter
-        # takes no compile options)
-        _rome_kernel[launch_grid](*args, **consts(cfg), BLOCK_R=cfg.block_r, num_warps=cfg.num_warps,
-                                  num_stages=cfg.num_stages, **({} if INTERPRET else cfg.options))

@@ -33,14 +33,17 @@ there is one candidate.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import threading
 from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
+from . import kernel
 from .structure import describe
 
 MAX_HEAD_DIM = 256
@@ -88,6 +91,9 @@ class Config:
     angles: bool = False  # with positions: cos/sin computed from them and the frequencies
     maxnreg: int | None = None  # registers per thread ptxas may use (None: its own target)
     permutation: bool = False  # M is a signed permutation: every tile gives the same bits (tunable)
+    product: str = "dot"  # how x @ M is evaluated: "dot" (tensor cores) or "gather" (x[:, src] * sign)
+    raw_s: bool = False  # interpreter: sin is bf16, read as raw bits (raw_t: cos)
+    sin_dtype: torch.dtype | None = None  # sin's dtype where it differs from cos's (table_dtype)
 
     @property
     def options(self) -> dict:
@@ -101,21 +107,93 @@ class Config:
     @property
     def name(self) -> str:
         kind = "ieee" if self.fp32_dot else f"{self.split}x{str(self.op_dtype).split('.')[-1]}"
+        if self.product == "gather":
+            kind = "gather"
         gather = " gather-sin" if self.gather_sin else ""
         pos = f" positions={POSITIONS_NAME[self.positions]}" if self.positions else ""
         pos += " angles" if self.angles else ""
+        tables = _NAME[self.table_dtype] + (f"/{_NAME[self.sin_dtype]}" if self.sin_dtype else "")
+        product = f"product={kind}" if self.product == "gather" else f"dot={kind}"
         return (f"{_NAME[self.x_dtype]} {'bwd' if self.transpose else 'fwd'} D={self.head_dim} "
-                f"tables={_NAME[self.table_dtype]} dot={kind}{gather}{pos}")
+                f"tables={tables} {product}{gather}{pos}")
 
 
 def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
     return bool((m.to(dtype).to(m.dtype) == m).all()) if m.dtype != dtype else True
 
 
+PRODUCTS = ("gather", "dot")
+_product = threading.local()
+
+
+@contextlib.contextmanager
+def product(name: str):
+    """Evaluate ``x @ M`` of signed-permutation matrices (every rotation matrix) as ``name`` in
+    this thread: ``"gather"`` (the default: the exact signed column gather, ``_rome_gather_kernel``)
+    or ``"dot"`` (the seed's matmul formulation on the tensor cores, ``_rome_kernel``); the bits
+    are the same. General matrices always take the dot. The report measures both."""
+    if name not in PRODUCTS:
+        raise ValueError(f"product must be one of {PRODUCTS}, got {name!r}")
+    old = getattr(_product, "name", "gather")
+    _product.name = name
+    try:
+        yield
+    finally:
+        _product.name = old
+
+
+def current_product() -> str:
+    return getattr(_product, "name", "gather")
+
+
+GATHER_ELEMENTS_PER_THREAD = 16  # x elements a thread holds per tile in the gather kernel
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, interpret: bool = False,
+                  positions: int = 0, angles: bool = False, sin_dtype=None) -> Config:
+    """The gather kernel's specialisation: T rows per program so that a thread holds
+    ``GATHER_ELEMENTS_PER_THREAD`` elements of a tile (x, its gathered copy, the prefetched next
+    head's two, cos and sin: ~6 x 16 values), 4 warps; with angles half the rows (the angle
+    arithmetic holds ~40 more fp32 values per element, once per program) and 8 warps for the
+    transpose, fp32 x and D = 256. Heads per program are chosen per launch (``heads_per_program``)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    num_warps = 4
+    block_r = min(64, max(1, GATHER_ELEMENTS_PER_THREAD * 32 * num_warps // block_d))
+    if angles:
+        block_r = max(1, block_r // 2)
+        if x_dtype == torch.float32 or block_d > 128 or transpose:
+            num_warps = 8
+    sin_dtype = None if sin_dtype in (None, table_dtype) else sin_dtype
+    return Config(
+        x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
+        gather_sin=transpose, split=1, op_dtype=TL_DTYPE[x_dtype], fp32_dot=False,
+        block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d, block_n=block_d,
+        raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
+        raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
+        num_warps=num_warps, positions=positions, angles=angles, maxnreg=None, permutation=True,
+        product="gather",
+    )
+
+
+def heads_per_program(t_tiles: int, heads: int, max_heads: int, num_sms: int) -> int:
+    """Heads a gather program walks (sharing its tables): as many as keep >= 32 programs per SM
+    (small units keep the last wave short; the hardware scheduler balances them), at least 1, at
+    most the larger tensor's heads, and spread evenly over that tensor's head groups."""
+    hb = max(1, min(max_heads, t_tiles * heads // (32 * num_sms)))
+    groups = -(-max_heads // hb)
+    return -(-max_heads // groups)
+
+
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
-           exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False) -> Config:
-    """The kernel specialisation for these inputs (see the module docstring)."""
+           exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False,
+           product: str = "gather", sin_dtype=None) -> Config:
+    """The kernel specialisation for these inputs (see the module docstring): the gather kernel
+    for a signed permutation (unless ``product="dot"``), else the dot kernel's tiles."""
+    if gather and product == "gather":
+        return choose_gather(x_dtype, table_dtype, head_dim, transpose=transpose, interpret=interpret,
+                             positions=positions, angles=angles, sin_dtype=sin_dtype)
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
     if half and exact_in_x and (not transpose or gather_sin):
@@ -166,6 +244,8 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d,
         block_n=min(block_n, block_d),
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
+        raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16,
+        sin_dtype=None if sin_dtype in (None, table_dtype) else sin_dtype,
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=gather,
     )
 
@@ -175,13 +255,15 @@ MAX_TUNED_WARPS = 8  # 256 threads at up to 255 registers each fill an SM's 64K 
 
 @functools.lru_cache(maxsize=1024)
 def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
-    """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first; only
-    ``cfg`` under the interpreter and where the tile could change the bits (module docstring)."""
-    if interpret or not cfg.permutation or cfg.angles or cfg.table_dtype != torch.float32:
+    """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first: for the
+    gather kernel (no dot, so no bit depends on the tile) half its rows and twice its warps, for
+    fp32 tables and one-axis positions (what models launch); only ``cfg`` under the interpreter, for
+    other tables, several axes, angles (their tile is sized to compile without spill) and for the
+    dot kernel (general matrices, and rotation matrices where ``product("dot")`` asks)."""
+    if interpret or cfg.product != "gather" or cfg.angles or cfg.positions == 2 \
+            or (cfg.positions == 0 and cfg.table_dtype != torch.float32):
         return (cfg,)
-    alts = []
-    if cfg.block_r // 2 >= MIN_ROWS:  # half the rows: fewer registers, more programs per SM
-        alts.append(replace(cfg, block_r=cfg.block_r // 2))
+    alts = [replace(cfg, block_r=cfg.block_r // 2)] if cfg.block_r >= 2 else []
     if 2 * cfg.num_warps <= MAX_TUNED_WARPS:  # the same tile on twice the warps
         alts.append(replace(cfg, num_warps=2 * cfg.num_warps))
     return (cfg, *alts)
@@ -197,7 +279,8 @@ class Plan:
     candidates: tuple  # the configs the autotuner may pick from (config first; same block_n)
     operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
     nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
-    src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin)
+    src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin or the gather kernel)
+    sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -239,18 +322,31 @@ def _gather_src(info):
 
 
 def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool,
-         positions: int = 0, angles: bool = False) -> Plan:
+         positions: int = 0, angles: bool = False, sin_dtype=None) -> Plan:
     """Config, block mask and gather index for one launch (host work cached per matrix).
-    ``positions``: 0 (per-row tables), 1 (one position axis) or 2 (several)."""
+    ``positions``: 0 (per-row tables), 1 (one position axis) or 2 (several); ``sin_dtype``: sin's
+    dtype where it is not cos's (``table_dtype``)."""
     info = describe(matrix)
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
-                 interpret=interpret, positions=positions, angles=angles)
+                 interpret=interpret, positions=positions, angles=angles, product=current_product(),
+                 sin_dtype=sin_dtype)
+    if cfg.product == "gather":
+        src, sign = _signed_gather(info, transpose)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
     operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
     return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src)
+
+
+@functools.lru_cache(maxsize=256)
+def _signed_gather(info, transpose: bool):
+    """int32 src and fp32 sign [D] of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the
+    matrix's device: output column j is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
+    take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
+    return take.to(torch.int32), sign.to(torch.float32).contiguous()
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:
@@ -282,10 +378,17 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def max_programs(device, *, interpret: bool) -> int:
+def num_sms(device) -> int:
+    """SMs of a CUDA device."""
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def max_programs(device, *, interpret: bool, num_sms: int | None = None) -> int:
+    """The dot kernel's persistent grid: at most this many programs (``num_sms``: the device's
+    SMs where given, e.g. when a launch is captured on the CPU)."""
     if interpret:
         return _INTERPRET_PROGRAMS
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) * _PROGRAMS_PER_SM
+    return (num_sms or globals()["num_sms"](device)) * _PROGRAMS_PER_SM
 
 
 # --- every configuration, for the ahead-of-time inspection (python -m profiling kernels) ---------
@@ -319,52 +422,15 @@ def _matrix_kinds(x_dtype, transpose):
     return kinds
 
 
-def kernel_configs(arch: int | None = None) -> list[KernelConfig]:
-    """Every specialisation ``rotate`` can launch on a GPU: x dtype × head_dim × pass × fp32 or
-    x-dtype tables × matrix kind, with every block of M nonzero (the most work; a rotation
-    matrix's mask only removes dots), each with the autotuner's other candidates (``candidates``,
-    named "tuned BLOCK_R=.. warps=.."). One tensor or q+k is the same kernel (a lone x launches with
-    an empty second tensor), so it is not a dimension. ``arch`` does not change the choice today.
-
-    Positions read in the kernel (``meta["positions"]``, what ``rome.RoPE`` launches): x dtype ×
-    head_dim × pass with a rotation matrix, fp32 caches and int64 positions, for one axis and for
-    several (int64 axis), reading a cache or computing the angles (``meta["angles"]``). Other
-    position and table dtypes compile the same code on other pointer types."""
-    from . import kernel  # the kernel module imports this one
-
-    if kernel.INTERPRET:
-        raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
-                           "TRITON_INTERPRET=1 (the kernel is then a JITFunction)")
+def dot_kernel_config(cfg: Config, matrix_kind: str, suffix: str = "") -> KernelConfig:
+    """The dot kernel's launch for ``cfg`` as a BNSD q/k launch specialises it, with every block of
+    the matrix nonzero (the most work)."""
     fn = kernel._rome_kernel
-    out = []
-    for x_dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for d in HEAD_DIMS:
-            for transpose in (False, True):
-                for label, gather, exact_x, exact_bf16 in _matrix_kinds(x_dtype, transpose):
-                    for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
-                        cfg = choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
-                                     exact_in_x=exact_x, exact_in_bf16=exact_bf16)
-                        out += _kernel_configs(fn, cfg, label)
-                for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
-                    cfg = choose(x_dtype, torch.float32, d, transpose=transpose, gather=True,
-                                 exact_in_x=True, exact_in_bf16=True, positions=positions, angles=angles)
-                    out += _kernel_configs(fn, cfg, "rotation")
-    return out
-
-
-def _kernel_configs(fn, cfg: Config, matrix_kind: str) -> list[KernelConfig]:
-    """``cfg`` and the autotuner's other candidates for it (named with their tile)."""
-    first, *alts = candidates(cfg)
-    return [_kernel_config(fn, first, matrix_kind)] + [
-        _kernel_config(fn, alt, matrix_kind, f" tuned {tile_name(alt)}") for alt in alts]
-
-
-def _kernel_config(fn, cfg: Config, matrix_kind: str, suffix: str = "") -> KernelConfig:
     np_ = cfg.block_d // cfg.block_n
     constexprs = dict(
         POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
         BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
-        OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_T=False, F64=False,
+        OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_C=False, RAW_S=False, F64=False,
     )
     # a forward launch passes M with strides (D, 1), the backward Mᵀ as (1, D): the unit stride
     # is specialised to the constant 1 either way
@@ -380,12 +446,12 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str, suffix: str = "") -> Kerne
     # ints of the positions, as rome.RoPE launches BNSD q/k with positions [B, 1, S, A]: row dims
     # (B, N, S) with strides (S*A, 0, A), the axis stride 1 (A > 1) or 0 (one axis, unused), and
     # a power-of-two cache (>= 16 rows). Without positions they are all 0 (divisible).
-    pos_ints = ("stride_pa", "n_pos", "a_sp0", "a_sp1", "a_sp2", "b_sp0", "b_sp1", "b_sp2")
-    pos_divisible = ("n_pos", "a_sp1", "b_sp1") + (("stride_pa",) if cfg.positions == 1 else ())
+    pos_ints = ("stride_ax", "stride_pa", "n_pos", "a_sp0", "a_sp1", "a_sp2", "b_sp0", "b_sp1", "b_sp2")
+    pos_divisible = ("n_pos", "a_sp1", "b_sp1") + (("stride_pa", "stride_ax") if cfg.positions == 1 else ())
     if cfg.positions == 1:
         constexprs |= {"a_sp2": 1, "b_sp2": 1}
     elif cfg.positions == 2:
-        constexprs["stride_pa"] = 1
+        constexprs |= {"stride_pa": 1, "stride_ax": 1}
     signature, divisible = {}, []
     for name in fn.arg_names:
         if name in constexprs:
@@ -405,8 +471,52 @@ def _kernel_config(fn, cfg: Config, matrix_kind: str, suffix: str = "") -> Kerne
                 table_dtype=_NAME[cfg.table_dtype], matrix=matrix_kind,
                 block_r=cfg.block_r, block_d=cfg.block_d, block_n=cfg.block_n, split=cfg.split,
                 fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin, positions=cfg.positions, angles=cfg.angles,
-                tuned_candidate=bool(suffix),
+                tuned_candidate=bool(suffix), product=cfg.product, elements_per_tile=cfg.block_r * cfg.head_dim,
                 # one tile: x read and out written, cos and sin read, for block_r rows of head_dim
-                bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb))
+                bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb), dram_bytes_per_element=2 * xb + 2 * tb)
     return KernelConfig(name, fn, signature, constexprs, tuple(divisible), cfg.num_warps, cfg.num_stages,
                         meta, cfg.options)
+
+
+_TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                torch.int32: "i32", torch.int64: "i64", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                torch.bool: "i1"}
+
+
+def specialise(fn, args, consts: dict, cfg: Config, *, name: str | None = None, meta: dict | None = None) -> KernelConfig:
+    """The ``KernelConfig`` Triton's JIT compiles for ``fn`` launched with the runtime ``args``
+    (positional, in the order of ``fn``'s non-constexpr parameters) and the constexprs ``consts``:
+    a tensor is a pointer of its dtype, marked divisible by 16 where its address is 16-byte
+    aligned; an int equal to 1 becomes a constant, one divisible by 16 is marked so (0 too), else
+    i32 or i64 by its range. ``cfg`` gives warps, stages and compile options."""
+    names = [p.name for p in fn.params if not p.is_constexpr]
+    if len(names) != len(args):
+        raise ValueError(f"{fn.__name__}: {len(args)} arguments for {len(names)} runtime parameters")
+    signature, constexprs, divisible = {}, dict(consts), []
+    for n, a in zip(names, args):
+        if isinstance(a, torch.Tensor):
+            signature[n] = "*" + _TRITON_TYPE[a.dtype]
+            if a.data_ptr() % 16 == 0:
+                divisible.append(n)
+        elif isinstance(a, bool):
+            signature[n] = "i1"
+        elif isinstance(a, int):
+            if a == 1:
+                constexprs[n] = 1
+                continue
+            signature[n] = "i32" if -(1 << 31) <= a < (1 << 31) else "i64"
+            if a % 16 == 0:
+                divisible.append(n)
+        elif isinstance(a, float):
+            signature[n] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}: argument {n} of type {type(a).__name__}")
+    xb, tb = cfg.x_dtype.itemsize, cfg.table_dtype.itemsize
+    info = dict(x_dtype=_NAME[cfg.x_dtype], head_dim=cfg.head_dim, pass_="bwd" if cfg.transpose else "fwd",
+                table_dtype=_NAME[cfg.table_dtype], product=cfg.product, block_r=cfg.block_r, block_d=cfg.block_d,
+                block_n=cfg.block_n, split=cfg.split, fp32_dot=cfg.fp32_dot, gather_sin=cfg.gather_sin,
+                positions=cfg.positions, angles=cfg.angles, elements_per_tile=cfg.block_r * cfg.head_dim,
+                bytes_per_tile=cfg.block_r * cfg.head_dim * (2 * xb + 2 * tb),
+                dram_bytes_per_element=2 * xb + 2 * tb) | (meta or {})
+    return KernelConfig(name or cfg.name, fn, signature, constexprs, tuple(divisible), cfg.num_warps,
+                        cfg.num_stages, info, cfg.options)

@@ -49,12 +49,13 @@ _BROADCAST_HINT = "e.g. [S, D] or [B, 1, S, D] for BNSD x, [S, 1, D] for BSND x,
 
 @functools.lru_cache(maxsize=None)
 def _kernel():
-    """The Triton kernel module, imported on first use (TRITON_INTERPRET is read then)."""
+    """The Triton kernel's launcher (``rome.launcher``), imported on first use (TRITON_INTERPRET
+    is read then)."""
     try:
-        from . import kernel
+        from . import launcher
     except ImportError as e:  # pragma: no cover - platforms without triton
         raise RuntimeError(f"backend='triton' needs triton, which failed to import: {e}") from e
-    return kernel
+    return launcher
 
 
 def _shape(t: Tensor) -> list[int]:

@@ -66,9 +66,9 @@ def test_triton_limits():
 
 
 def test_triton_on_cpu_without_interpreter(monkeypatch):
-    import rome.kernel as kernel
+    import rome.launcher as launcher
 
-    monkeypatch.setattr(kernel, "INTERPRET", False)
+    monkeypatch.setattr(launcher, "INTERPRET", False)
     with pytest.raises(RuntimeError, match="backend='triton' needs CUDA tensors .*TRITON_INTERPRET=1"):
         rome.apply(*good(), backend="triton")
 

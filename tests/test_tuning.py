@@ -25,14 +25,16 @@ HALF, FP32, BF16 = torch.float16, torch.float32, torch.bfloat16
 
 
 def _grid():
-    """choose()'s config for every x dtype, head_dim, pass, table dtype, matrix kind and positions."""
+    """choose()'s config for every x dtype, head_dim, pass, table dtype, matrix kind, product and
+    positions."""
     for x in (BF16, HALF, FP32):
         for d in launch.HEAD_DIMS:
             for transpose in (False, True):
                 for gather, ex, eb in ((True, True, True), (False, True, True), (False, False, False)):
                     for t in dict.fromkeys((FP32, x)):
-                        yield launch.choose(x, t, d, transpose=transpose, gather=gather, exact_in_x=ex,
-                                            exact_in_bf16=eb)
+                        for product in launch.PRODUCTS:
+                            yield launch.choose(x, t, d, transpose=transpose, gather=gather, exact_in_x=ex,
+                                                exact_in_bf16=eb, product=product)
                 for positions in (1, 2):
                     for angles in (False, True):
                         yield launch.choose(x, FP32, d, transpose=transpose, gather=True, exact_in_x=True,
@@ -43,31 +45,37 @@ TILE = ("block_r", "num_warps")
 
 
 def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change():
-    tuned = 0
+    tuned = set()
     for cfg in _grid():
-        # tl.dot's M: triton 3.2-3.4 reject fewer than 16 rows (the floor is 3.2)
-        assert cfg.block_r >= launch.MIN_ROWS, cfg.name
         cands = launch.candidates(cfg)
         assert cands[0] == cfg
         assert launch.candidates(cfg, interpret=True) == (cfg,)
-        tunable = cfg.permutation and not cfg.angles and cfg.table_dtype == FP32
+        if cfg.product == "dot":
+            # tl.dot's M: triton 3.2-3.4 reject fewer than 16 rows (the floor is 3.2); a dot's sums
+            # could round differently on another tile: never tuned
+            assert cfg.block_r >= launch.MIN_ROWS, cfg.name
+            assert cands == (cfg,), cfg.name
+            continue
+        # the gather kernel: no dot, every element computed alone; tuned where models launch it
+        assert cfg.permutation
+        tunable = not cfg.angles and cfg.positions != 2 and (cfg.positions == 1 or cfg.table_dtype == FP32)
         want = []
-        if tunable and cfg.block_r // 2 >= launch.MIN_ROWS:
+        if tunable and cfg.block_r >= 2:
             want.append((cfg.block_r // 2, cfg.num_warps))  # half the rows
         if tunable and 2 * cfg.num_warps <= launch.MAX_TUNED_WARPS:
-            want.append((cfg.block_r, 2 * cfg.num_warps))  # twice the warps (256 threads x 255 regs: 64K)
+            want.append((cfg.block_r, 2 * cfg.num_warps))  # twice the warps
         assert [(c.block_r, c.num_warps) for c in cands[1:]] == want, cfg.name
         for alt in cands[1:]:
-            tuned += 1
-            # the panel width (block mask, in-place rule), the dot and everything but the tile
+            tuned.add(alt)
             same = {f.name for f in dataclasses.fields(cfg)} - set(TILE)
             assert all(getattr(alt, f) == getattr(cfg, f) for f in same), alt
-            assert alt.block_r >= launch.MIN_ROWS
-    assert tuned == 132  # x dtype x D x pass x (tables, one axis, several axes), where a tile is free
+    assert len(tuned) == 120  # x dtype x D x pass x (fp32 tables, one-axis positions) x 2 alternatives
     bf16_128 = launch.choose(BF16, FP32, 128, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True)
-    assert [(c.block_r, c.num_warps) for c in launch.candidates(bf16_128)] == [(32, 4), (16, 4), (32, 8)]
-    fp32_256 = launch.choose(FP32, FP32, 256, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True)
-    assert [(c.block_r, c.num_warps) for c in launch.candidates(fp32_256)] == [(16, 8)]
+    assert bf16_128.product == "gather"
+    assert [(c.block_r, c.num_warps) for c in launch.candidates(bf16_128)] == [(16, 4), (8, 4), (16, 8)]
+    dot = launch.choose(BF16, FP32, 128, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True,
+                        product="dot")
+    assert dot.product == "dot" and launch.candidates(dot) == (dot,)
 
 
 # --- the launch path, with a stand-in benchmarker --------------------------------------------
@@ -99,7 +107,7 @@ def bench(monkeypatch):
     if not INTERPRETER_TUNES:
         pytest.skip(f"triton {triton.__version__}'s interpreter rejects its autotuner's launch options")
     b = Bench()
-    monkeypatch.setattr(kernel, "_DO_BENCH", b)
+    monkeypatch.setattr(kernel, "_DO_BENCH", b)  # (kernel: rome.launcher)
     monkeypatch.setattr(tuning, "MIN_ELEMENTS", 1)
     monkeypatch.delenv(tuning.ENV, raising=False)
     if kernel.INTERPRET:  # two candidates where the interpreter has one: half the rows
@@ -153,7 +161,7 @@ def test_the_first_launch_times_the_candidates_and_every_later_one_reuses_the_ch
 
 
 def test_an_in_place_launch_that_tunes_is_rotated_once(bench, monkeypatch):
-    q, k, cos, sin, m = _inputs(64, "interleave")  # one panel: the kernel writes q and k directly
+    q, k, cos, sin, m = _inputs(64, "interleave")  # the gather kernel writes q and k directly
     want = _want(q, k, cos, sin, m, monkeypatch)
     rome.apply_qk_(q, k, cos, sin, m, backend="triton")
     assert bench.calls > 1  # it tuned on this launch (scratch outputs: q and k written once)
@@ -184,7 +192,7 @@ def test_the_autotuner_is_keyed_on_head_dim_dtype_and_pass(bench, monkeypatch):
         seen += len(launch.plan(m, dtype, FP32, transpose=False, interpret=kernel.INTERPRET).candidates)
         assert bench.calls == seen and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert len(tuning.chosen()) == 3
-    assert tuning.tuner(kernel._rome_kernel, launch.plan(m, BF16, FP32, transpose=False, interpret=kernel.INTERPRET).candidates,
+    assert tuning.tuner(kernel.kernel._rome_gather_kernel, launch.plan(m, BF16, FP32, transpose=False, interpret=kernel.INTERPRET).candidates,
                         bench).keys == ["D"]  # (Triton adds every tensor argument's dtype to the key)
 
 
@@ -227,9 +235,9 @@ def test_no_memory_for_the_scratch_outputs_keeps_the_first_config(bench, monkeyp
         raise torch.cuda.OutOfMemoryError("no room")
 
     with pytest.warns(UserWarning, match="no memory to time"):
-        got = tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench)
+        got = tuning.pick(kernel.kernel._rome_gather_kernel, cands, q.device, 1 << 30, oom, bench)
     assert got is cands[0] and list(tuning.chosen().values()) == [launch.tile_name(cands[0])]
-    assert tuning.pick(kernel._rome_kernel, cands, q.device, 1 << 30, oom, bench) is cands[0]  # not retried
+    assert tuning.pick(kernel.kernel._rome_gather_kernel, cands, q.device, 1 << 30, oom, bench) is cands[0]  # not retried
 
 
 @pytest.mark.parametrize("value, on", [("0", False), ("off", False), ("False", False), ("no", False),

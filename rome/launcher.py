@@ -1,0 +1,449 @@
+"""Launching the kernel: arguments from tensors, the grid, the autotuned tile, and the launch.
+
+``rotate`` fills the outputs with the (transposed) rotation of one or two inputs (q and k) in one
+launch per group of tensors: the gather kernel (``kernel._rome_gather_kernel``) for a signed
+permutation, the dot kernel (``kernel._rome_kernel``) for a general matrix or where
+``launch.product("dot")`` asks. ``capture()`` records the launches instead of running them, each
+as the ``launch.KernelConfig`` a real launch specialises (what ``python -m profiling kernels
+--workload`` compiles and models).
+
+Gather kernel layout. The row dims of each x are split into T dims, along which the per-row data
+(tables, or positions) varies, and H dims (heads, and batch where the tables do not depend on
+it), along which it is broadcast (stride 0); each class is merged where strides allow, to at most
+two dims (else the launch is split over the outermost dim). A program takes ``BLOCK_R`` T rows and
+a group of ``HB`` heads (``launch.heads_per_program``): it reads its tables once and walks the
+heads. q and k share a launch when their T dims agree (they read one table), as they do for
+every table that broadcasts to both.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from . import kernel, launch, tuning
+
+INTERPRET = kernel.INTERPRET
+MAX_HEAD_DIM = launch.MAX_HEAD_DIM
+SUPPORTED_DTYPES = tuple(launch.TL_DTYPE)
+ANGLE_POSITIONS = 1 << 24  # angles from positions: positions below it are exact in fp32
+_DO_BENCH = None  # the autotuner's benchmarker (None: Triton's); tests time candidates on the CPU
+_INT32_LIMIT = 1 << 31
+
+
+# --- capture: the launches, recorded instead of run ----------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """One recorded launch: what a real one would compile and run."""
+
+    kernel_config: launch.KernelConfig  # the specialisation (signature, constexprs, divisibility)
+    grid: int  # programs
+    units: int  # work units over the grid (programs; tiles for the persistent dot kernel)
+    elements: int  # x elements of q and k together
+    transpose: bool  # the backward's transposed product
+    config: launch.Config
+    args: tuple = ()  # the runtime arguments
+    consts: dict | None = None  # the constexprs but BLOCK_R
+
+
+_capture = threading.local()
+
+
+@contextlib.contextmanager
+def capture(num_sms: int = 132):
+    """Within the block, launches are recorded (a list of ``Launch``, yielded) and not run; tensors
+    may live on the CPU (a process without TRITON_INTERPRET=1 plans them as for a GPU with
+    ``num_sms`` SMs). The outputs are left as they were allocated."""
+    old = getattr(_capture, "launches", None), getattr(_capture, "num_sms", None)
+    _capture.launches, _capture.num_sms = [], num_sms
+    try:
+        yield _capture.launches
+    finally:
+        _capture.launches, _capture.num_sms = old
+
+
+def capturing() -> bool:
+    return getattr(_capture, "launches", None) is not None
+
+
+def _num_sms(device) -> int:
+    if capturing():
+        return _capture.num_sms
+    return launch.num_sms(device)
+
+
+# --- the dot kernel's arguments (rows collapsed to three dims) -----------------------------
+
+def _row_layout(shape, tensors):
+    """Merge the row dims (all but the last) of same-shaped tensors where every stride allows.
+
+    Returns ``[(size, [stride per tensor]), ...]``, outermost first, size-1 dims dropped.
+    """
+    dims = []
+    for i, n in enumerate(shape[:-1]):
+        if n == 1:
+            continue
+        st = [t.stride(i) for t in tensors]
+        if dims and all(ps == s * n for ps, s in zip(dims[-1][1], st)):
+            dims[-1] = (dims[-1][0] * n, st)
+        else:
+            dims.append((n, st))
+    return dims
+
+
+def _launch_args(x, out, cos, sin, pos):
+    """Kernel args for one tensor, as lists of 3-row-dim blocks (one block unless > 3 dims).
+
+    cos, sin and pos are views with x's row dims (stride 0 where they broadcast)."""
+    tensors = (x, out, cos, sin, pos)
+    dims = _row_layout(x.shape, tensors)
+    if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
+        return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
+    dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
+    rows = dims[0][0] * dims[1][0] * dims[2][0]
+    strides = [dims[d][1][t] for t in range(len(tensors)) for d in range(3)]
+    return [(x, out, cos, sin, pos, rows, dims[1][0], dims[2][0], *strides)]
+
+
+def _row_views(x, cos, sin, positions):
+    """cos, sin and positions as views with x's row dims: the tables broadcast to x, or (with
+    positions) the caches' first rows with stride 0 on every row dim and positions ``[..., A]``
+    broadcast to x's rows (the kernel adds ``pos * row stride``)."""
+    if positions is None:
+        return cos.expand(x.shape), sin.expand(x.shape), launch._dummy(x.device).expand(*x.shape[:-1], 1)
+    rows = (0,) * (x.ndim - 1)
+    return (cos.as_strided(x.shape, (*rows, cos.stride(-1))), sin.as_strided(x.shape, (*rows, sin.stride(-1))),
+            positions.expand(*x.shape[:-1], positions.shape[-1]))
+
+
+# --- the gather kernel's arguments (T dims x head dims) ------------------------------------
+
+@dataclass(eq=False)
+class _Rows:
+    """One tensor's rows for the gather kernel: two T dims and two head dims (outermost first),
+    each ``(size, x stride, out stride)``, and the per-row data's strides along the T dims."""
+
+    x: torch.Tensor
+    out: torch.Tensor
+    t: list  # [(size, x stride, out stride)] * 2
+    h: list  # [(size, x stride, out stride)] * 2
+    data: list  # per data view (cos, sin or positions): [stride of T dim 0, of T dim 1]
+    views: tuple  # the data views (cos, sin or positions) these strides belong to
+
+    @property
+    def t_key(self):
+        return tuple(n for n, _, _ in self.t), tuple(map(tuple, self.data)), tuple(v.data_ptr() for v in self.views)
+
+
+def _merge(dims, tensors_strides):
+    """Merge adjacent dims ``[(index, size)]`` where every tensor's strides allow."""
+    out = []
+    for i, n in dims:
+        st = [s[i] for s in tensors_strides]
+        if out and all(ps == s * n for ps, s in zip(out[-1][1], st)):
+            out[-1] = (out[-1][0] * n, st)
+        else:
+            out.append((n, st))
+    return out
+
+
+def _gather_rows(x, out, views) -> list[_Rows]:
+    """``x``'s rows as ``_Rows`` (a list: split over the outermost dim where more than two T or
+    two head dims remain)."""
+    dims = [(i, n) for i, n in enumerate(x.shape[:-1]) if n != 1]
+    is_t = {i: any(v.stride(i) != 0 for v in views) for i, _ in dims}
+    xs, os_, vs = x.stride(), out.stride(), [v.stride() for v in views]
+    t = _merge([d for d in dims if is_t[d[0]]], [xs, os_, *vs])
+    h = _merge([d for d in dims if not is_t[d[0]]], [xs, os_])
+    if len(t) > 2 or len(h) > 2:  # rare: one block per index of the outermost dim
+        i = dims[0][0]
+        return [r for k in range(x.shape[i]) for r in _gather_rows(
+            x.select(i, k), out.select(i, k), tuple(v.select(i, k) for v in views))]
+    # one dim is the outer one, so its inner size (T1, H1) is 1: a constant in the kernel
+    t = t + [(1, [0, 0] + [0] * len(views))] * (2 - len(t))
+    h = h + [(1, [0, 0])] * (2 - len(h))
+    return [_Rows(x, out, [(n, st[0], st[1]) for n, st in t], [(n, st[0], st[1]) for n, st in h],
+                  [[st[2 + v] for _, st in t] for v in range(len(views))], views)]
+
+
+def _span(t: torch.Tensor) -> int:
+    """Elements from a view's first to its last element (+1)."""
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
+def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan):
+    """(args, t rows, heads of a, heads of b, largest head count) per launch of the gather kernel."""
+    blocks = []
+    for x, out in zip(xs, outs):
+        if not x.numel():
+            continue
+        if positions is None:
+            views = (cos.expand(x.shape), sin.expand(x.shape))
+        else:
+            views = (positions.expand(*x.shape[:-1], positions.shape[-1]),)
+        blocks += _gather_rows(x, out, views)
+    groups = []
+    while blocks:  # q and k share a launch where they read the same T rows of the same data
+        a = blocks.pop(0)
+        b = next((r for r in blocks if r.t_key == a.t_key), None)
+        if b is not None:
+            blocks = [r for r in blocks if r is not b]
+        groups.append((a, b))
+    dev = xs[0].device
+    dummy = launch._dummy(dev)
+    out = []
+    for a, b in groups:
+        (t0, _, _), (t1, _, _) = a.t
+        n_t = t0 * t1
+        spans = [_span(r.x) for r in (a, b) if r] + [_span(r.out) for r in (a, b) if r]
+        spans += [_span(cos), _span(sin)] + ([_span(positions)] if positions is not None else [])
+        i64 = max(spans) >= _INT32_LIMIT
+        if positions is None:
+            (sct0, sct1), (sst0, sst1) = a.data
+            cv, sv = a.views
+            data = (cv, sv, sct0, sct1, sst0, sst1, dummy, 0, 0, 0, 0, 0, 0)
+            axis_args = (dummy, 0)
+        else:
+            (spt0, spt1), = a.data
+            pv, = a.views
+            multi = positions.shape[-1] > 1
+            n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
+            data = (cos, sin, 0, 0, 0, 0, pv, spt0, spt1, positions.stride(-1) if multi else 0,
+                    cos.stride(0), sin.stride(0), n_pos)
+            axis_args = (axis, axis.stride(0)) if multi else (dummy, 0)
+
+        def tensor_args(r):
+            if r is None:
+                return (a.x, a.out, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1)
+            (_, sxt0, sot0), (_, sxt1, sot1) = r.t
+            (h0, sxh0, soh0), (h1, sxh1, soh1) = r.h
+            return (r.x, r.out, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, h0 * h1, h1)
+
+        ta, tb = tensor_args(a), tensor_args(b)
+        heads = (ta[-2], tb[-2])
+        args = (p.src, p.sign, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1])
+        out.append((args, n_t, heads, i64))
+    return out
+
+
+# --- launching -----------------------------------------------------------------------------
+
+_GATHER_OUT = tuple(kernel._rome_gather_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
+_DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
+
+
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
+    """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
+
+    Without positions, cos/sin are per-row tables broadcasting to every x. With positions
+    (int32/int64 ``[..., A]``, ``[...]`` broadcasting to x's rows), cos/sin are caches ``[P, D]``
+    and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
+    axis: int ``[D]`` in ``[0, A)``, any stride). A position outside ``[0, P)`` is never read: the
+    kernel writes NaN there (the op checks the range on the host before the launch).
+
+    ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
+    ``[2, D]`` scale of each column (hi + lo), and the kernel computes ``scale * cos(p * inv_freq)`` itself
+    (``_cos_sin_angle``: double-float angle and reduction by pi/2, then fp32 polynomials) for
+    positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
+
+    cos and sin may have different dtypes (each is read as its own).
+
+    Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
+    cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
+    """
+    x0 = xs[0]
+    if not INTERPRET and not x0.is_cuda and not capturing():
+        raise RuntimeError(
+            "backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before rome's "
+            f"kernel is first used, to run it on the CPU); got tensors on {x0.device}"
+        )
+    if not any(x.numel() for x in xs):
+        return
+    mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
+    plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
+                       positions=mode, angles=angles, sin_dtype=sin.dtype)
+    elements = sum(x.numel() for x in xs)
+    if plan.config.product == "gather":
+        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
+    else:
+        _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode)
+
+
+def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
+    """Launch (or record, under ``capture``) one kernel launch of config ``cfg``."""
+    if capturing():
+        kc = launch.specialise(fn, args, consts | {"BLOCK_R": cfg.block_r}, cfg, meta=meta)
+        programs = grid({"BLOCK_R": cfg.block_r})
+        n = programs[0] * (programs[1] if len(programs) > 1 else 1)
+        _capture.launches.append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
+        return
+    # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter takes
+    # no compile options)
+    fn[grid](*args, **consts, BLOCK_R=cfg.block_r, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+             **({} if INTERPRET else cfg.options))
+
+
+def _pick(fn, plan, device, elements, args, grid, consts, out_index):
+    """The tile to launch: ``tuning.pick`` times the candidates on scratch outputs on a GPU."""
+    if capturing():
+        return plan.config
+
+    def time_candidates(autotuner):  # the first launch's arguments, outputs replaced by scratch
+        targs = list(args)
+        for i in out_index:
+            o = targs[i]
+            targs[i] = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
+        # the compile options but the register cap, which each candidate's triton.Config carries
+        options = {k: v for k, v in plan.config.options.items() if k != "maxnreg"}
+        autotuner[grid](*targs, **consts, **options)
+
+    return tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)
+
+
+def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements):
+    cfg0 = plan.config
+    consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
+                  RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+    sms = 1 if INTERPRET else _num_sms(xs[0].device)
+    fn = kernel._rome_gather_kernel
+    cfg = None
+    for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan):
+        c = dict(consts, I64=i64)
+        hmax = max(ha, hb)
+
+        def hb_for(block_r):
+            return launch.heads_per_program(triton.cdiv(n_t, block_r), ha + hb, hmax, sms)
+
+        heads = min(hmax, 3) if INTERPRET else hb_for(cfg0.block_r)  # (interpreted: walk a few heads)
+        full = (*args, heads)
+
+        def grid(meta, n_t=n_t, ha=ha, hb=hb, heads=heads):
+            return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(ha, heads) + triton.cdiv(hb, heads))
+
+        if cfg is None:
+            cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
+        units = grid({"BLOCK_R": cfg.block_r})
+        meta = None
+        if capturing():  # the bytes an element must move: x read and written, its share of the tables
+            xb = xs[0].element_size()
+            if positions is None:
+                per_row = cos.element_size() + sin.element_size()
+            else:
+                per_row = positions.element_size() * positions.shape[-1] / xs[0].shape[-1] \
+                    + (0 if angles else cos.element_size() + sin.element_size())
+            meta = dict(heads_per_program=heads, dram_bytes_per_element=2 * xb + per_row / heads)
+        _run(fn, grid, full, c, cfg, transpose, elements, units[0] * units[1], meta)
+
+
+def _dummy(device):
+    return launch._dummy(device)
+
+
+def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode):
+    x0 = xs[0]
+    blocks = []
+    for x, out in zip(xs, outs):
+        if x.numel():
+            blocks += _launch_args(x, out, *_row_views(x, cos, sin, positions))
+    if positions is None:
+        pos_args = (_dummy(x0.device), 0, 0, 0, 0, 0)
+    else:
+        axis_t, stride_ax = (axis, axis.stride(0)) if mode == 2 else (_dummy(x0.device), 0)
+        n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
+        pos_args = (axis_t, stride_ax, positions.stride(-1) if mode == 2 else 0, cos.stride(0), sin.stride(0),
+                    n_pos)
+    w = plan.operand  # M in the dot's operand dtype, converted once per matrix (exact)
+    swk, swn = w.stride()
+    if transpose:
+        swk, swn = swn, swk
+    max_programs = launch.max_programs(x0.device, interpret=INTERPRET, num_sms=None if not capturing()
+                                       else _capture.num_sms)
+    groups = []  # (args, rows of a, rows of b): one launch each
+    for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
+        a = group[0]
+        b = group[1] if len(group) == 2 else (*a[:5], 0, *a[6:])  # no k: zero rows
+        groups.append(((w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1]), a[5], b[5]))
+
+    def grid(a_rows, b_rows):  # persistent: at most max_programs programs over the tiles of a and b
+        return lambda meta: (min(max(triton.cdiv(a_rows, meta["BLOCK_R"]), triton.cdiv(b_rows, meta["BLOCK_R"])),
+                                 max_programs),)
+
+    cfg0 = plan.config
+    consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, GATHER_SIN=cfg0.gather_sin,
+                  NZ=plan.nz, BLOCK_D=cfg0.block_d, BLOCK_N=cfg0.block_n, SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype,
+                  FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+    fn = kernel._rome_kernel
+    args0, a_rows0, b_rows0 = groups[0]
+    cfg = _pick(fn, plan, x0.device, elements, args0, grid(a_rows0, b_rows0), consts, _DOT_OUT)
+    for args, a_rows, b_rows in groups:
+        tiles = triton.cdiv(a_rows, cfg.block_r) + triton.cdiv(b_rows, cfg.block_r)
+        _run(fn, grid(a_rows, b_rows), args, consts, cfg, transpose, elements, tiles)
+
+
+# --- every configuration, for the ahead-of-time inspection (python -m profiling kernels) -------
+
+def kernel_configs(arch: int | None = None) -> list[launch.KernelConfig]:
+    """Every specialisation ``rotate`` can launch on a GPU, as a real launch specialises it.
+
+    The gather kernel (signed permutations: every rotation matrix): x dtype × head_dim × pass ×
+    tables (fp32 or x's dtype, per row) or positions (one axis, several, reading fp32 caches or
+    computing the angles), each with the autotuner's other candidates (``launch.candidates``,
+    named "tuned BLOCK_R=.. warps=.."), specialised from a captured launch of BNSD q ``[1, 4, 1024,
+    D]`` and k ``[1, 2, 1024, D]``. The dot kernel (general matrices, and rotation matrices on the
+    table path under ``launch.product("dot")``): x dtype × head_dim × pass × matrix kind × tables,
+    every block of M nonzero. One tensor or q+k is the same kernel. ``arch`` does not change the
+    choice today."""
+    if INTERPRET:
+        raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
+                           "TRITON_INTERPRET=1 (the kernel is then a JITFunction)")
+    out = []
+    for x_dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for d in launch.HEAD_DIMS:
+            for transpose in (False, True):
+                for label, gather, exact_x, exact_bf16 in launch._matrix_kinds(x_dtype, transpose):
+                    for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
+                        cfg = launch.choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
+                                            exact_in_x=exact_x, exact_in_bf16=exact_bf16, product="dot")
+                        out.append(launch.dot_kernel_config(cfg, label))
+                for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
+                    out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False)
+                for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
+                    out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles)
+    return out
+
+
+def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles) -> list[launch.KernelConfig]:
+    """The gather kernel's launch of a representative BNSD q/k (see ``kernel_configs``), and its
+    autotuning candidates, specialised as those launches would be."""
+    from .matrices import rotation_matrix
+
+    s = 1024
+    q = torch.zeros(1, 4, s, d, dtype=x_dtype)
+    k = torch.zeros(1, 2, s, d, dtype=x_dtype)
+    m = rotation_matrix([d], "half")
+    axis = None
+    if positions == 0:
+        cos = sin = torch.zeros(s, d, dtype=table_dtype)
+        pos = None
+    else:
+        a = 1 if positions == 1 else 3
+        pos = torch.zeros(1, 1, s, a, dtype=torch.int64)
+        cos = sin = torch.zeros(2 if angles else 2 * s, d, dtype=torch.float32)
+        axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
+    with capture(num_sms=1) as got:
+        rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
+               positions=pos, axis=axis, angles=angles)
+    (first,) = got
+    alts = launch.candidates(first.config)[1:]
+    label = " M=rotation"
+    return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
+                              name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
+                              meta=dict(first.kernel_config.meta, block_r=c.block_r,
+                                        elements_per_tile=c.block_r * c.head_dim,
+                                        tuned_candidate=c is not first.config, matrix="rotation"))
+            for c in (first.config, *alts)]
