@@ -1,36 +1,85 @@
-# `make test` and `make report` build their own virtual environment on first use.
+# `make test`, `make report` and `make gpu` run on one of two set-ups, SETUP (make SETUP=... to choose):
 #
-# TORCH is the pip requirement for PyTorch. With an NVIDIA GPU (nvidia-smi on the PATH) the
-# default keeps the torch the machine's python already has (the venv then sees the system
-# site-packages) or installs the newest. Without one it pins torch==2.13.0, which on the
-# project's CPU machines is a CPU wheel on disk rather than a multi-GB CUDA download.
+# SETUP=python  $(PYTHON) as it is: nothing is installed or fetched, rome runs from this tree
+#               (PYTHONPATH). The default when $(PYTHON) already has what the tests need (torch,
+#               pytest, hypothesis, einops, and triton on Linux): a machine without network whose
+#               python carries the packages, as the GPU machines'. Tests and report variants that
+#               need an optional package that python lacks (diffusers, rotary-embedding-torch,
+#               liger-kernel, ...) are skipped with the reason.
+# SETUP=venv    a virtual environment $(VENV) built on first use: pip installs torch ($(TORCH)) and
+#               the project with its test and report extras (needs a package index). The default
+#               otherwise, so CI (a python without torch) is unchanged.
+#
+# TORCH is the pip requirement for PyTorch in the venv. With an NVIDIA GPU (nvidia-smi on the PATH)
+# the default keeps the torch the machine's python already has (the venv then sees that python's
+# packages, also when that python is itself a virtual environment) or installs the newest. Without
+# one it pins torch==2.13.0, which on the project's CPU machines is a CPU wheel on disk rather than a
+# multi-GB CUDA download.
 PYTHON ?= python3
 VENV   ?= .venv
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH  ?= $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
 ARGS   ?=
-PY     := $(VENV)/bin/python
 
-SYSTEM_TORCH := $(shell $(PYTHON) -c "import torch" >/dev/null 2>&1 && echo yes)
+# find_spec: whether the module is there, without importing it (torch takes seconds to import)
+READY_PYTHON := $(shell $(PYTHON) -c "import importlib.util as u, sys; \
+	need = ['torch', 'pytest', 'hypothesis', 'einops'] + (['triton'] if sys.platform == 'linux' else []); \
+	sys.exit(any(u.find_spec(m) is None for m in need))" >/dev/null 2>&1 && echo yes)
+SETUP ?= $(if $(READY_PYTHON),python,venv)
+
+ifeq ($(SETUP),python)
+PY    := $(PYTHON)
+READY := python-ready
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
+else ifeq ($(SETUP),venv)
+PY    := $(VENV)/bin/python
+READY := $(VENV)/.installed
+else
+$(error SETUP is python or venv, not '$(SETUP)')
+endif
+
+SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: test fuzz report clean
+.PHONY: test fuzz report gpu clean python-ready report-ready
 
+# venv mode. --system-site-packages shows the venv the base interpreter's packages only: when
+# $(PYTHON) is itself a virtual environment, a .pth file adds that environment's site-packages too
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
+ifneq ($(findstring --system-site-packages,$(VENV_FLAGS)),)
+	$(PYTHON) -c "import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep='\n')" \
+		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_rome_outer_site.pth"
+endif
 	$(PY) -m pip install -q "$(TORCH)"
 	$(PY) -m pip install -q -e ".[test,report]"
 	touch $@
 
-test: $(VENV)/.installed
+# python mode: say which python runs and which optional packages it lacks (their tests are skipped)
+python-ready:
+	@$(PY) -c "import importlib.util as u, sys; \
+		opt = ['transformers', 'diffusers', 'rotary_embedding_torch', 'rich', 'matplotlib']; \
+		missing = [m for m in opt if u.find_spec(m) is None]; \
+		print(f'SETUP=python: {sys.executable} as it is, rome from this tree' \
+		      + (f'; without {\", \".join(missing)} (what needs them is skipped)' if missing else ''))"
+
+report-ready: $(READY)
+	@$(PY) -c "import importlib.util as u, sys; m = [p for p in ('rich', 'matplotlib') if u.find_spec(p) is None]; \
+		m and sys.exit(f'make report needs {\" and \".join(m)}, which {sys.executable} lacks')"
+
+test: $(READY)
 	$(PY) -m pytest -q $(ARGS)
 
 # thousands of hypothesis examples per property (tests/conftest.py, profile "fuzz"); long
-fuzz: $(VENV)/.installed
+fuzz: $(READY)
 	$(PY) -m pytest -q tests/test_fuzz.py --hypothesis-profile=fuzz $(ARGS)
 
-report: $(VENV)/.installed
+report: report-ready
 	$(PY) -m profiling report $(ARGS)
+
+# the first GPU contact in one command under 10 minutes: profiling/results/<gpu>/ (profiling/gpu.py)
+gpu: report-ready
+	$(PY) -m profiling.gpu $(ARGS)
 
 clean:
 	rm -rf $(VENV) reports .pytest_cache

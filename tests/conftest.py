@@ -1,4 +1,7 @@
+import importlib
+import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -24,6 +27,16 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 SECTIONS = {"3d-44/44/40": (44, 44, 40), "3d-16/56/56": (16, 56, 56), "3d-16/24/24": (16, 24, 24),
             "1d-64": (64,)}
 MODES = ("interleave", "half")
+
+
+def optional(module: str, package: str | None = None):
+    """``(module or None, skipif marker)`` for an optional test dependency (pyproject's ``test``
+    extra): without it, e.g. on a machine whose python has the core packages and no network
+    (``make test`` SETUP=python), the tests that need it are skipped with the reason, and the
+    rest of their module still runs."""
+    found = importlib.util.find_spec(module) is not None
+    reason = f"needs {package or module}, not installed for {sys.executable}"
+    return (importlib.import_module(module) if found else None), pytest.mark.skipif(not found, reason=reason)
 
 
 @pytest.fixture(autouse=True)

@@ -2,12 +2,13 @@ import math
 
 import pytest
 import torch
-from rotary_embedding_torch import RotaryEmbedding, apply_rotary_emb
 
 import rome
 from helpers import assert_rope_close
 
-from conftest import DEVICE
+from conftest import DEVICE, optional
+
+rotary_embedding_torch, needs_rotary_embedding_torch = optional("rotary_embedding_torch", "rotary-embedding-torch")
 
 
 def test_grid_positions_c_order():
@@ -82,34 +83,37 @@ def test_table_errors():
 # theta ** (-2j/d) frequencies; it computes its angles in fp32, hence the tolerances.
 
 
+@needs_rotary_embedding_torch
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_matches_rotary_embedding_torch_1d(backend):
     s, d = 12, 32
     x = torch.randn(2, 3, s, d, device=DEVICE)
-    want = RotaryEmbedding(dim=d).to(DEVICE).rotate_queries_or_keys(x)
+    want = rotary_embedding_torch.RotaryEmbedding(dim=d).to(DEVICE).rotate_queries_or_keys(x)
     cos, sin = rome.rope_cos_sin(torch.arange(s), d, mode="interleave", device=DEVICE)
     got = rome.apply(x, cos, sin, rome.rotation_matrix(d, "interleave", device=DEVICE), backend=backend)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@needs_rotary_embedding_torch
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_matches_rotary_embedding_torch_axial_3d(backend):
     t, h, w, d = 2, 3, 4, 16  # three axes of 16: sections 16/16/16
     x = torch.randn(1, 2, t, h, w, 3 * d, device=DEVICE)
-    freqs = RotaryEmbedding(dim=d).to(DEVICE).get_axial_freqs(t, h, w)
-    want = apply_rotary_emb(freqs, x)
+    freqs = rotary_embedding_torch.RotaryEmbedding(dim=d).to(DEVICE).get_axial_freqs(t, h, w)
+    want = rotary_embedding_torch.apply_rotary_emb(freqs, x)
     cos, sin = rome.rope_cos_sin(rome.grid_positions([t, h, w]), [d, d, d], mode="interleave", device=DEVICE)
     m = rome.rotation_matrix([d, d, d], "interleave", device=DEVICE)
     got = rome.apply(x.flatten(2, 4), cos, sin, m, backend=backend)
     torch.testing.assert_close(got, want.flatten(2, 4), rtol=1e-5, atol=1e-5)
 
 
+@needs_rotary_embedding_torch
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_partial_rotary_matches_rotary_embedding_torch(backend):
     """Partial rotary: rotate the first 32 of 64 dims; a zero block and cos=1, sin=0 pass the rest."""
     s, rot, d = 9, 32, 64
     x = torch.randn(2, 2, s, d, device=DEVICE)
-    want = RotaryEmbedding(dim=rot).to(DEVICE).rotate_queries_or_keys(x)
+    want = rotary_embedding_torch.RotaryEmbedding(dim=rot).to(DEVICE).rotate_queries_or_keys(x)
     c, sn = rome.rope_cos_sin(torch.arange(s), rot, mode="interleave", device=DEVICE)
     cos = torch.cat([c, torch.ones(s, d - rot, device=DEVICE)], -1)
     sin = torch.cat([sn, torch.zeros(s, d - rot, device=DEVICE)], -1)
