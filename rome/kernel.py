@@ -1,31 +1,39 @@
-"""The fused ROME Triton kernel and its launcher.
+"""The fused ROME Triton kernels (source only: ``rome.launch`` chooses a specialisation,
+``rome.launcher`` launches it).
 
     forward     out = x*cos + (x @ M) * sin
     transpose   out = x*cos + (x*sin) @ Mᵀ        (the backward: dx from dy)
 
 Shapes: x, out ``[..., D]`` with unit last stride, any other strides; cos, sin broadcast to x
-(stride 0 on broadcast dims); M ``[D, D]``. The row dims of x are collapsed to at most three
-``(R0, R1, R2)``, so row r sits at ``i0*s0 + i1*s1 + i2*s2``. q and k share one launch.
+(stride 0 on broadcast dims); M ``[D, D]``. q and k share one launch.
 
-Tiling (``rome.launch`` chooses the sizes; the inspection tool compiles the same choices). A
-program walks row tiles ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked), persistent
-over the tiles of q and then of k as one sequence (a tile of k picks k's pointers and strides
-by scalar selects, so the tile's code exists once). The product is cut into ``BLOCK_N``-wide
-column panels: output panel n is ``Σ_k x[:, panel k] @ M[panel k, panel n]`` over the blocks of
-M that are nonzero (``NZ``, a bitmask found once per matrix on the host: a rotation matrix of
-D=128 in 64-panels has 2 to 4 of its 4 blocks, a dense matrix all). The output panels are
-unrolled (their loads are independent), the sum over k is a runtime loop that skips zero
-blocks: one dot per panel in the code whatever D (the NP × NP unroll compiled for 80 s at
-D=256). An M block is 64×64 (8 KB in bf16) and is re-read per tile from L1/L2; nothing D×D is
-held, so registers and shared memory stay small for every D up to 256 (``python -m profiling
-kernels`` shows the numbers).
+Two kernels evaluate ``x @ M``:
 
-On a GPU the tile rows and warps of the signed-permutation specialisations are autotuned
-(``rome.tuning``, once per specialisation and device, among ``rome.launch.candidates``: the
-chosen tile, half its rows, twice its warps); every other launch, and every launch under the
-interpreter, takes ``rome.launch.choose``'s sizes, whose reasoning is in ``rome.launch``.
+- ``_rome_gather_kernel``, for a signed permutation (every rotation matrix, partial rotary's
+  too): ``(x @ M)[:, j] == sign[j] * x[:, src[j]]`` exactly, so the product is a second load of
+  the same rows at the columns ``src`` (L1 hits) and a sign folded into sin. Its tile is
+  ``BLOCK_R`` rows along which the tables vary (T rows) × all D columns; a program reads its
+  tables once and walks a group of heads (the rows that share those tables) of q and then of k,
+  prefetching the next head's loads before the current head's arithmetic. Memory-bound: x read
+  and out written once, the tables read about once per launch.
+- ``_rome_kernel``, the seed's matmul formulation on the tensor cores, for a general matrix, and
+  for a rotation matrix where ``rome.launch.product("dot")`` asks (the report measures both). Rows
+  of x are collapsed to at most three dims ``(R0, R1, R2)``; a program walks row tiles
+  ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked), persistent over the tiles of q and
+  then of k as one sequence (a tile of k picks k's pointers and strides by scalar selects). The
+  product is cut into ``BLOCK_N``-wide column panels: output panel n is ``Σ_k x[:, panel k] @
+  M[panel k, panel n]`` over the blocks of M that are nonzero (``NZ``, a bitmask found once per
+  matrix on the host). The output panels are unrolled, the sum over k is a runtime loop that
+  skips zero blocks: one dot per panel in the code whatever D. An M block is 64×64 (8 KB in
+  bf16) and is re-read per tile from L1/L2; registers and shared memory stay small for every D
+  up to 256 (``python -m profiling kernels`` shows the numbers).
 
-Exactness of the product. Half-precision x is a tensor-core operand as it is: with a signed
+On a GPU the tile rows and warps of the gather kernel are autotuned (``rome.tuning``, once per
+specialisation and device, among ``rome.launch.candidates``); every other launch, and every
+launch under the interpreter, takes ``rome.launch.choose``'s sizes.
+
+Exactness of the product. The gather is exact by construction. In the dot kernel half-precision
+x is a tensor-core operand as it is: with a signed
 permutation each output of x @ M is one ±x term in the fp32 accumulator, so exact. fp32 x with
 a matrix exact in bf16 (every rotation matrix) is fed as SPLIT=3 bf16 pieces hi + mid + lo whose
 sum is x exactly: three tensor-core dots, still exact. A general matrix with fp32 x uses IEEE
@@ -39,14 +47,16 @@ Exactness of the sum: ``x*cos + r*sin`` is computed with error-free products (fm
 TwoSum, so the cancellation of the two terms costs nothing: the fp32 result is within 1 ulp
 of the exact value (faithful except where the terms cancel past 2**-20 of their size), and one
 more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. The launch disables the
-compiler's mul+add fusion so the TwoSum is computed as written.
+compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + r*sin`` rounds
+to ±inf (it overflows, or a term is infinite) the result is that infinity, not the NaN the
+error terms (inf - inf) would give. cos and sin may differ in dtype: each is read as its own.
 
-Positions (``POSITIONS`` > 0, one kernel with the table path, chosen by constexpr): cos/sin are
-then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32 or
-int64 ``[..., A]`` broadcast to x's rows (strides per collapsed row dim, 0 over heads), gives each
-element its cache row: ``pos[r]`` for one axis (read once per row tile), ``pos[r, axis[j]]`` for
-several (axis: int ``[D]``; the transpose's gathered sin at ``src[j]`` reads ``pos[r, axis[src[j]]]``
-at column ``src[j]``). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
+Positions (``POSITIONS`` > 0, in both kernels with the table path, chosen by constexpr): cos/sin
+are then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32
+or int64 ``[..., A]`` broadcast to x's rows (stride 0 over heads), gives each element its cache
+row: ``pos[r]`` for one axis (read once per row tile), ``pos[r, axis[j]]`` for several (axis: int
+``[D]``, read through its stride; the transpose's gathered sin at ``src[j]`` reads
+``pos[r, axis[src[j]]]`` at column ``src[j]``). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
 on the host (``rome.positions``: A ints per token, against 2·D floats for a per-token table), so
 the kernel has one indexing rule. A position outside ``[0, P)`` is never read: the load is masked
 and the element becomes NaN (the op raises on the host before launching; the mask is what
@@ -465,6 +475,39 @@ def _widen(v, RAW_BF16: tl.constexpr):
 
 
 @triton.jit
+def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
+                  t0, t1, cols, src, mask, c, s, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows: the first
+    # head's loads, then per head the next head's loads before this head's math and store
+    xrow = (t0 * sxt0 + t1 * sxt1)[:, None]
+    x_off = xrow + cols[None, :]
+    g_off = xrow + src[None, :]
+    o_off = (t0 * sot0 + t1 * sot1)[:, None] + cols[None, :]
+    ha = h_lo // H1  # once per program
+    hb = h_lo % H1
+    hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
+    ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
+    first = mask & (tl.full(mask.shape, h_lo, tl.int32) < h_hi)
+    x = _fetch(x_ptr + hx, x_off, first, RAW_X)
+    g = _fetch(x_ptr + hx, g_off, first, RAW_X)
+    for h in range(h_lo, h_hi):
+        hb += 1
+        wrap = hb == H1
+        ha = tl.where(wrap, ha + 1, ha)
+        hb = tl.where(wrap, 0, hb)
+        nx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
+        no = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
+        more = mask & (tl.full(mask.shape, h + 1, tl.int32) < h_hi)  # (the last head: no loads)
+        x_next = _fetch(x_ptr + nx, x_off, more, RAW_X)
+        g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
+        y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
+        _store(o_ptr + ho, o_off, y, mask, RAW_X)
+        x = x_next
+        g = g_next
+        ho = no
+
+
+@triton.jit
 def _rome_gather_kernel(
     # the signed permutation, per output column j (int32 / fp32 [D], read once per program):
     #   y[r, j] = x[r, j] * cos[t(r), j] + x[r, src[j]] * sign[j] * sin[t(r), scol[j]]
@@ -485,7 +528,8 @@ def _rome_gather_kernel(
     a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
     b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1,
     D,  # head_dim
-    HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of HB heads
+    HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of heads
+         # [g*HB, +HB) of q's heads followed by k's
     POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
     ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: sin read at src (scol = src)
@@ -494,22 +538,19 @@ def _rome_gather_kernel(
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
 ):
-    # Grid (T tiles, head groups of q then of k). A program reads the per-column vectors and its
-    # tables once (the table traffic is 8/HB bytes per element for fp32 tables, not 8), then walks
-    # its heads: each head's x tile and its gathered copy x[:, src] (the same lines: L1 hits) are
-    # loaded in one batch, the next head's batch is issued before this head's arithmetic (a
-    # register prefetch), and the output is stored; every load of a head precedes its store, so
-    # x may be out (in place). No dot, no shared memory, no layout conversion. Per element: x
-    # read and y written once (4 B in bf16), ~14 fp32 instructions (error-free products, TwoSum).
-    # Bound by DRAM bandwidth when enough bytes are in flight (see profiling/kernels.py's model).
+    # Grid (T tiles, head groups). A program reads the per-column vectors and its cos/sin tile
+    # once (a launch reads the tables ~once: 8 B per table row, shared by every head of q and k
+    # in the group), then walks its heads of q and then of k (``_rotate_heads``): each head's x
+    # tile and its gathered copy x[:, src] (the same lines: L1 hits) are loaded in one batch, the
+    # next head's batch is issued before this head's arithmetic (a register prefetch), and the
+    # output is stored; every load of a head precedes its store, so out may be x (in place).
+    # No dot, no shared memory, no layout conversion in the loop. Per element: x read and y
+    # written once (4 B in bf16) and ~20 instructions (error-free products and TwoSum in fp32).
+    # Bound by DRAM bandwidth when enough bytes are in flight (profiling/kernels.py's model).
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
-    a_groups = tl.cdiv(a_H, HB)
-    on_b = pid_h >= a_groups
-    H = tl.where(on_b, b_H, a_H)
-    H1 = tl.where(on_b, b_H1, a_H1)
-    h_lo = tl.where(on_b, pid_h - a_groups, pid_h) * HB
-    h_hi = tl.minimum(h_lo + HB, H)
+    h_lo = pid_h * HB
+    h_hi = tl.minimum(h_lo + HB, a_H + b_H)
 
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -563,41 +604,13 @@ def _rome_gather_kernel(
             s = _table(s_ptr, sp * stride_ps + scols[None, :], mask, s_ok, RAW_S, POSITIONS)
     s = s * sign[None, :]  # the sign folded into sin (exact): y = x*c + x[:, src]*s
 
-    # this tensor's pointers and strides (q or k, by scalar selects)
-    x_ptr = tl.where(on_b, b_x, a_x)
-    o_ptr = tl.where(on_b, b_o, a_o)
-    sxh0 = tl.where(on_b, b_sxh0, a_sxh0).to(tl.int64)
-    sxh1 = tl.where(on_b, b_sxh1, a_sxh1).to(tl.int64)
-    soh0 = tl.where(on_b, b_soh0, a_soh0).to(tl.int64)
-    soh1 = tl.where(on_b, b_soh1, a_soh1).to(tl.int64)
-    xrow = (t0 * tl.where(on_b, b_sxt0, a_sxt0) + t1 * tl.where(on_b, b_sxt1, a_sxt1))[:, None]
-    orow = (t0 * tl.where(on_b, b_sot0, a_sot0) + t1 * tl.where(on_b, b_sot1, a_sot1))[:, None]
-    x_off = xrow + cols[None, :]
-    g_off = xrow + src[None, :]
-    o_off = orow + cols[None, :]
-
-    # the heads [h_lo, h_hi): the first one's loads, then per head the next one's before the math
-    ha = h_lo // H1  # once per program
-    hb = h_lo % H1
-    hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-    ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
-    x = _fetch(x_ptr + hx, x_off, mask, RAW_X)
-    g = _fetch(x_ptr + hx, g_off, mask, RAW_X)
-    for h in range(h_lo, h_hi):
-        hb += 1
-        wrap = hb == H1
-        ha = tl.where(wrap, ha + 1, ha)
-        hb = tl.where(wrap, 0, hb)
-        nx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-        no = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
-        more = mask & (tl.full((BLOCK_R, BLOCK_D), h + 1, tl.int32) < h_hi)  # (the last head: none)
-        x_next = _fetch(x_ptr + nx, x_off, more, RAW_X)
-        g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
-        y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
-        _store(o_ptr + ho, o_off, y, mask, RAW_X)
-        x = x_next
-        g = g_next
-        ho = no
+    # q's heads of the group, then k's
+    _rotate_heads(a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0.to(tl.int64), a_sxh1.to(tl.int64),
+                  a_soh0.to(tl.int64), a_soh1.to(tl.int64), a_H1, tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H),
+                  t0, t1, cols, src, mask, c, s, RAW_X, F64)
+    _rotate_heads(b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64), b_sxh1.to(tl.int64),
+                  b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H,
+                  t0, t1, cols, src, mask, c, s, RAW_X, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -176,13 +176,15 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     )
 
 
-def heads_per_program(t_tiles: int, heads: int, max_heads: int, num_sms: int) -> int:
-    """Heads a gather program walks (sharing its tables): as many as keep >= 32 programs per SM
-    (small units keep the last wave short; the hardware scheduler balances them), at least 1, at
-    most the larger tensor's heads, and spread evenly over that tensor's head groups."""
-    hb = max(1, min(max_heads, t_tiles * heads // (32 * num_sms)))
-    groups = -(-max_heads // hb)
-    return -(-max_heads // groups)
+PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last wave is short
+
+
+def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
+    """Heads a gather program walks (q's then k's, sharing its tables): all of them where the
+    T tiles alone give ``PROGRAMS_PER_SM`` programs per SM (the tables are then read once),
+    else fewer, evenly, until they do (a decode step: one head per program)."""
+    groups = min(heads, max(1, -(-PROGRAMS_PER_SM * num_sms // max(t_tiles, 1))))
+    return -(-heads // groups)
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch

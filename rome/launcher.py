@@ -314,16 +314,12 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     cfg = None
     for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan):
         c = dict(consts, I64=i64)
-        hmax = max(ha, hb)
-
-        def hb_for(block_r):
-            return launch.heads_per_program(triton.cdiv(n_t, block_r), ha + hb, hmax, sms)
-
-        heads = min(hmax, 3) if INTERPRET else hb_for(cfg0.block_r)  # (interpreted: walk a few heads)
+        # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1)
+        heads = 3 if INTERPRET else launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
         full = (*args, heads)
 
-        def grid(meta, n_t=n_t, ha=ha, hb=hb, heads=heads):
-            return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(ha, heads) + triton.cdiv(hb, heads))
+        def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
+            return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(h, heads))
 
         if cfg is None:
             cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
