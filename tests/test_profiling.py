@@ -16,7 +16,11 @@ from profiling.workloads import WORKLOADS, qk, scaled_for_cpu, tables
 from rome.reference import exact, rotate_every_two, rotate_half, slice_concat
 from helpers import assert_rope_close
 
-from conftest import DEVICE
+from conftest import DEVICE, optional
+
+# the model-function variants and the Wan block run diffusers' own code: without it they are
+# Unavailable with the reason (the report says so), and the tests that compare them are skipped
+diffusers, needs_diffusers = optional("diffusers")
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))
@@ -120,6 +124,7 @@ MODEL_SUPPORT = {
 }
 
 
+@needs_diffusers
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", rome.MODES)
 @pytest.mark.parametrize("workload", ["default", "llama-1d", "wan", "decode"])
@@ -149,6 +154,7 @@ def test_model_rope_functions_match_the_oracle(workload, mode, dtype):
                 assert ((out.double() - expected).abs() <= 3 * 2.0**-8 * magnitude).all(), name
 
 
+@needs_diffusers
 def test_model_rope_functions_are_the_libraries_own(monkeypatch):
     """The Wan variant runs diffusers' nested function's own code object; without the library
     the model variants are Unavailable, not silently replaced."""
@@ -345,7 +351,12 @@ def test_report_cli_end_to_end(tmp_path):
     assert {"v1 slice+concat", "v1 torch.compile", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
     assert all(s["reason"] for s in r["variants"] if s["status"] != "ok")  # never silently dropped
     prec_fields = {"variant", "dtype", "mode", "table_dtype", "max_abs", "max_rel", "seed_metric", "seed_count", "max_ulp", "ok"}
-    assert {"diffusers apply_rotary_emb", "diffusers Wan rotary"} <= ran  # interleave: the model functions run
+    model_fns = {"diffusers apply_rotary_emb", "diffusers Wan rotary"}
+    if diffusers is not None:
+        assert model_fns <= ran  # interleave: the model functions run
+    else:  # not installed: listed as unavailable, saying so
+        status = {s["variant"]: s for s in r["variants"]}
+        assert all(status[v]["status"] == "unavailable" and "diffusers" in status[v]["reason"] for v in model_fns)
     combos = {(p["variant"], p["dtype"], p["mode"], p["table_dtype"]) for p in r["precision"]}
     skips = {(p["variant"], p["dtype"], p["mode"], p["table_dtype"]) for p in r["precision_skipped"] if p["reason"]}
     for v in ran:
@@ -375,6 +386,7 @@ def quick_cpu_timing(monkeypatch):
     monkeypatch.setattr(speed, "CPU_MEASURE_S", 0.0)
 
 
+@needs_diffusers
 def test_models_section_measures_both_models(quick_cpu_timing):
     """Wan block and Llama layer on the CPU: every number measured and consistent, the patched
     model computing what the unpatched one does, both RoPE calls captured at the layer's own q/k,
