@@ -159,6 +159,16 @@ INTERLEAVE_MODEL_TYPES = frozenset({
     "gptj", "codegen", "cohere", "cohere2", "cohere2_moe", "ernie4_5", "ernie4_5_moe", "glm",
     "glm4", "helium", "moonshine", "blt",
 })
+# model types whose rotate is Llama's rotate_half (each checked against transformers' own code in
+# tests/test_hf_rotation.py); any model type in none of these tables is read from the installed
+# transformers code (rome.hf_rotation.probe_mode) or refused
+HALF_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "ministral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe",
+    "qwen3_next", "gpt_neox", "gpt_neox_japanese", "gemma", "gemma2", "phi", "phi3",
+    "phimoe", "persimmon", "stablelm", "starcoder2", "olmo", "olmo2", "olmoe", "granite",
+    "granitemoe", "smollm3", "exaone4", "seed_oss", "nemotron",
+    "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "jetmoe", "minimax", "apertus", "arcee",
+})
 # mRoPE model types: (interleaved, transformers' default mrope_section)
 MROPE_MODEL_TYPES = {
     "qwen2_vl": (False, (16, 24, 24)),
@@ -210,8 +220,28 @@ def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
             f"type rome does not know the mRoPE layout of (known: {sorted(MROPE_MODEL_TYPES)}); "
             f"build RoPE(mrope_layout(...)) yourself"
         )
-    mode = "interleave" if kind in INTERLEAVE_MODEL_TYPES else "half"
-    return _HFLayouts(config, layer_type, section, interleaved if section is not None else False, mode)
+    interleaved = interleaved if section is not None else False
+    if kind in INTERLEAVE_MODEL_TYPES:
+        mode = "interleave"
+    elif kind in HALF_MODEL_TYPES or section is not None or _axial(config, layer_type):
+        mode = "half"  # (axial: vision towers, one half rotation whatever the model type)
+    elif not kind:
+        raise ValueError(
+            f"{name} has no model_type: rome cannot tell whether it rotates halves (Llama's "
+            f"rotate_half) or adjacent pairs (GPT-J's); add model_type, or build "
+            f"RoPE(rope_layout(frequencies_from_hf(config), mode=...)) yourself"
+        )
+    else:  # a model type rome's tables do not know: ask transformers' installed code
+        from .hf_rotation import probe_mode
+
+        layouts = {m: _HFLayouts(config, layer_type, None, False, m)() for m in ("half", "interleave")}
+        mode = probe_mode(config, kind, layouts, layer_type)
+    return _HFLayouts(config, layer_type, section, interleaved, mode)
+
+
+def _axial(config, layer_type) -> bool:
+    with torch.device("cpu"):
+        return frequencies_from_hf(config, layer_type=layer_type).rope_type == "axial"
 
 
 class _HFLayouts:

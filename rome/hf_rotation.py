@@ -1,0 +1,88 @@
+"""Which rotation a transformers model type applies, read from the installed model code.
+
+``rome.RoPE.from_hf_config`` knows the rotation of the model types in its tables
+(``HALF_MODEL_TYPES``, ``INTERLEAVE_MODEL_TYPES``, ``MROPE_MODEL_TYPES``). For any other model
+type it asks transformers' own code: ``probe_mode`` builds the model type's rotary module from the
+config (no weights, CPU), runs its modeling file's ``apply_rotary_pos_emb`` on random q and k at
+a few positions, and compares the result with rome's half and interleave rotations of the same
+frequencies. A match names the mode; anything else (no such module or function, a rotary module
+it cannot build or call, a result neither rotation gives: Llama 4's and DeepSeek-V2's complex
+pairs, a per-head or per-layer variant) is a ValueError naming the model type.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import torch
+
+__all__ = ["probe_mode"]
+
+_POSITIONS = (0, 1, 5, 17, 63)
+
+
+def _cannot(kind: str, why: str) -> ValueError:
+    return ValueError(
+        f"rome cannot tell the rotation of model_type {kind!r} ({why}); build the layout yourself: "
+        f"RoPE(rope_layout(frequencies_from_hf(config), mode='half' or 'interleave'))"
+    )
+
+
+def _config_object(config, kind: str):
+    if not isinstance(config, dict):
+        return config
+    try:
+        from transformers import AutoConfig
+
+        fields = {k: v for k, v in config.items() if k != "model_type"}
+        return AutoConfig.for_model(kind, **fields)
+    except Exception as e:  # noqa: BLE001 - any failure means: cannot tell
+        raise _cannot(kind, f"transformers cannot build its config: {type(e).__name__}: {e}") from None
+
+
+def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
+    """The mode among ``layouts`` (``{"half": RopeLayout, "interleave": RopeLayout}``, rome's
+    reading of ``config`` in each mode) whose rotation equals what transformers' installed code
+    for ``kind`` computes; ValueError naming ``kind`` where it cannot tell."""
+    from .layouts import cos_sin_for_positions
+    from .ops import apply_qk
+
+    try:
+        module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+    except Exception as e:  # noqa: BLE001
+        raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
+    fn = getattr(module, "apply_rotary_pos_emb", None)
+    rotary_classes = [
+        v for n, v in vars(module).items()
+        if isinstance(v, type) and n.endswith("RotaryEmbedding") and "Vision" not in n
+        and v.__module__ == module.__name__
+    ]
+    if not callable(fn) or len(rotary_classes) != 1:
+        raise _cannot(kind, f"{module.__name__} does not define both apply_rotary_pos_emb and one text rotary "
+                            f"module (found {[c.__name__ for c in rotary_classes]})")
+    config = _config_object(config, kind)
+    head_dim = next(iter(layouts.values())).head_dim
+    pos = torch.tensor([_POSITIONS])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 1, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
+    try:
+        with torch.device("cpu"), torch.no_grad():
+            rotary = rotary_classes[0](config).double()
+            params = inspect.signature(rotary.forward).parameters
+            extra = (layer_type,) if "layer_type" in params and layer_type is not None else ()
+            cos, sin = rotary(q, pos, *extra)
+            theirs = fn(q, k, cos.double(), sin.double())[:2]
+    except Exception as e:  # noqa: BLE001
+        raise _cannot(kind, f"its rotary code did not run on a probe: {type(e).__name__}: {e}") from None
+    errors = {}
+    for mode, layout in layouts.items():
+        rc, rs = cos_sin_for_positions(layout, pos[0], dtype=torch.float64)
+        ours = apply_qk(q, k, rc, rs, layout.matrix(torch.float64), backend="torch")
+        errors[mode] = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    mode = min(errors, key=errors.get)
+    if not errors[mode] <= 1e-3:  # the other mode, or another rotation, is off by O(1)
+        raise _cannot(kind, "transformers' code rotates neither as rome's half nor interleave rotation "
+                            f"of the config's frequencies (max differences {errors})")
+    return mode
