@@ -104,6 +104,19 @@ def _rome_apply_qk(s: Setup):
     return lambda q, k: rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend)
 
 
+def _rome_apply_qk_dot(s: Setup):
+    """rome.apply_qk with x @ M on the tensor cores (the seed's matmul formulation), not the gather."""
+    if s.backend != "triton":
+        raise Unsupported("the dot kernel is the Triton backend's (this run uses the torch backend)")
+    from rome.launch import product
+
+    def run(q, k):
+        with product("dot"):
+            return rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend)
+
+    return run
+
+
 # --- rome with positions: a cache read in the kernel, angles in the kernel, the module -------
 
 
@@ -376,7 +389,8 @@ VARIANTS = {
         Variant("v3 merged matrix", "seed v3: x*cos + (x@M)*sin with one matrix, eager torch", "reference", _v3),
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
         Variant("rome.apply", "rome.apply on q, then on k", "rome", _rome_apply),
-        Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch", "rome", _rome_apply_qk),
+        Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch (x @ M as the signed column gather)", "rome", _rome_apply_qk),
+        Variant("rome.apply_qk (dot)", "rome.apply_qk with x @ M on the tensor cores: the seed's matmul formulation, same bits", "rome", _rome_apply_qk_dot),
         Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
         Variant("rome.apply_qk_angles", "rome.apply_qk_angles: cos/sin computed in the kernel from positions (no cache)", "rome", _rome_apply_qk_angles),
         Variant("rome.RoPE", "rome.RoPE module with positions (varlen: cu_seqlens; decode: [B, 1]), host check included", "rome", _rome_module),

@@ -1,0 +1,166 @@
+"""The gather kernel (x @ M as the signed column gather, every rotation matrix) and what an
+independent fuzz found in the kernels (issue 21 items 1-3), each against the torch backend (its
+own float64 arithmetic) or the float64 formula written here:
+
+- the per-column ``axis`` is read through its strides (a strided or expanded view gave wrong
+  output or read out of bounds);
+- cos and sin of different dtypes are each read as their own (sin's fp32 bytes were read as bf16);
+- a result that overflows, or an infinite table entry, gives the exact result's ±inf, not NaN;
+- the launch layout: T rows x head groups that cross from q to k, BSND (two head dims),
+  per-batch tables, GQA, in place, both products bitwise.
+"""
+
+import pytest
+import torch
+
+import rome
+from rome import launch
+
+from conftest import DEVICE
+from helpers import random_tables
+
+BF16, FP32, FP16 = torch.bfloat16, torch.float32, torch.float16
+
+
+def _oracle(x, cos, sin, m):
+    """x*cos + (x@M)*sin in float64 (exact for these inputs up to one final rounding)."""
+    x64 = x.double()
+    return x64 * cos.double() + (x64 @ m.double()) * sin.double()
+
+
+def _layout3(d=48):
+    return rome.layouts.section_layout((d // 3,) * 3, mode="half")
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("how", ["strided", "expanded", "flipped"])
+def test_axis_is_read_through_its_strides(backend, how):
+    d = 48
+    m = rome.rotation_matrix((16, 16, 16), "half", device=DEVICE)
+    q = torch.randn(1, 2, 9, d, device=DEVICE)
+    k = torch.randn(1, 1, 9, d, device=DEVICE)
+    cache_c, cache_s = random_tables((32, d))
+    pos = torch.randint(0, 32, (9, 3), device=DEVICE)
+    base = torch.arange(d, device=DEVICE) // 16  # the contiguous axis
+    if how == "strided":  # every other element of a longer tensor
+        axis = torch.stack([base, torch.full_like(base, 7)], 1).reshape(-1)[::2]
+        assert axis.stride(0) == 2
+    elif how == "expanded":  # one axis for every column, stride 0
+        base = torch.zeros(d, dtype=torch.int64, device=DEVICE)
+        axis = torch.zeros(1, dtype=torch.int64, device=DEVICE).expand(d)
+        assert axis.stride(0) == 0
+    else:  # a negative stride is not possible in torch: a transposed [d, 1] column instead
+        axis = base[:, None].t().contiguous().t()[:, 0]
+    got = rome.apply_qk_at(q, k, cache_c, cache_s, m, pos, axis=axis, backend=backend)
+    want = rome.apply_qk_at(q, k, cache_c, cache_s, m, pos, axis=base.contiguous(), backend="torch")
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    freqs = torch.rand(2, d, device=DEVICE) * 1e-3
+    scales = torch.ones(2, d, device=DEVICE)
+    scales[1] = 0
+    got = rome.apply_qk_angles(q, k, freqs, scales, m, pos, axis=axis, backend=backend)
+    want = rome.apply_qk_angles(q, k, freqs, scales, m, pos, axis=base.contiguous(), backend=backend)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("x_dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("cos_dtype, sin_dtype", [(BF16, FP32), (FP32, BF16), (FP16, FP32), (FP32, FP16)])
+@pytest.mark.parametrize("product", ["gather", "dot"])
+def test_tables_of_two_dtypes_are_each_read_as_their_own(x_dtype, cos_dtype, sin_dtype, product):
+    if {cos_dtype, sin_dtype} - {x_dtype, FP32}:
+        pytest.skip("tables are fp32 or x's dtype")
+    d = 32
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    x = torch.randn(2, 3, 5, d, device=DEVICE).to(x_dtype)
+    cos, sin = random_tables((5, d))
+    cos, sin = cos.to(cos_dtype), sin.to(sin_dtype)
+    with launch.product(product):
+        got = rome.apply(x, cos, sin, m, backend="triton")
+    want = rome.apply(x, cos, sin, m, backend="torch")
+    assert torch.equal(got, want)
+    gx = x.clone().requires_grad_()
+    dy = torch.randn_like(x)
+    with launch.product(product):
+        rome.apply(gx, cos, sin, m, backend="triton").backward(dy)
+    wx = x.clone().requires_grad_()
+    rome.apply(wx, cos, sin, m, backend="torch").backward(dy)
+    assert torch.equal(gx.grad, wx.grad)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+def test_overflow_and_infinite_tables_give_the_exact_infinity(backend, dtype):
+    d = 16
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    big = torch.finfo(dtype).max
+    x = torch.full((1, 2, 4, d), big, device=DEVICE).to(dtype)
+    x[0, 1] = -x[0, 1]
+    cos = torch.full((4, d), 0.9, device=DEVICE)
+    sin = torch.full((4, d), 0.9, device=DEVICE)
+    sin[:, : d // 2] = -0.9  # x*cos + rotate_half(x)*sin = 0.9 * (x + x) = 1.8 x: overflows
+    cos[2, 3] = float("inf")  # and one infinite table entry
+    want = _oracle(x, cos, sin, m).to(dtype)  # ±inf where it overflows, finite elsewhere
+    got = rome.apply(x, cos, sin, m, backend=backend)
+    assert not got.isnan().any()
+    assert torch.equal(got, want), (got[got != want][:4], want[got != want][:4])
+
+
+@pytest.mark.parametrize("product", ["gather", "dot"])
+@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "per-batch", "gqa-bsnd", "3d"])
+def test_launch_layouts_bitwise_the_torch_backend(layout, product):
+    """T rows x head groups (3 heads a program under the interpreter, so groups cross from q to
+    k and wrap a second head dim), forward and backward, both products the same bits."""
+    d = 32
+    m = rome.rotation_matrix((16, 16), "interleave", device=DEVICE)
+    b, s, nq, nk = 2, 7, 4, 2
+    if layout == "bnsd":
+        q, k = torch.randn(b, nq, s, d), torch.randn(b, nk, s, d)
+        cos, sin = random_tables((s, d))
+    elif layout in ("bsnd", "gqa-bsnd"):
+        q, k = torch.randn(b, s, nq, d).transpose(1, 2), torch.randn(b, s, nk if layout == "gqa-bsnd" else nq, d).transpose(1, 2)
+        cos, sin = random_tables((s, d))
+    elif layout == "per-batch":
+        q, k = torch.randn(b, nq, s, d), torch.randn(b, nk, s, d)
+        cos, sin = random_tables((b, 1, s, d))
+    else:  # 3 row dims of x besides heads, tables over two of them
+        q, k = torch.randn(b, 3, nq, s, d), torch.randn(b, 3, nk, s, d)
+        cos, sin = random_tables((3, 1, s, d))
+    q, k = q.to(DEVICE), k.to(DEVICE)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def run(backend):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        with launch.product(product):
+            out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+            torch.autograd.backward(out, (dq, dk))
+        return (*out, qg.grad, kg.grad)
+
+    for g, w in zip(run("triton"), run("torch")):
+        assert torch.equal(g, w)
+    q2, k2 = q.clone(), k.clone()
+    with launch.product(product):
+        rome.apply_qk_(q2, k2, cos, sin, m, backend="triton")
+    want = rome.apply_qk(q, k, cos, sin, m, backend="torch")
+    assert torch.equal(q2, want[0]) and torch.equal(k2, want[1])
+
+
+def test_heads_per_program():
+    # enough T tiles: every head in one program (the tables read once)
+    assert launch.heads_per_program(1800, 48, 132) == 48
+    # a decode step (4 T tiles of 16 rows, 32 + 8 heads): one head per program, 160 programs
+    assert launch.heads_per_program(4, 40, 132) == 1
+    # in between: groups even, at least 8 programs per SM
+    hb = launch.heads_per_program(200, 48, 132)
+    assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
+
+
+def test_product_switch():
+    m = rome.rotation_matrix((16,), "half")
+    assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.product == "gather"
+    with launch.product("dot"):
+        assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.product == "dot"
+    assert launch.plan(torch.randn(16, 16), BF16, FP32, transpose=False, interpret=False).config.product == "dot"
+    with pytest.raises(ValueError, match="product must be one of"):
+        with launch.product("matmul"):
+            pass
