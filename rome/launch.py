@@ -146,7 +146,10 @@ def current_product() -> str:
     return getattr(_product, "name", "gather")
 
 
-GATHER_ELEMENTS_PER_THREAD = 16  # x elements a thread holds per tile in the gather kernel
+# x elements a thread holds per tile in the gather kernel: 8 (bf16 fwd D=128, sm_90: 64 registers
+# and 8 resident CTAs with triton 3.9, 103 and 4 with 3.6) where 16 took 130 / 204 registers and
+# 3 / 2 CTAs for ~the same instructions per element: more resident warps, more loads in flight
+GATHER_ELEMENTS_PER_THREAD = 8
 
 
 @functools.lru_cache(maxsize=1024)
@@ -154,7 +157,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
                   positions: int = 0, angles: bool = False, sin_dtype=None) -> Config:
     """The gather kernel's specialisation: T rows per program so that a thread holds
     ``GATHER_ELEMENTS_PER_THREAD`` elements of a tile (x, its gathered copy, the prefetched next
-    head's two, cos and sin: ~6 x 16 values), 4 warps; with angles half the rows (the angle
+    head's two, cos and sin: ~6 values each), 4 warps; with angles half the rows (the angle
     arithmetic holds ~40 more fp32 values per element, once per program) and 8 warps for the
     transpose, fp32 x and D = 256. Heads per program are chosen per launch (``heads_per_program``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
