@@ -1,5 +1,7 @@
 """``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR] [--skip-models]``
-``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``."""
+``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``: every configuration;
+``python -m profiling kernels --workload NAME [--arch sm_90] [--out DIR]``: that workload's launches with the
+static bandwidth model (kernels.json, kernels.md)."""
 
 import argparse
 import os
@@ -30,9 +32,11 @@ def main(argv=None):
     p.add_argument("--skip-precision", action="store_true")
     p.add_argument("--skip-models", action="store_true",
                    help="leave out the model workload (a Wan block and a Llama layer, unpatched vs patched)")
-    p.add_argument("--skip-kernels", action="store_true", help="leave out the ahead-of-time kernel compile")
-    p.add_argument("--arch", help="archs of the kernels section (see `kernels --help`)")
-    k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed) and read its cubins")
+    p.add_argument("--skip-kernels", action="store_true",
+                   help="leave out the ahead-of-time compile of the workload's launches (the kernels section)")
+    p.add_argument("--arch", help="archs of the kernels section (default sm_90; see `kernels --help`)")
+    k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed), read its cubins and "
+                                       "model its bandwidth (--workload NAME: just that workload's launches)")
     kernels.add_arguments(k)
     args = parser.parse_args(argv)
     if args.command == "report":

@@ -547,6 +547,23 @@ GPU_NOTES = (
     "3.0 TB/s on H100 SXM (HBM3, 3.35 TB/s peak) and 4.3 TB/s on H200 (HBM3e, 4.8 TB/s peak): "
     "assumed, about 90% of peak, until a GPU run measures them (the report's speed section does)."
 )
+MODEL_METHOD = (
+    "One tile = one iteration of the innermost loop of the kernel's own code holding a global store "
+    "(else the outermost loop, else the whole kernel), walked in address order: unconditional forward "
+    "branches taken, conditional ones not, inner loops once (their trip count is not in the SASS), called "
+    "subroutines in place. L1 B/elem: every global (LDG/STG/LDGSTS) and shared-memory (LDS/STS/LDSM/STSM) "
+    "access as 128 B L1 wavefronts, max(1, ceil(32 lanes x width / 128 B)), all warps, per x element: a "
+    "warp's access is assumed to touch one 128 B line per 128 B it moves (scattered accesses cost more; the "
+    "model cannot see that). instr/DRAM B: the tile's warp-instructions / the DRAM bytes its elements must "
+    "move (x read and written, tables amortised). Batches: control bits (Volta+ encoding: write scoreboard "
+    "bits 46-48, wait mask 52-57 of the second word): the global loads issued before the first instruction "
+    "that waits on one of their scoreboards; the loop body walked twice, the second pass measured (a load "
+    "of the previous iteration waited on in this one counts). In flight: global-load bytes (width x 32 "
+    "lanes) issued and not yet waited on, mean (and peak) over the tile's instructions, x resident warps per "
+    "SM. Bounds: L1 = 128 B/clk x clock x SMs / (L1 bytes per DRAM byte); issue = 4 warp-instructions/clk x "
+    "clock x SMs / (instructions per DRAM byte); latency (Little's law) = mean in-flight bytes per SM x SMs / "
+    "DRAM latency x (DRAM bytes / DRAM bytes read); estimate = min(bounds, copy) / copy. Latency view "
+    "(small launches): waves x ceil(units / grid) x batches x DRAM latency. ")
 L1_WAVEFRONT = 128  # bytes
 _SHARED = {"LDS", "STS", "LDSM", "STSM"}
 _NO_SCOREBOARD = 7
@@ -920,7 +937,24 @@ def row(cfg: dict, arch: Arch, res: dict) -> dict:
         "sass": st, "compile_s": res["compile_s"], "triton_hash": res["triton_hash"],
         "cache_cubin": res["cache_cubin"],
     }
+    r["model"] = None
+    if "head_dim" in meta or "elements_per_tile" in meta:  # a rome config: the bandwidth model
+        try:
+            elements, dram, read = tile_elements(meta)
+            model = bandwidth_model(res["sass"], num_warps=res["num_warps"], elements_per_tile=elements,
+                                    dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
+                                    registers=rs["reg"], shared_bytes=smem, arch=arch)
+        except Exception as e:  # the table keeps its row; the model says why it has no figures
+            r["model"] = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            r["model"] = model
+            r |= {k: model[k] for k in MODEL_KEYS}
+            r["inflight_kb_per_sm"] = model["inflight_mean_bytes_per_sm"] / 1024
     return r
+
+
+MODEL_KEYS = ("l1_bytes_per_element", "warp_instructions_per_dram_byte", "batches", "inflight_mean_bytes_per_sm",
+              "inflight_peak_bytes_per_sm", "estimate_h100", "limit_h100", "estimate_h200", "limit_h200")
 
 
 # --- every configuration ------------------------------------------------------------------
@@ -929,8 +963,8 @@ DEFAULT_CONFIGS = "profiling.kernels:configs"
 
 
 def configs(cc: int | None = None) -> list:
-    """``rome.launch.kernel_configs(cc)``: every configuration the launcher can choose."""
-    from rome.launch import kernel_configs
+    """``rome.launcher.kernel_configs(cc)``: every configuration the launcher can choose."""
+    from rome.launcher import kernel_configs
 
     return kernel_configs(cc)
 
@@ -1015,7 +1049,11 @@ METHOD = (
     "HGMMA.64xNx16 per warpgroup), all warps together; FP32 = FFMA/FMUL/FADD instructions per thread; 128-bit % = "
     "share of the loop's global load (LDG, LDGSTS) and store (STG) instructions that move 128 bits; "
     "bytes issued = those instructions' widths x 32 lanes x warps, every lane active; bytes/tile = the "
-    "config's own count of the global bytes one tile moves."
+    "config's own count of the global bytes one tile moves. The model's columns (L1 B/elem, instr/DRAM B, "
+    "batches, in flight KB/SM: the mean, est. H100/H200: fraction of copy bandwidth) take a tile of the "
+    "config's rows x head_dim whose x is read and written once, tables amortised to nothing (the launcher's "
+    "own elements_per_tile / dram_bytes_per_element where its meta has them); the SASS of the arch of the "
+    "row with the H100/H200 constants. Model: " + MODEL_METHOD
 )
 
 
@@ -1053,7 +1091,11 @@ def _json_safe(obj):
 
 # --- one workload's launches (python -m profiling kernels --workload NAME) ------------------
 
-ROME_VARIANTS = ("rome.apply", "rome.apply_qk", "rome.apply_qk_at", "rome.apply_qk_angles", "rome.RoPE")
+def rome_variants() -> tuple[str, ...]:
+    """The report's rome variants (``profiling.variants``, kind "rome"), in its order."""
+    return tuple(v.name for v in _variants().values() if v.kind == "rome")
+
+
 WORKLOAD_ARCH = 90
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -1104,34 +1146,6 @@ def _captured(w, setup, variant, cc: int, num_sms: int) -> list[dict]:
         torch.autograd.backward(outs, [torch.empty_like(o) for o in outs])
     return [_launch_dict(variant, L.kernel_config, cc, **{"pass": "backward" if L.transpose else "forward"},
                          grid=L.grid, units=L.units, elements=L.elements) for L in launches]
-
-
-def _stand_in(w, setup, variant, cc: int) -> list[dict]:
-    """Without ``rome.launcher.capture``: the ``kernel_configs`` entry each launch of ``variant``
-    would use (choose()'s, fp32 tables, a rotation matrix), grid and units unknown, the tables'
-    DRAM bytes amortised over the launch's elements."""
-    from rome.launch import kernel_configs
-
-    xname = {v: k for k, v in _DTYPES.items()}[str(w.dtype).removeprefix("torch.")]
-    positions = {"rome.apply": 0, "rome.apply_qk": 0}.get(variant, 2 if w.grid is not None else 1)
-    angles = variant in ("rome.apply_qk_angles", "rome.RoPE")
-    q, k = (w.batch * h * w.seq * w.head_dim for h in (w.q_heads, w.kv_heads))
-    parts = [q, k] if variant == "rome.apply" else [q + k]
-    table_bytes = 2 * setup.cos.numel() * setup.cos.element_size()
-    out = []
-    for transpose in (False, True):
-        cfg = next(c for c in kernel_configs(cc) if c.meta["x_dtype"] == xname and c.meta["head_dim"] == w.head_dim
-                   and c.meta["pass_"] == ("bwd" if transpose else "fwd") and c.meta["table_dtype"] == "fp32"
-                   and c.meta["matrix"] == "rotation" and c.meta["positions"] == positions
-                   and c.meta["angles"] == angles and not c.meta["tuned_candidate"])
-        for n in parts:
-            launch = _launch_dict(variant, cfg, cc, **{"pass": "backward" if transpose else "forward"},
-                                  grid=None, units=None, elements=n)
-            xb = w.dtype.itemsize
-            tables = 0 if angles else table_bytes / n  # each launch reads the tables once
-            launch["meta"] |= {"dram_bytes_per_element": 2 * xb + tables, "dram_read_bytes_per_element": xb + tables}
-            out.append(launch)
-    return out
 
 
 def _torch():
@@ -1207,23 +1221,18 @@ def workload_launches(name: str, overrides: dict | None = None, *, cc: int = WOR
                       num_sms: int = 132) -> dict:
     """In a worker (no TRITON_INTERPRET=1): every launch the workload's rome variants make, forward
     and backward, as picklable dicts with their compile jobs; Liger-Kernel's beside them where
-    importable. ``rome.launcher.capture`` records them where rome has it; otherwise each variant's
-    ``kernel_configs`` entry stands in (``capture`` says which)."""
+    importable. ``rome.launcher.capture`` records them (the launch's own specialisation, grid and
+    work units, with the bytes an element must move in its meta)."""
     from .variants import Unavailable, Unsupported
 
     w = _workload(name, overrides)
     setup = _setup(w)
-    try:
-        from rome.launcher import capture  # noqa: F401
-        how = "rome.launcher.capture"
-    except ImportError:
-        how = "stand-in: rome.launch.kernel_configs (rome.launcher.capture not available)"
+    how = "rome.launcher.capture"
     launches, skipped = [], []
-    for variant in ROME_VARIANTS:
+    for variant in rome_variants():
         try:
-            launches += (_captured(w, setup, variant, cc, num_sms) if how == "rome.launcher.capture"
-                         else _stand_in(w, setup, variant, cc))
-        except (Unsupported, Unavailable, StopIteration) as e:
+            launches += _captured(w, setup, variant, cc, num_sms)
+        except (Unsupported, Unavailable) as e:
             skipped.append({"variant": variant, "reason": f"{type(e).__name__}: {e}"})
         except Exception as e:  # one variant that cannot be captured is a line, not the end
             skipped.append({"variant": variant, "reason": f"{type(e).__name__}: {e}"[:2000]})
@@ -1257,23 +1266,6 @@ def launch_row(launch: dict, arch: Arch, res: dict) -> dict:
                 "shared_bytes": smem, "triton_hash": res["triton_hash"], **model}
 
 
-MODEL_METHOD = (
-    "One tile = one iteration of the innermost loop of the kernel's own code holding a global store "
-    "(else the outermost loop, else the whole kernel), walked in address order: unconditional forward "
-    "branches taken, conditional ones not, inner loops once (their trip count is not in the SASS), called "
-    "subroutines in place. L1 B/elem: every global (LDG/STG/LDGSTS) and shared-memory (LDS/STS/LDSM/STSM) "
-    "access as 128 B L1 wavefronts, max(1, ceil(32 lanes x width / 128 B)), all warps, per x element: a "
-    "warp's access is assumed to touch one 128 B line per 128 B it moves (scattered accesses cost more; the "
-    "model cannot see that). instr/DRAM B: the tile's warp-instructions / the DRAM bytes its elements must "
-    "move (x read and written, tables amortised). Batches: control bits (Volta+ encoding: write scoreboard "
-    "bits 46-48, wait mask 52-57 of the second word): the global loads issued before the first instruction "
-    "that waits on one of their scoreboards; the loop body walked twice, the second pass measured (a load "
-    "of the previous iteration waited on in this one counts). In flight: global-load bytes (width x 32 "
-    "lanes) issued and not yet waited on, mean (and peak) over the tile's instructions, x resident warps per "
-    "SM. Bounds: L1 = 128 B/clk x clock x SMs / (L1 bytes per DRAM byte); issue = 4 warp-instructions/clk x "
-    "clock x SMs / (instructions per DRAM byte); latency (Little's law) = mean in-flight bytes per SM x SMs / "
-    "DRAM latency x (DRAM bytes / DRAM bytes read); estimate = min(bounds, copy) / copy. Latency view "
-    "(small launches): waves x ceil(units / grid) x batches x DRAM latency. ")
 
 
 def _write_files(out: Path, rows: list[dict], files: list) -> None:
@@ -1411,6 +1403,10 @@ COLUMNS = [  # (header, key, format)
     ("MMA MACs/tile", "mma_macs_per_tile", "n"), ("FP32/tile", "fp32_per_tile", "n"),
     ("calls/tile", "calls_per_tile", "n"), ("bytes/tile", "bytes_per_tile", "n"),
     ("bytes issued/tile", "bytes_issued_per_tile", "n"),
+    # the bandwidth model (per tile of the config's own rows x head_dim, x read and written once)
+    ("L1 B/elem", "l1_bytes_per_element", "1"), ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"),
+    ("batches", "batches", "1"), ("in flight KB/SM", "inflight_kb_per_sm", "1"),
+    ("est. H100", "estimate_h100", "%"), ("est. H200", "estimate_h200", "%"),
 ]
 
 
@@ -1421,6 +1417,8 @@ def _cell(v, fmt: str) -> str:
         return "yes" if v else "NO"
     if fmt == "%":
         return f"{100 * v:.0f}%"
+    if fmt in ("1", "2"):
+        return f"{v:.{fmt}f}"
     if fmt in ("d", "n"):
         return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
     return str(v)
@@ -1449,20 +1447,62 @@ def markdown(section: dict, heading: str = "##") -> str:
     return "\n".join(lines)
 
 
+def _measured_gbps(results: dict) -> dict | None:
+    """(variant, pass) -> GB/s of the report's speed section, when it ran on a GPU (None on a CPU:
+    those timings say nothing about the kernel)."""
+    env = results.get("environment") or {}
+    if str(env.get("device", "CPU")).startswith("CPU") or not results.get("speed"):
+        return None
+    passes = {"fwd": "forward", "bwd": "backward"}
+    return {(r["variant"], passes[r["pass"]]): r["gbps"] for r in results["speed"] if r["pass"] in passes}
+
+
 def kernels_section(results: dict) -> str:
-    """The report's kernels section (markdown) from ``results["kernels"]``; empty if absent."""
+    """The report's kernels section (markdown) from ``results["kernels"]``; empty if absent. The
+    report workload's launches with the model's estimate (and, on a GPU, the measured GB/s beside
+    it); an older results.json's every-configuration table as it was."""
     section = results.get("kernels")
     if not section:
         return ""
     if "error" in section:
         return f"## Kernels (compiled ahead of time)\n\nNot measured: {section['error']}\n"
+    if "launches" in section:
+        measured = _measured_gbps(results)
+        text = workload_markdown(section, measured=measured)
+        note = ("The full table of every configuration: `python -m profiling kernels` (all archs); this "
+                "section compiles only the launches of the report's workload.")
+        if measured:
+            note += (" measured GB/s: this run's speed section for the variant and pass (q, k read and written, "
+                     "tables read once), beside the estimate as a fraction of copy.")
+        return text + "\n" + note + "\n"
     return markdown(section)
 
 
-def report_section(out: Path, arch: str | None = None, console=None) -> dict:
-    """results.json's ``kernels`` section for ``make report`` (cubins and SASS under ``out``,
-    ``arch`` as ``--arch`` takes it); a failure is recorded in the section, not raised."""
+def _overrides(w) -> dict:
+    """What the report's workload ``w`` changed of its registry entry (``--shape``, ``--dtype``)."""
+    from .workloads import WORKLOADS
+
+    base = WORKLOADS[w.name]
+    out = {k: getattr(w, k) for k in ("batch", "q_heads", "kv_heads", "seq") if getattr(w, k) != getattr(base, k)}
+    if w.dtype != base.dtype:
+        out["dtype"] = str(w.dtype).removeprefix("torch.")
+    return out
+
+
+def report_section(out: Path, arch: str | None = None, console=None, workload=None) -> dict:
+    """results.json's ``kernels`` section for ``make report``: the launches of ``workload`` (a
+    ``Workload``, the report's, at its full shape) compiled for ``arch`` (default sm_90) with the
+    bandwidth model; without a workload every configuration (``arch`` default sm_80,90,100). Cubins
+    and SASS under ``out``; a failure is recorded in the section, not raised."""
     try:
+        if workload is not None:
+            archs = [parse_arch(a) for a in arch.split(",")] if arch else [WORKLOAD_ARCH]
+            if console is not None:
+                console.print(f"compiling the {workload.name} launches ahead of time for "
+                              f"{', '.join(ARCHS[c].name for c in archs)} (Triton's cache makes a second run quick)")
+            section = collect_workload(workload.name, archs, out, overrides=_overrides(workload))
+            write_workload(out, section)
+            return section
         archs = [parse_arch(a) for a in arch.split(",")] if arch else list(DEFAULT_ARCHS)
         if console is not None:
             console.print(f"compiling the kernel ahead of time for {', '.join(ARCHS[c].name for c in archs)} "

@@ -467,7 +467,7 @@ def report(args) -> Path:
         "autotuned": _autotuned(),
     }
     if not getattr(args, "skip_kernels", False):
-        results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console)
+        results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console, workload=w)
     write_report(out, results)
 
     summary = Table(title=f"rome report: {w.name} on {results['environment']['device']}")

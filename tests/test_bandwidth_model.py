@@ -250,7 +250,9 @@ BLOCK = 512
 
 
 def model_configs(cc):
-    return [Config("copy", _copy, {"src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK}, ("src", "dst", "n")),
+    meta = {"x_dtype": "fp32", "elements_per_tile": BLOCK, "dram_bytes_per_element": 8}  # as rome's configs give it
+    return [Config("copy", _copy, {"src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK}, ("src", "dst", "n"),
+                   meta=meta),
             Config("gather", _gather, {"idx": "*i32", "src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK},
                    ("idx", "src", "dst", "n"))]
 
@@ -277,3 +279,36 @@ def test_model_of_real_compiles(tmp_path, monkeypatch):
     # the gather's second load waits for the first
     assert gather["batches"] == 2 and gather["tile"]["global_loads"] >= 2
     assert gather["bounds_h100_gbps"]["latency"] < copy["bounds_h100_gbps"]["latency"]
+    # the every-configuration table carries the model's columns where the config says what a tile is
+    row = next(r for r in rows if r["config"] == "copy")
+    assert row["estimate_h100"] == copy["estimate_h100"] and row["batches"] == 1
+    assert row["l1_bytes_per_element"] == 8 and row["model"]["dram_bytes_per_element"] == 8
+    assert next(r for r in rows if r["config"] == "gather")["model"] is None  # no tile in its meta
+    section = {"environment": {"triton": "x", "cuobjdump": "y"}, "wall_s": 1, "method": "m",
+               "archs": {"sm_90": dict(dataclasses.asdict(kernels.ARCHS[90]), smem_per_block=1)}, "rows": rows}
+    md = kernels.markdown(section)
+    assert "| est. H100 | est. H200 |" in md
+    copy_line = next(line for line in md.splitlines() if line.startswith("| copy |"))
+    assert copy_line.endswith(f"| 8.0 | {row['warp_instructions_per_dram_byte']:.2f} | 1.0 | "
+                              f"{row['inflight_kb_per_sm']:.1f} | {row['estimate_h100']:.0%} | "
+                              f"{row['estimate_h200']:.0%} |")
+
+
+def test_report_section_puts_measured_gbps_beside_the_estimate():
+    launch = {"variant": "rome.apply_qk", "pass": "forward", "arch": "sm_90", "config": "c", "ok": True, "grid": 10,
+              "units": 10, "registers": 64, "spill_bytes": 0, "ctas_per_sm": 8, "num_warps": 4,
+              "l1_bytes_per_element": 4.0, "warp_instructions_per_dram_byte": 0.05, "batches": 1.0,
+              "inflight_mean_bytes_per_sm": 40960.0, "inflight_peak_bytes_per_sm": 65536.0, "estimate_h100": 0.95,
+              "limit_h100": "latency", "estimate_h200": 0.7, "latency_view_h100": {"us": 0.8}}
+    section = {"workload": {"name": "default", "q_shape": [1], "k_shape": [1], "dtype": "bfloat16", "mode": "half",
+                            "sections": [128]}, "capture": "rome.launcher.capture", "num_sms": 132, "builds": 1,
+               "archs": ["sm_90"], "wall_s": 1.0, "environment": {"triton": "3.9"}, "method": "m", "gpu_notes": "g",
+               "launches": [launch], "liger_launches": [], "liger": {"status": "not installed", "reason": "r"},
+               "skipped": []}
+    speed = [{"variant": "rome.apply_qk", "pass": "fwd", "gbps": 2812.5}, {"variant": "rome.apply_qk", "pass": "fwd+bwd",
+                                                                           "gbps": 1.0}]
+    gpu = kernels.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "NVIDIA H100"}})
+    assert "measured GB/s" in gpu and "| 95% | 2812.5 | latency | 70% | 0.8 |" in gpu
+    cpu = kernels.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "CPU: x"}})
+    assert "measured GB/s" not in cpu and "| 40.0 (peak 64) | 95% | latency | 70% | 0.8 |" in cpu
+    assert "Liger-Kernel: not installed" in cpu

@@ -486,3 +486,36 @@ def test_bench_interleaved_visits_every_callable_each_round(monkeypatch):
     assert len(runs) >= 2 * 5 - 4 and {"a", "b"} == set(runs)  # alternating bursts, round after round
     for t in timings.values():
         assert 0 < t["min_ms"] <= t["median_ms"] <= t["max_ms"]
+
+
+CONTRACT = {"variant", "pass", "arch", "config", "cubin", "registers", "spill_bytes", "estimate_h100", "estimate_h200"}
+
+
+def test_kernels_workload_writes_the_launch_contract(tmp_path):
+    """``python -m profiling kernels --workload decode``: every launch the rome variants make,
+    forward and backward, compiled for sm_90 (in worker processes: this one interprets) and
+    modelled; kernels.json's ``launches`` carry the fields an independent check reads."""
+    from profiling import kernels
+
+    out = tmp_path / "kernels"
+    main(["kernels", "--workload", "decode", "--out", str(out), "--jobs", "2"])
+    section = json.loads((out / "kernels.json").read_text())
+    launches = section["launches"]
+    assert section["workload"]["name"] == "decode" and not section["skipped"], section["skipped"]
+    assert {r["variant"] for r in launches} == set(kernels.rome_variants())
+    assert {(r["variant"], r["pass"]) for r in launches} == {(v, p) for v in kernels.rome_variants()
+                                                             for p in ("forward", "backward")}
+    for r in launches:
+        assert CONTRACT <= set(r) and r["ok"], r.get("error")
+        assert r["arch"] == "sm_90" and open(r["cubin"], "rb").read(4) == b"\x7fELF"
+        assert r["spill_bytes"] == 0 and r["registers"] > 0
+        assert 0 < r["estimate_h100"] <= 1 and 0 < r["estimate_h200"] <= 1
+        assert r["batches"] >= 1 and r["l1_bytes_per_element"] > 0 and r["latency_view_h100"]["us"] > 0
+    md = (out / "kernels.md").read_text()
+    assert "| variant | pass | config |" in md and "est. H100" in md
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError:
+        assert section["liger"]["status"] == "not installed" and "Liger-Kernel: not installed" in md
+    else:
+        assert section["liger_launches"] and all(r["ok"] for r in section["liger_launches"])
