@@ -32,6 +32,13 @@
   that state, so its result depends on the call alone (equal to transformers' for a growing
   sequence of calls: prefill, then decode).
 
+**Host syncs**: in eager mode the positions' range is read on the host (a device sync) once per
+positions tensor, not once per layer: the (min, max) is remembered by the tensor's identity,
+version counter, data_ptr, shape, strides and device (``position_span``), shared by every
+module of the process, so an N-layer step reads it once; positions=None with an int offset is
+not read at all. A tensor written in place is read again; inference tensors (no version
+counter) are read on every call. Each module still checks the span against its own bound.
+
 ``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions, and
 CUDA graphs capture it (a serving engine's decode step): the host-side checks and the cache
 growth are skipped while compiling or capturing, so reserve the cache first (``reserve(n,
@@ -575,7 +582,11 @@ class RoPE(nn.Module):
                     "torch.compile or CUDA graph capture)"
                 )
         else:
-            span = check_range(pos, self.max_positions)
+            span = position_span(pos, positions, offsets, packed)
+            if span is not None and self.max_positions is not None and span[1] >= self.max_positions:
+                raise ValueError(
+                    f"positions must be < max_positions={self.max_positions}, got max {span[1]}"
+                )
             if span is not None:
                 rows = math.floor(span[1]) + 1
                 if self.dynamic is not None:
@@ -598,6 +609,75 @@ class RoPE(nn.Module):
         else:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
         return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+
+
+# --- positions checked once per positions tensor -----------------------------------------------
+#
+# Every attention layer of a model calls its RoPE with the same positions tensor; reading their
+# range on the host (check_range) is a device sync. ``position_span`` checks a positions tensor
+# once and remembers its (min, max) by the tensor's identity and everything that changes with its
+# values or its reading: the version counter (bumped by every in-place write, shared by views),
+# data_ptr, storage offset, shape, strides, dtype and device, with the offsets likewise and the
+# normalized shape. An entry holds weak references and is used only while they still resolve to
+# the very tensors of the call, so a freed tensor's id reused by a new one never hits. Tensors
+# without a version counter (inference tensors: writable in place under inference_mode without
+# a trace) and tensor subclasses are checked on every call. positions=None with an int offset
+# needs no check at all: the span is known on the host.
+
+_SPANS: dict = {}  # id(positions) -> (weakref(positions), weakref(offsets) or offsets, key, span)
+_SPANS_LOCK = threading.Lock()
+_SPANS_MAX = 32
+
+
+def _tensor_key(t: Tensor):
+    """What identifies ``t``'s values for the memo, or None where nothing does."""
+    if type(t) not in (Tensor, nn.Parameter) or t.is_inference() or t.device.type == "meta":
+        return None
+    return (t._version, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def position_span(pos: Tensor, positions, offsets, packed: bool) -> tuple[float, float] | None:
+    """``check_range(pos)`` (``0 <= pos``, finite; the (min, max)) of the normalized positions
+    ``pos`` of ``positions`` and ``offsets``, read on the host once per positions tensor (see
+    above), or computed without reading for positions=None with an int offset."""
+    if positions is None and not packed and (offsets is None or (
+            isinstance(offsets, numbers.Integral) and not isinstance(offsets, bool))):
+        seq = pos.shape[-2]
+        if seq == 0 or pos.numel() == 0:
+            return None
+        lo = 0 if offsets is None else operator.index(offsets)
+        if lo < 0:
+            raise ValueError(f"positions must be >= 0, got min {lo}")
+        return lo, lo + seq - 1
+    if positions is None or packed:
+        return check_range(pos)
+    pkey = _tensor_key(positions)
+    if pkey is None:
+        return check_range(pos)
+    if isinstance(offsets, Tensor):
+        okey = _tensor_key(offsets)
+        if okey is None:
+            return check_range(pos)
+        oref = weakref.ref(offsets)
+    elif offsets is None or (isinstance(offsets, numbers.Integral) and not isinstance(offsets, bool)):
+        okey = oref = None if offsets is None else operator.index(offsets)
+    else:
+        return check_range(pos)  # (normalize_positions has already refused it)
+    key = (pkey, okey, tuple(pos.shape), pos.dtype, pos.device)
+    with _SPANS_LOCK:
+        entry = _SPANS.get(id(positions))
+    if entry is not None:
+        ref, oref_, key_, span = entry
+        same_offsets = oref_() is offsets if isinstance(oref_, weakref.ref) else oref_ == oref
+        if ref() is positions and same_offsets and key_ == key:
+            return span
+    span = check_range(pos)  # one host sync (raises for negative or non-finite positions)
+    with _SPANS_LOCK:
+        _SPANS.pop(id(positions), None)
+        if len(_SPANS) >= _SPANS_MAX:
+            del _SPANS[next(iter(_SPANS))]  # the oldest
+        _SPANS[id(positions)] = (weakref.ref(positions), oref, key, span)
+    return span
 
 
 def _keep(memo: dict, key, value) -> None:
