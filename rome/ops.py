@@ -455,10 +455,28 @@ def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_
 # The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
 
 
+def _product_now() -> str | None:
+    """The kernel's product (``rome.launch.product``) in force where a forward runs: its backward
+    takes the same, also where autograd runs it in another thread or outside the block."""
+    try:
+        from . import launch
+    except ImportError:  # pragma: no cover - platforms without triton
+        return None
+    return launch.current_product()
+
+
+def _product(name: str | None):
+    if name is None:
+        return contextlib.nullcontext()
+    from . import launch
+
+    return launch.product(name)
+
+
 def _setup_context(ctx, inputs, output):
     *xs, cos, sin, matrix, backend, positions, axis, angles = inputs
     n = len(xs)
-    ctx.n, ctx.backend, ctx.angles = n, backend, angles
+    ctx.n, ctx.backend, ctx.angles, ctx.product = n, backend, angles, _product_now()
     table_grads = any(ctx.needs_input_grad[n : n + 3])
     ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
 
@@ -470,7 +488,7 @@ def _make_backward(transpose: bool):
         needs = ctx.needs_input_grad
 
         def rotate(t, hs):
-            with positions_checked():  # checked by the forward
+            with positions_checked(), _product(ctx.product):  # checked by the forward
                 return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
@@ -579,7 +597,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         transpose, backend, positions, axis, angles, cos, sin, matrix, *xs = inputs
-        ctx.transpose, ctx.backend, ctx.angles = transpose, backend, angles
+        ctx.transpose, ctx.backend, ctx.angles, ctx.product = transpose, backend, angles, _product_now()
         table_grads = any(ctx.needs_input_grad[5:8])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
         ctx.save_for_forward(positions, axis, cos, sin, matrix, *xs)
@@ -587,7 +605,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
-            with positions_checked():  # checked by the forward
+            with positions_checked(), _product(getattr(ctx, "product", None)):  # checked by the forward
                 return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, *hs))
 
         return rotate

@@ -164,3 +164,20 @@ def test_product_switch():
     with pytest.raises(ValueError, match="product must be one of"):
         with launch.product("matmul"):
             pass
+
+
+def test_the_backward_takes_the_forwards_product(monkeypatch):
+    """A forward under product("dot") runs its backward on the dot kernel too (autograd runs the
+    backward outside the block, in its own thread on a GPU)."""
+    from rome import launcher
+
+    seen = []
+    real = launcher._rotate_dot
+    monkeypatch.setattr(launcher, "_rotate_dot", lambda *a, **k: (seen.append(a[-3]), real(*a, **k)))
+    m = rome.rotation_matrix((16,), "half", device=DEVICE)
+    x = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
+    cos, sin = random_tables((5, 16))
+    with launch.product("dot"):
+        y = rome.apply(x, cos, sin, m, backend="triton")
+    y.backward(torch.randn_like(y))
+    assert seen == [False, True]  # forward and transposed, both on the dot kernel
