@@ -1,0 +1,73 @@
+"""profiling/gpu.py (``make gpu``) without a GPU: folder names, the time limit of a part, the
+Nsight Compute summary, the entry points the sanitizer parts launch, and a rehearsal run whose
+GPU parts fail gracefully and are recorded."""
+
+import json
+import sys
+import time
+
+import pytest
+
+import rome
+from profiling import gpu
+
+
+@pytest.mark.parametrize("name,folder", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"), ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA GeForce RTX 4090", "rtx-4090"), ("NVIDIA L40S", "l40s"), ("AMD Instinct MI300X", "mi300x"),
+    ("NVIDIA GH200 480GB", "gh200"), ("Tesla V100-SXM2-16GB", "v100"), ("", "unknown-gpu"),
+])
+def test_folder_name(name, folder):
+    assert gpu.folder_name(name) == folder
+
+
+def test_a_part_past_its_limit_is_stopped_with_its_children(tmp_path):
+    log = tmp_path / "log"
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    t0 = time.monotonic()
+    status, rc = gpu.run_cmd([sys.executable, "-c", code], log, 1.5)
+    assert status == "timeout" and rc is None and time.monotonic() - t0 < 15
+    assert "time limit" in log.read_text()
+    assert gpu.run_cmd([sys.executable, "-c", "raise SystemExit(3)"], log, 30) == ("failed", 3)
+    assert gpu.run_cmd([str(tmp_path / "no-such-tool")], log, 30) == ("missing", None)
+
+
+def test_ncu_summary_reads_the_raw_page(tmp_path):
+    header = ["ID", "Process ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
+              "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "sm__warps_active.avg.pct_of_peak_sustained_active",
+              "lts__t_sector_hit_rate.pct"]
+    units = ["", "", "", "ns", "byte", "%", "%", "%"]
+    row = ["0", "77", "_rope_gather", "123,456", "400,000,000", "91.5", "62.25", "48.0"]
+    raw = "==PROF== Connected\n" + "\n".join(",".join(f'"{c}"' for c in r) for r in (header, units, row))
+    needed = tmp_path / "needed.json"
+    needed.write_text(json.dumps({"bytes_must_read": 380_000_000, "table_bytes": 20_000_000}))
+    s = gpu.ncu_summary(raw, needed)
+    (k,) = s["kernels"]
+    assert k["kernel"] == "_rope_gather" and k["duration_ns"] == 123456 and k["dram_bytes_read"] == 4e8
+    assert k["dram_throughput_pct_of_peak"] == 91.5 and k["achieved_occupancy_pct"] == 62.25 and k["l2_hit_rate_pct"] == 48
+    assert s["total"]["dram_read_over_needed"] == pytest.approx(4e8 / 3.8e8)
+    assert s["total"]["extra_read_in_tables"] == pytest.approx(1.0)
+    assert "DRAM 92% of peak" in gpu._ncu_line({"forward": s})
+
+
+def test_entry_points_cover_every_public_entry_point():
+    names = {name.split()[0] for name, _ in gpu.entry_point_calls("cpu")}
+    public = {n for n in rome.__all__ if n.startswith("apply")} | {"RoPE"}
+    assert public <= names, public - names
+
+
+def test_rehearsal_records_every_part(tmp_path, monkeypatch):
+    """No CUDA here: the parts that need it fail or find no tool, each recorded with its reason;
+    the summary is written. (The report and test parts are left out: minutes on a CPU.)"""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi, ncu or compute-sanitizer
+    out = tmp_path / "out"
+    rc = gpu.main(["--out", str(out), "--only", "ncu,memcheck,racecheck", "--budget", "120"])
+    assert rc == 1
+    s = json.loads((out / "summary.json").read_text())
+    assert list(s["parts"]) == ["environment", "ncu", "memcheck", "racecheck"]
+    assert s["cuda"] is False and s["parts"]["environment"]["status"] == "ok"
+    assert s["parts"]["ncu"] == {**s["parts"]["ncu"], "status": "missing", "detail": "ncu is not on the PATH"}
+    assert s["parts"]["memcheck"]["status"] == "missing"
+    assert "Rehearsal" in (out / "README.md").read_text()
+    env = json.loads((out / "environment.json").read_text())
+    assert env["torch"] and env["triton"] and env["commit"]
