@@ -356,7 +356,7 @@ def part_environment(ctx: Context, part: Part, seconds: float):
 
 PARTS = [
     Part("environment", 45, "device, driver, versions, commit", part_environment),
-    *[Part(f"speed-{w}", 110 if w == "default" else 60, f"make report's speed part, {w}", part_report(w, "speed"))
+    *[Part(f"speed-{w}", 150 if w == "default" else 70, f"make report's speed part, {w}", part_report(w, "speed"))
       for w in WORKLOADS],
     Part("gpu-tests", 75, "tests/test_gpu.py", part_pytest("tests-gpu", ["tests/test_gpu.py"])),
     Part("precision-default", 75, "make report's precision part and the model workload, default",
@@ -616,10 +616,11 @@ def write_summary(ctx: Context) -> None:
               f"- ncu: {env.get('ncu')}; compute-sanitizer: {env.get('compute-sanitizer')}",
               f"- runs: " + "; ".join(f"{r['started']} ({', '.join(r['parts'])}, budget {r['budget_s']:.0f} s, "
                                       f"{r.get('seconds', 0):.0f} s)" for r in s.get("runs", [])),
-              "", "| part | status | seconds | limit | result |", "| --- | --- | --- | --- | --- |"]
+              "", "| part | status | seconds | limit | commit | result |", "| --- | --- | --- | --- | --- | --- |"]
     for name, p in s.get("parts", {}).items():
         detail = str(p.get("detail", "")).replace("|", "/").replace("\n", " ")
-        lines.append(f"| {name} | {p['status']} | {p.get('seconds', 0):.0f} | {p.get('limit_s', 0):.0f} | {detail} |")
+        lines.append(f"| {name} | {p['status']} | {p.get('seconds', 0):.0f} | {p.get('limit_s', 0):.0f} | "
+                     f"{p.get('commit', '')} | {detail} |")
     lines += ["", "Logs: `logs/`, `tests-*.log`, `sanitizer-*.log`, `ncu/*.log`; reports: `speed/<workload>/report.md`, "
               "`precision/<workload>/report.md`; Nsight Compute: `ncu/ncu.json` (per kernel; bytes the op must read in "
               "`ncu/*-needed.json`), `ncu/*.ncu-rep`.", ""]
@@ -691,15 +692,17 @@ def main(argv=None) -> int:
     run = {"started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "budget_s": args.budget,
            "parts": [p.name for p in parts]}
     ctx.summary.setdefault("runs", []).append(run)
+    commit = (info.get("commit") or "unknown")[:10] + ("+dirty" if info.get("dirty") else "")
     ctx.summary["parts"]["environment"] = {"status": status, "seconds": time.monotonic() - t0,
-                                           "limit_s": PARTS[0].limit_s, "detail": detail}
+                                           "limit_s": PARTS[0].limit_s, "detail": detail, "commit": commit}
     print(f"[make gpu] environment: {status}: {detail}", flush=True)
     write_summary(ctx)
     for part in parts[1:]:
         left = ctx.left()
         if left < MIN_PART_S:
             ctx.summary["parts"][part.name] = {"status": "not run", "seconds": 0, "limit_s": part.limit_s,
-                                               "detail": f"budget spent ({left:.0f} s left); run it with --only {part.name}"}
+                                               "detail": f"budget spent ({left:.0f} s left); run it with --only {part.name}",
+                                               "commit": commit}
             print(f"[make gpu] {part.name}: not run (budget spent)", flush=True)
             write_summary(ctx)
             continue
@@ -711,7 +714,8 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - a part's own failure is recorded, the rest run
             status, detail = "error", f"{type(e).__name__}: {e}"
         took = time.monotonic() - t0
-        ctx.summary["parts"][part.name] = {"status": status, "seconds": took, "limit_s": seconds, "detail": detail}
+        ctx.summary["parts"][part.name] = {"status": status, "seconds": took, "limit_s": seconds, "detail": detail,
+                                           "commit": commit}
         print(f"[make gpu] {part.name}: {status} in {took:.0f} s: {detail}", flush=True)
         write_summary(ctx)
     run["seconds"] = time.monotonic() - start
