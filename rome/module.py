@@ -10,8 +10,14 @@
   built; offsets and ``cu_seqlens`` are folded into the positions first).
   The cache is process-wide, one per (layout values, device, dtype): every layer of a model, and
   every module built from an equal configuration, shares one tensor pair. It is built on first
-  use and grows on demand to the next power of two above the largest position asked for
-  (capped at ``max_positions`` when that is set). ``cache_bytes()`` reports its size.
+  use and grows on demand to the next power of two above the largest position asked for, but
+  never past the module's bound, ``cache_limit``: ``max_positions`` when that is set, else
+  ``cache_positions`` (``from_hf_config``: what the config allows, ``max_position_embeddings``
+  or its scaled length), else ``CACHE_POSITIONS`` (2**18). A position past ``max_positions`` is
+  a ValueError naming it and the bound; a call with a position past the other bounds gets its
+  own tables from float64 angles (bitwise the cache's rows, memory per token, as transformers
+  computes positions past ``max_position_embeddings``) and the cache does not grow: one stray
+  position near 10**7 no longer allocates gigabytes. ``cache_bytes()`` reports the cache's size.
   Fractional positions skip the cache: their tables come from float64 angles per call. Those,
   length-dependent layouts (``dynamic``) and calls with ``unrotated`` tokens pass per-token tables
   to ``rome.apply_qk`` instead (bitwise the same result where both apply).
@@ -76,9 +82,12 @@ from .layouts import (
 from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 
-__all__ = ["RoPE", "registry_bytes"]
+__all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
 
 _MIN_ROWS = 16
+# the cache's bound for a module with neither max_positions nor cache_positions: 2**18 rows of
+# D float32 cos and sin, 256 MiB at D = 128
+CACHE_POSITIONS = 1 << 18
 
 # --- the process-wide cache registry ---------------------------------------------------------
 
@@ -276,8 +285,10 @@ class _HFLayouts:
 class RoPE(nn.Module):
     """Rotary position embedding of one ``RopeLayout``: ``forward(q, k, positions)``.
 
-    ``max_positions``: positions must be below it (ValueError otherwise); None: unbounded, the
-    cache grows as needed. ``backend``: as ``rome.apply_qk`` (``"auto"``, ``"torch"``,
+    ``max_positions``: positions must be below it (ValueError otherwise); None: no bound of its
+    own. ``cache_positions``: the cache holds at most this many positions (None:
+    ``CACHE_POSITIONS``); a call with a position past it gets its own tables from float64
+    angles instead (``cache_limit``: the smaller of the two bounds). ``backend``: as ``rome.apply_qk`` (``"auto"``, ``"torch"``,
     ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
     whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
     ``angles``: ``"cache"`` (cos/sin rows of the shared cache) or ``"kernel"`` (computed in the
@@ -293,6 +304,7 @@ class RoPE(nn.Module):
         backend: str = "auto",
         dynamic: Callable[[int], RopeLayout] | None = None,
         angles: str = "cache",
+        cache_positions: int | None = None,
     ):
         super().__init__()
         if angles not in ("cache", "kernel"):
@@ -304,12 +316,18 @@ class RoPE(nn.Module):
                     or max_positions <= 0:
                 raise ValueError(f"max_positions must be a positive int or None, got {max_positions!r}")
             max_positions = operator.index(max_positions)
+        if cache_positions is not None:
+            if isinstance(cache_positions, bool) or not isinstance(cache_positions, numbers.Integral) \
+                    or cache_positions <= 0:
+                raise ValueError(f"cache_positions must be a positive int or None, got {cache_positions!r}")
+            cache_positions = operator.index(cache_positions)
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if dynamic is not None and not callable(dynamic):
             raise TypeError(f"dynamic must be a callable seq_len -> RopeLayout, got {dynamic!r}")
         self.layout = layout
         self.max_positions = max_positions
+        self.cache_positions = cache_positions
         self.backend = backend
         self.dynamic = dynamic
         self.angles = angles
@@ -332,6 +350,7 @@ class RoPE(nn.Module):
         max_positions: int | None = None,
         backend: str = "auto",
         angles: str = "cache",
+        cache_positions: int | None = None,
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -343,6 +362,9 @@ class RoPE(nn.Module):
         Qwen2-VL's vision config. Every ``rope_type`` of ``rome.frequencies``; ``dynamic`` and
         ``longrope`` get length-dependent layouts. ``layer_type`` picks per-layer-type
         parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``: as the constructor's.
+        ``cache_positions``: as the constructor's; None: what the config allows
+        (``config_positions``: ``max_position_embeddings``, or the length a ``factor`` scales
+        ``original_max_position_embeddings`` to where that is more).
         ``device``: build the float32 cache for
         ``max_position_embeddings`` positions there now (8 * head_dim bytes per position).
         Raises ValueError naming the config class and the setting rome cannot express.
@@ -353,14 +375,17 @@ class RoPE(nn.Module):
         dynamic = None
         if _rope_type(text, layer_type) in ("dynamic", "longrope"):
             dynamic = build
-        rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles)
+        if cache_positions is None:
+            cache_positions = config_positions(text, layer_type)
+        rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles,
+                   cache_positions=cache_positions)
         if device is not None:
             n = _get(text, "max_position_embeddings", "n_positions")
             if n is None:
                 raise ValueError(
                     f"{type(text).__name__} has no max_position_embeddings to reserve on {device}"
                 )
-            rope.reserve(n if max_positions is None else min(n, max_positions), device=device)
+            rope.reserve(min(n, rope.cache_limit), device=device)
         return rope
 
     @classmethod
@@ -395,6 +420,29 @@ class RoPE(nn.Module):
         return state
 
     @property
+    def cache_limit(self) -> int:
+        """The most positions the cache may hold: ``max_positions``, ``cache_positions`` (the
+        smaller where both are set) or ``CACHE_POSITIONS``."""
+        bounds = [b for b in (self.max_positions, getattr(self, "cache_positions", None)) if b is not None]
+        return min(bounds) if bounds else CACHE_POSITIONS
+
+    def _bound(self, rows: int) -> int:
+        """``cache_limit``, after checking that ``rows`` positions fit under it."""
+        limit = self.cache_limit
+        if rows > limit:
+            if self.max_positions is not None and self.max_positions <= limit:
+                what = f"max_positions={self.max_positions}"
+            elif getattr(self, "cache_positions", None) is not None:
+                what = f"cache_positions={self.cache_positions}"
+            else:
+                what = f"rome.module.CACHE_POSITIONS={CACHE_POSITIONS}"
+            raise ValueError(
+                f"position {rows - 1} is past the bound of rome.RoPE's cache, {what} positions "
+                f"(0 .. {limit - 1}); pass a larger cache_positions (or max_positions) to reserve it"
+            )
+        return limit
+
+    @property
     def head_dim(self) -> int:
         return self.layout.head_dim
 
@@ -406,7 +454,8 @@ class RoPE(nn.Module):
         return (
             f"head_dim={self.head_dim}, n_axes={self.n_axes}, blocks={list(self.layout.blocks)}, "
             f"attention_scaling={self.layout.attention_scaling}, max_positions="
-            f"{self.max_positions}, backend={self.backend!r}, dynamic={self.dynamic is not None}"
+            f"{self.max_positions}, cache_limit={self.cache_limit}, backend={self.backend!r}, "
+            f"dynamic={self.dynamic is not None}"
             + (f", angles={self.angles!r}" if self.angles != "cache" else "")
         )
 
@@ -428,7 +477,9 @@ class RoPE(nn.Module):
                 f"positions={positions} is more than max_positions={self.max_positions}"
             )
         device = _device("cpu" if device is None else device)
-        self._cache(device, _table_dtype(dtype)).reserve(operator.index(positions), self.max_positions)
+        positions = operator.index(positions)
+        limit = self._bound(positions)
+        self._cache(device, _table_dtype(dtype)).reserve(positions, limit)
 
     def cache_bytes(self) -> int:
         """Bytes of the cos/sin caches this module reads (shared with equal configurations)."""
@@ -480,7 +531,8 @@ class RoPE(nn.Module):
                     f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture"
                 )
             return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
-        cache.reserve(max(rows or 1, 1), self.max_positions)
+        rows = max(rows or 1, 1)
+        cache.reserve(rows, self._bound(rows))
         with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
             return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
 
@@ -511,14 +563,15 @@ class RoPE(nn.Module):
         """Per-token ``(cos, sin)`` ``[..., S, D]`` for positions ``[..., S, A]``: gathered from
         the shared cache (grown to ``rows`` first), or from float64 angles for fractional
         positions and length-dependent layouts."""
-        if positions.is_floating_point() or layout is not self.layout:
+        if positions.is_floating_point() or layout is not self.layout or (rows or 0) > self.cache_limit:
             return cos_sin_for_positions(layout, positions, axes_dim=-1, dtype=dtype)
         cache = self._cache(device, dtype)
         if torch.compiler.is_compiling():
             index = positions[..., layout.axis.to(device)]
             columns = torch.arange(layout.head_dim, device=device)
             return cache.cos[index, columns], cache.sin[index, columns]
-        cache.reserve(max(rows or 1, 1), self.max_positions)
+        rows = max(rows or 1, 1)
+        cache.reserve(rows, self._bound(rows))
         return tables_for_positions(layout, (cache.cos, cache.sin), positions, axes_dim=-1)
 
     def _check_qk(self, q, k, packed: bool) -> None:
@@ -593,8 +646,11 @@ class RoPE(nn.Module):
                     layout = self._layout_for(rows) or layout
         # integer positions into the shared cache, read inside the op; DTensor q/k take the table
         # path, whose op has sharding rules (rome.distributed) for tables sharded like q and k
+        # past the cache's bound (no max_positions): this call's own tables, no cache grown
+        beyond = rows is not None and rows > self.cache_limit
+        kernel_angles = self.angles == "kernel" and dtype == torch.float32
         if (not pos.is_floating_point() and layout is self.layout and unrotated is None
-                and not _is_dtensor(q, k)):
+                and not _is_dtensor(q, k) and (kernel_angles or not beyond)):
             return self._cached(q, k, pos, device, dtype, rows, graph)
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
@@ -691,6 +747,31 @@ def _keep(memo: dict, key, value) -> None:
 def _capturing(t: Tensor) -> bool:
     """Whether a CUDA graph is being captured on the current stream (no host sync allowed)."""
     return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+def config_positions(config, layer_type=None) -> int | None:
+    """The positions a transformers config allows: ``max_position_embeddings`` (or
+    ``n_positions``), or, where the RoPE parameters scale a length by ``factor`` (linear,
+    dynamic, YaRN, LongRoPE, Llama 3), ``factor`` times ``original_max_position_embeddings``
+    (else times ``max_position_embeddings``) when that is more; None when it names none."""
+    text = _text_config(config)
+    n = _get(text, "max_position_embeddings", "n_positions")
+    params = _rope_params(text, layer_type)
+    original = params.get("original_max_position_embeddings") or _get(
+        text, "original_max_position_embeddings") or n
+    factor = params.get("factor")
+    if n is None and original is None:
+        return None
+    try:
+        n = operator.index(n) if n is not None else None
+        scaled = None
+        if isinstance(factor, numbers.Real) and not isinstance(factor, bool) and factor > 1 \
+                and original is not None and _rope_type(text, layer_type) != "default":
+            scaled = math.ceil(float(factor) * operator.index(original))
+    except TypeError:
+        return None
+    bounds = [b for b in (n, scaled) if b is not None and b > 0]
+    return max(bounds) if bounds else None
 
 
 def _rope_type(config, layer_type=None) -> str:

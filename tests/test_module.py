@@ -234,7 +234,10 @@ def test_from_hf_config_rejects(config, match):
 def test_from_hf_config_device_reserves_the_cache():
     config = llama_config("default", max_pos=100)
     rope = RoPE.from_hf_config(config, device="cpu")
-    assert rope.cache_bytes() == 128 * 64 * 4 * 2  # next power of two above 100, fp32 cos and sin
+    # max_position_embeddings rows (the next power of two above 100 capped at the config's
+    # bound, cache_limit), fp32 cos and sin
+    assert rope.cache_limit == 100
+    assert rope.cache_bytes() == 100 * 64 * 4 * 2
     assert RoPE.from_hf_config(config, device="cpu", max_positions=100).max_positions == 100
 
 

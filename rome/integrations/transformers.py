@@ -119,10 +119,13 @@ def _classes(family: _Family):
 
 class _Tables:
     """Per-token ``(cos, sin)`` of one ``rome.RoPE``: rows of a ``cos_sin_cache`` (grown to the
-    next power of two above the largest position, one per device and dtype) gathered at the
-    positions; float64 angles per call (bitwise the same tables) for length-dependent layouts,
-    fractional positions and inside ``torch.compile``, where the positions' values are not
-    known on the host (so no cache range to check)."""
+    next power of two above the largest position, one per device and dtype, never past the
+    RoPE's ``cache_limit``: what the model's config allows) gathered at the positions; float64
+    angles per call (bitwise the same tables) for length-dependent layouts, fractional
+    positions, positions past ``cache_limit`` (transformers computes those too: no error, and
+    no cache grown for them; the tables are made once per forward, not per layer) and inside
+    ``torch.compile``, where the positions' values are not known on the host (so no cache
+    range to check)."""
 
     def __init__(self, rope: RoPE):
         self.rope = rope
@@ -144,11 +147,11 @@ class _Tables:
             top = int(positions.max()) + 1
             if rope.dynamic is not None:
                 layout = rope.dynamic(top)
-            else:
+            elif top <= rope.cache_limit:  # past it: float64 angles of this call (below)
                 key = (positions.device, dtype)
                 cache = self.caches.get(key)
                 if cache is None or cache[0].shape[0] < top:
-                    rows = max(16, 1 << (top - 1).bit_length())
+                    rows = max(top, min(max(16, 1 << (top - 1).bit_length()), rope.cache_limit))
                     cache = cos_sin_cache(layout, rows, dtype=dtype, device=device)
                     self.caches[key] = cache
                 return tables_for_positions(layout, cache, positions, axes_dim=axes_dim)
