@@ -650,9 +650,8 @@ def main(argv=None) -> int:
     unknown = ((only or set()) | skip) - names
     if unknown:
         parser.error(f"unknown part(s) {sorted(unknown)}; parts: {', '.join(p.name for p in PARTS)}")
-    parts = [p for p in PARTS if (p.name in only if only else p.default) and p.name not in skip]
-    if only and "environment" not in only:
-        parts.insert(0, PARTS[0])  # the folder's name and the summary's header need it
+    # the environment part always runs first: the folder's name and the summary's header need it
+    parts = [p for p in PARTS[1:] if (p.name in only if only else p.default) and p.name not in skip]
 
     start = time.monotonic()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -690,14 +689,14 @@ def main(argv=None) -> int:
     ctx.summary.update({"environment": info, "cuda": cuda, "folder": str(out.relative_to(ROOT) if out.is_relative_to(ROOT) else out)})
     ctx.summary.setdefault("parts", {})
     run = {"started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "budget_s": args.budget,
-           "parts": [p.name for p in parts]}
+           "parts": ["environment"] + [p.name for p in parts]}
     ctx.summary.setdefault("runs", []).append(run)
     commit = (info.get("commit") or "unknown")[:10] + ("+dirty" if info.get("dirty") else "")
     ctx.summary["parts"]["environment"] = {"status": status, "seconds": time.monotonic() - t0,
                                            "limit_s": PARTS[0].limit_s, "detail": detail, "commit": commit}
     print(f"[make gpu] environment: {status}: {detail}", flush=True)
     write_summary(ctx)
-    for part in parts[1:]:
+    for part in parts:
         left = ctx.left()
         if left < MIN_PART_S:
             ctx.summary["parts"][part.name] = {"status": "not run", "seconds": 0, "limit_s": part.limit_s,

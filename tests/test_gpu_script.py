@@ -71,3 +71,16 @@ def test_rehearsal_records_every_part(tmp_path, monkeypatch):
     assert "Rehearsal" in (out / "README.md").read_text()
     env = json.loads((out / "environment.json").read_text())
     assert env["torch"] and env["triton"] and env["commit"]
+
+
+def test_part_selection(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert gpu.main(["--out", str(out), "--only", "environment"]) == 0
+    assert list(json.loads((out / "summary.json").read_text())["parts"]) == ["environment"]
+    assert gpu.main(["--out", str(out), "--only", "gpu-tests", "--skip", "environment", "--budget", "1"]) == 1
+    s = json.loads((out / "summary.json").read_text())  # the same folder: the runs add up
+    assert list(s["parts"]) == ["environment", "gpu-tests"] and len(s["runs"]) == 2
+    assert s["parts"]["gpu-tests"]["status"] == "not run" and "--only gpu-tests" in s["parts"]["gpu-tests"]["detail"]
+    with pytest.raises(SystemExit):
+        gpu.main(["--only", "no-such-part"])
+    assert gpu.main(["--list"]) == 0 and "suite" in capsys.readouterr().out
