@@ -553,3 +553,132 @@ def test_module_positions_against_the_table_path(c):
         assert out.dtype == dtype and torch.equal(out, want), "rome.RoPE differs from the table path"
     for t, b4 in zip((q, k, *(() if positions is None else (positions,))), before):
         assert torch.equal(t, b4), "an input was modified"
+
+
+# --- issue 21: what an independent fuzz found --------------------------------------------------
+# Fewer examples than the properties above under the default profile (the interpreter is slow);
+# `make fuzz` (profile "fuzz") runs ten times as many as "rome" gives here.
+
+from hypothesis import settings  # noqa: E402
+
+FEW = settings(max_examples=max(10, settings.default.max_examples // 10))
+
+
+@st.composite
+def small_qk(draw, dtypes=(torch.float32, torch.float16, torch.bfloat16)):
+    backend = draw(st.sampled_from(["torch", "triton"]))
+    dtype = draw(st.sampled_from(dtypes))
+    d = 2 * draw(st.integers(1, 16))
+    sections = random_sections(draw, d)
+    mode = draw(st.sampled_from(rome.MODES))
+    b, s, nq, nk = (draw(st.integers(1, 3)) for _ in range(4))
+    return dict(backend=backend, dtype=dtype, d=d, sections=sections, mode=mode, shape=(b, s, nq, nk),
+                seed=draw(st.integers(0, 2**31 - 1)))
+
+
+def _small_inputs(c, g):
+    b, s, nq, nk = c["shape"]
+    q = torch.randn(b, nq, s, c["d"], generator=g).to(c["dtype"]).to(DEVICE)
+    k = torch.randn(b, nk, s, c["d"], generator=g).to(c["dtype"]).to(DEVICE)
+    m = rome.rotation_matrix(c["sections"], c["mode"], dtype=c["dtype"]).to(DEVICE)
+    return q, k, m
+
+
+@FEW
+@given(small_qk(), st.integers(2, 3), st.sampled_from(["strided", "expanded", "offset"]), st.data())
+def test_axis_read_through_its_strides(c, n_axes, how, data):
+    """apply_qk_at / apply_qk_angles with ``axis`` a strided view, an expanded one (stride 0) or
+    one at a storage offset: bitwise the same call with the contiguous axis (issue 21 item 1)."""
+    g = torch.Generator().manual_seed(c["seed"])
+    q, k, m = _small_inputs(c, g)
+    d, (b, s, _, _) = c["d"], c["shape"]
+    if how == "expanded":
+        axis = torch.full((1,), data.draw(st.integers(0, n_axes - 1)), dtype=torch.int64).expand(d)
+    elif how == "strided":
+        step = data.draw(st.integers(2, 4))
+        axis = torch.randint(0, n_axes, (d * step,), generator=g)[::step]
+    else:
+        axis = torch.randint(0, n_axes, (d + 3,), generator=g)[3:]
+    axis = axis.to(DEVICE)
+    assert how == "offset" or not axis.is_contiguous()
+    rows = 1 + data.draw(st.integers(0, 20))
+    cos_c, sin_c = (torch.randn(rows, d, generator=g).to(DEVICE) for _ in range(2))
+    positions = torch.randint(0, rows, (b, 1, s, n_axes), generator=g).to(DEVICE)
+    got = rome.apply_qk_at(q, k, cos_c, sin_c, m, positions, axis=axis, backend=c["backend"])
+    want = rome.apply_qk_at(q, k, cos_c, sin_c, m, positions, axis=axis.contiguous().clone(), backend=c["backend"])
+    assert all(torch.equal(x, y) for x, y in zip(got, want)), f"apply_qk_at with a {how} axis"
+    freqs, scales = (t.to(DEVICE) for t in rome.positions.angle_frequencies(
+        torch.rand(d, generator=g, dtype=torch.float64), 1.0))
+    apos = torch.randint(0, 2**16, (b, 1, s, n_axes), generator=g).to(DEVICE)
+    got = rome.apply_qk_angles(q, k, freqs, scales, m, apos, axis=axis, backend=c["backend"])
+    want = rome.apply_qk_angles(q, k, freqs, scales, m, apos, axis=axis.contiguous().clone(), backend=c["backend"])
+    assert all(torch.equal(x, y) for x, y in zip(got, want)), f"apply_qk_angles with a {how} axis"
+    event(f"axis {how} {c['backend']}")
+
+
+@FEW
+@given(small_qk(dtypes=(torch.float16, torch.bfloat16)), st.booleans(), st.booleans())
+def test_cos_and_sin_of_two_dtypes(c, cos_fp32, at_positions):
+    """cos in fp32 and sin in x's dtype (or the other way round), each read as its own dtype:
+    the triton backend bitwise the torch backend, both within the float64 oracle (issue 21
+    item 2: sin's fp32 bytes were read as bf16, ~1e30)."""
+    g = torch.Generator().manual_seed(c["seed"])
+    q, k, m = _small_inputs(c, g)
+    d, (b, s, _, _) = c["d"], c["shape"]
+    dtypes = (torch.float32, c["dtype"]) if cos_fp32 else (c["dtype"], torch.float32)
+    if at_positions:
+        rows = 8
+        cos, sin = (torch.randn(rows, d, generator=g).to(t).to(DEVICE) for t in dtypes)
+        positions = torch.randint(0, rows, (b, 1, s, 1), generator=g).to(DEVICE)
+        run = lambda backend: rome.apply_qk_at(q, k, cos, sin, m, positions, backend=backend)  # noqa: E731
+        tables = (rome.positions.gather_rows(cos, positions), rome.positions.gather_rows(sin, positions))
+    else:
+        cos, sin = (torch.randn(b, 1, s, d, generator=g).to(t).to(DEVICE) for t in dtypes)
+        run = lambda backend: rome.apply_qk(q, k, cos, sin, m, backend=backend)  # noqa: E731
+        tables = (cos, sin)
+    got = run(c["backend"])
+    want = run("torch")
+    assert all(torch.equal(x, y) for x, y in zip(got, want)), "mixed table dtypes differ from the torch backend"
+    for x, out in zip((q, k), got):
+        value, magnitude, _ = oracle(x, *tables, m)
+        assert_within(out, value, magnitude, c["dtype"], 0, "mixed table dtypes")
+    event(f"mixed tables {c['backend']} cos {'fp32' if cos_fp32 else 'x'}")
+
+
+@FEW
+@given(small_qk(dtypes=(torch.float32, torch.float16, torch.bfloat16)), st.sampled_from(["apply_qk", "at", "angles"]))
+def test_overflowing_inputs_give_the_rounded_infinity(c, entry):
+    """x near its dtype's largest value: where the float64 result rounds past it the output is
+    that infinity (no NaN from inf - inf in the error-free products), elsewhere within the
+    oracle's bound; apply_qk, apply_qk_at and apply_qk_angles (issue 21 item 3)."""
+    g = torch.Generator().manual_seed(c["seed"])
+    _, _, m = _small_inputs(c, g)
+    d, (b, s, nq, nk) = c["d"], c["shape"]
+    big = torch.finfo(c["dtype"]).max
+    sign = lambda n: torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0).double()  # noqa: E731
+    q = (big * (0.5 + 0.5 * torch.rand(b, nq, s, d, generator=g, dtype=torch.float64)) * sign((b, nq, s, d)))
+    k = (big * (0.5 + 0.5 * torch.rand(b, nk, s, d, generator=g, dtype=torch.float64)) * sign((b, nk, s, d)))
+    q, k = (t.to(c["dtype"]).to(DEVICE) for t in (q, k))
+    angles = torch.rand(b, 1, s, d // 2, generator=g, dtype=torch.float64) * 2 * math.pi
+    angles = torch.cat([angles, angles], -1)
+    cos, sin = angles.cos().float().to(DEVICE), angles.sin().float().to(DEVICE)
+    if entry == "apply_qk":
+        got = rome.apply_qk(q, k, cos, sin, m, backend=c["backend"])
+        tables = (cos, sin)
+    elif entry == "at":
+        cos_c, sin_c = cos.reshape(-1, d), sin.reshape(-1, d)
+        positions = torch.arange(b * s, device=DEVICE).reshape(b, 1, s, 1)
+        got = rome.apply_qk_at(q, k, cos_c, sin_c, m, positions, backend=c["backend"])
+        tables = (cos, sin)
+    else:
+        freqs, scales = (t.to(DEVICE) for t in rome.positions.angle_frequencies(
+            torch.rand(d, generator=g, dtype=torch.float64), 1.0))
+        positions = torch.randint(0, 2**12, (b, 1, s, 1), generator=g).to(DEVICE)
+        got = rome.apply_qk_angles(q, k, freqs, scales, m, positions, backend=c["backend"])
+        tables = rome.positions.angle_rows(freqs, scales, positions)  # within ANGLE_REL of the kernel's
+    for x, out in zip((q, k), got):
+        assert not out.isnan().any(), f"{entry}: NaN from finite inputs"
+        value, magnitude, _ = oracle(x, *tables, m)
+        extra = 2 * ANGLE_REL * magnitude if entry == "angles" and c["backend"] == "triton" else 0.0
+        assert_within(out, value, magnitude, c["dtype"], 0, entry, extra)
+    event(f"overflow {entry} {c['backend']} {'inf' if any(o.isinf().any() for o in got) else 'finite'}")
