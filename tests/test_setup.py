@@ -18,8 +18,14 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 OFFLINE = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
 
 
+# the Makefile's own variables: a make that runs this suite exports those set on its command
+# line (.ci/run's SETUP=venv TORCH=...) to the environment, where the make under test would read them
+MAKE_VARIABLES = ("SETUP", "PYTHON", "VENV", "VENV_FLAGS", "TORCH", "ARGS", "MFLAGS")
+
+
 def make(*args, env=None, timeout=120):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "PYTEST_"))} | (env or {})
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MAKE", "PYTEST_")) and k not in MAKE_VARIABLES} | (env or {})
     return subprocess.run(["make", "-C", str(ROOT), *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
