@@ -7,7 +7,9 @@ without a CUDA device in torch, a rehearsal: ``reports/gpu-rehearsal-<gpu>-<stam
 
 - ``environment.json``, ``nvidia-smi.txt``: device, driver, torch / triton / CUDA versions, commit;
 - ``speed/<workload>/``: ``make report``'s speed part for default, llama-1d, decode and varlen
-  (against copy bandwidth, torch.compile and the anchors installed here; the autotuner's choices);
+  (against copy bandwidth, torch.compile and the anchors installed here; the autotuner's choices;
+  on default also the kernels section: its launches compiled for this device's arch, the
+  bandwidth model's estimate beside the measured GB/s);
 - ``tests-gpu.log``: ``tests/test_gpu.py``; ``tests-suite.log``: every other module on CUDA;
 - ``precision/<workload>/``: the report's precision part (and the model workload on default);
 - ``ncu/``: Nsight Compute metrics of rome's forward and backward on default (``ncu
@@ -106,6 +108,7 @@ class Context:
     env: dict
     deadline: float
     summary: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)  # environment.json
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -173,7 +176,13 @@ def part_report(workload: str, kind: str):
         out = ctx.out / kind / workload
         if out.exists():
             shutil.rmtree(out)
-        cmd = [ctx.python, "-m", "profiling", "report", "--workload", workload, "--out", out, "--skip-kernels"]
+        cmd = [ctx.python, "-m", "profiling", "report", "--workload", workload, "--out", out]
+        if kind == "speed" and workload == "default":
+            # the kernels section: default's launches compiled for this device's arch, the
+            # bandwidth model's estimate beside this run's measured GB/s
+            cmd += ["--arch", ctx.info["capability"]] if ctx.info.get("capability") else []
+        else:
+            cmd += ["--skip-kernels"]
         if kind == "speed":
             cmd += ["--skip-precision", "--skip-models"]
         else:
@@ -356,7 +365,9 @@ def part_environment(ctx: Context, part: Part, seconds: float):
 
 PARTS = [
     Part("environment", 45, "device, driver, versions, commit", part_environment),
-    *[Part(f"speed-{w}", 150 if w == "default" else 70, f"make report's speed part, {w}", part_report(w, "speed"))
+    *[Part(f"speed-{w}", 180 if w == "default" else 70,
+           f"make report's speed part, {w}" + (" (and its kernels section)" if w == "default" else ""),
+           part_report(w, "speed"))
       for w in WORKLOADS],
     Part("gpu-tests", 75, "tests/test_gpu.py", part_pytest("tests-gpu", ["tests/test_gpu.py"])),
     Part("precision-default", 75, "make report's precision part and the model workload, default",
@@ -679,7 +690,7 @@ def main(argv=None) -> int:
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(f), dest)
     shutil.rmtree(probe, ignore_errors=True)
-    ctx.out = out
+    ctx.out, ctx.info = out, info
     if not cuda:
         print(f"[make gpu] torch sees no CUDA device: a rehearsal, written to {out}", flush=True)
     try:
