@@ -145,11 +145,11 @@ def run_cmd(cmd, log: Path, seconds: float, env=None, cwd=ROOT) -> tuple[str, in
     return ("ok" if rc == 0 else "failed"), rc
 
 
-def _tail(path: Path, n=3) -> str:
+def _tail(path: Path, n=3, skip=()) -> str:
     """The last lines the part's process wrote (not the command line or the limit's notice)."""
     try:
         lines = [line for line in path.read_text(errors="replace").splitlines()
-                 if line.strip() and not line.startswith(("$ ", "[make gpu]"))]
+                 if line.strip() and not line.startswith(("$ ", "[make gpu]", *skip))]
     except OSError:
         return ""
     return " | ".join(lines[-n:])[-400:]
@@ -254,7 +254,7 @@ def part_ncu(ctx: Context, part: Part, seconds: float):
             status, rc = run_cmd(base + sections + target, log, end - time.monotonic(), env=ctx.env)
         statuses.append(status)
         if status != "ok":
-            results[pass_] = {"status": status, "log": str(log.relative_to(ctx.out))}
+            results[pass_] = {"status": status, "log": str(log.relative_to(ctx.out)), "why": _tail(log, 1)}
             continue
         raw = subprocess.run([ncu, "--import", f"{rep}.ncu-rep", "--csv", "--page", "raw", "--print-units", "base"],
                              capture_output=True, text=True, timeout=max(5, end - time.monotonic()))
@@ -303,7 +303,7 @@ def _ncu_line(results: dict) -> str:
     parts = []
     for pass_, r in results.items():
         if r.get("status") != "ok":
-            parts.append(f"{pass_}: {r.get('status')}")
+            parts.append(f"{pass_}: {r.get('status')} ({r.get('why', '')})")
             continue
         k = max(r["kernels"], key=lambda k: k.get("duration_ns", 0) if isinstance(k.get("duration_ns"), float) else 0,
                 default={})
@@ -339,6 +339,8 @@ def part_sanitizer(tool: str):
         detail = f"{calls} calls ok, {errors} raised" + (f"; sanitizer: {m.group(1)} error(s)" if m else "")
         if status == "failed" and rc == 99:
             detail = "sanitizer errors: " + detail
+        elif status != "ok" and not calls and not errors:
+            detail += "; " + _tail(log, 1, skip=("=====",))  # the target stopped before its first call
         return status, detail
     return run
 
