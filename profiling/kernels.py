@@ -982,6 +982,18 @@ def _list_configs(ref: str, cc: int) -> list[dict]:
              "job": _Job.of(c, cc)} for c in _resolve(ref)(cc)]
 
 
+def _compile_all(pool, jobs, on_done=None) -> dict:
+    """Each distinct compile job run once in ``pool``: ``{job: result}``; ``on_done(i, n)``."""
+    unique = list(dict.fromkeys(jobs))
+    futures = {pool.submit(_run_job, job): job for job in unique}
+    results = {}
+    for i, fut in enumerate(cf.as_completed(futures)):
+        results[futures[fut]] = fut.result()
+        if on_done:
+            on_done(i + 1, len(unique))
+    return results
+
+
 def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref: str = DEFAULT_CONFIGS,
                     on_done=None, pool: cf.ProcessPoolExecutor | None = None):
     """Compile every config for every arch in ``jobs`` worker processes and read the cubins.
@@ -995,13 +1007,7 @@ def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref
     with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
         listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs)))
         plan = [(cfg, ARCHS[cc]) for cc in archs for cfg in listed[cc]]
-        unique = list(dict.fromkeys(cfg["job"] for cfg, _ in plan))
-        futures = {pool.submit(_run_job, job): job for job in unique}
-        results = {}
-        for i, fut in enumerate(cf.as_completed(futures)):
-            results[futures[fut]] = fut.result()
-            if on_done:
-                on_done(i + 1, len(unique))
+        results = _compile_all(pool, [cfg["job"] for cfg, _ in plan], on_done)
     rows, files = [], []
     for cfg, arch in plan:
         res = results[cfg["job"]]
@@ -1300,13 +1306,7 @@ def collect_workload(name: str, archs=(WORKLOAD_ARCH,), out: Path | None = None,
         for cc in archs:
             liger = captured[cc]["liger"]
             plan += [(L, ARCHS[cc]) for L in captured[cc]["launches"] + liger.get("launches", [])]
-        unique = list(dict.fromkeys(L["job"] for L, _ in plan))
-        futures = {pool.submit(_run_job, job): job for job in unique}
-        results = {}
-        for i, fut in enumerate(cf.as_completed(futures)):
-            results[futures[fut]] = fut.result()
-            if on_done:
-                on_done(i + 1, len(unique))
+        results = _compile_all(pool, [L["job"] for L, _ in plan], on_done)
     rows = [launch_row(L, arch, results[L["job"]]) for L, arch in plan]
     files = [(results[L["job"]].get("cubin"), results[L["job"]].get("sass")) for L, _ in plan]
     if out is not None:

@@ -336,10 +336,6 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         _run(fn, grid, full, c, cfg, transpose, elements, units[0] * units[1], meta)
 
 
-def _dummy(device):
-    return launch._dummy(device)
-
-
 def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode):
     x0 = xs[0]
     blocks = []
@@ -347,9 +343,9 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
         if x.numel():
             blocks += _launch_args(x, out, *_row_views(x, cos, sin, positions))
     if positions is None:
-        pos_args = (_dummy(x0.device), 0, 0, 0, 0, 0)
+        pos_args = (launch._dummy(x0.device), 0, 0, 0, 0, 0)
     else:
-        axis_t, stride_ax = (axis, axis.stride(0)) if mode == 2 else (_dummy(x0.device), 0)
+        axis_t, stride_ax = (axis, axis.stride(0)) if mode == 2 else (launch._dummy(x0.device), 0)
         n_pos = ANGLE_POSITIONS if angles else cos.shape[0]
         pos_args = (axis_t, stride_ax, positions.stride(-1) if mode == 2 else 0, cos.stride(0), sin.stride(0),
                     n_pos)
