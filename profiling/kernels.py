@@ -1316,7 +1316,7 @@ def collect_workload(name: str, archs=(WORKLOAD_ARCH,), out: Path | None = None,
     return _json_safe({
         "environment": environment(), "workload": first["workload"], "capture": first["capture"],
         "num_sms": num_sms, "archs": [ARCHS[cc].name for cc in archs], "wall_s": time.perf_counter() - t0,
-        "builds": len(unique), "method": MODEL_METHOD, "gpus": {g.name: dataclasses.asdict(g) for g in GPUS.values()},
+        "builds": len(results), "method": MODEL_METHOD, "gpus": {g.name: dataclasses.asdict(g) for g in GPUS.values()},
         "gpu_notes": GPU_NOTES, "skipped": first["skipped"],
         "liger": {k: v for k, v in liger.items() if k != "launches"},
         "launches": [r for r in rows if r["variant"] != "liger-kernel"],
