@@ -68,6 +68,42 @@ def _has_maxnreg() -> bool:
 _HAS_MAXNREG = _has_maxnreg()
 
 
+# --- AMD (HIP): the archs the kernel is compiled and checked for, and the options a launch passes ---
+
+# AMD Instinct archs whose every configuration compiles without spill and fits the LDS (python -m
+# profiling kernels --arch gfx942,gfx90a,gfx950; CI compiles gfx942): backend="auto" takes the
+# kernel on these only (rome.ops), the torch backend on any other ROCm device. Never run on one.
+HIP_ARCHS = ("gfx90a", "gfx942", "gfx950")
+
+
+def runtime_backend() -> str:
+    """The Triton backend a launch from this torch build compiles for: "hip" on ROCm, else "cuda"."""
+    return "hip" if getattr(torch.version, "hip", None) else "cuda"
+
+
+@functools.lru_cache(maxsize=4)
+def _hip_option_names() -> frozenset | None:
+    try:
+        from triton.backends.amd.compiler import HIPOptions
+    except ImportError:
+        return None
+    return frozenset(HIPOptions.__dataclass_fields__)
+
+
+def target_options(options: dict, backend: str | None = None) -> dict:
+    """``options`` (a ``Config``'s, as the CUDA backend takes them) as a launch compiling for
+    ``backend`` ("cuda" or "hip"; default ``runtime_backend()``) passes them. Triton's JIT raises
+    KeyError for a keyword its backend's options do not have, so for HIP only what ``HIPOptions``
+    lists is kept: ``enable_fp_fusion`` stays, ``maxnreg`` (ptxas's register cap) goes."""
+    backend = backend or runtime_backend()
+    if backend == "cuda":
+        return dict(options)
+    if backend != "hip":
+        raise ValueError(f"backend must be 'cuda' or 'hip', got {backend!r}")
+    names = _hip_option_names()
+    return {k: v for k, v in options.items() if (k in names if names is not None else k != "maxnreg")}
+
+
 @dataclass(frozen=True)
 class Config:
     """One specialisation of the kernel (everything but the matrix's block mask)."""

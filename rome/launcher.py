@@ -285,7 +285,7 @@ def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
     # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter takes
     # no compile options)
     fn[grid](*args, **consts, BLOCK_R=cfg.block_r, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-             **({} if INTERPRET else cfg.options))
+             **({} if INTERPRET else launch.target_options(cfg.options)))
 
 
 def _pick(fn, plan, device, elements, args, grid, consts, out_index):
@@ -299,7 +299,7 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
             o = targs[i]
             targs[i] = torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=o.device)
         # the compile options but the register cap, which each candidate's triton.Config carries
-        options = {k: v for k, v in plan.config.options.items() if k != "maxnreg"}
+        options = {k: v for k, v in launch.target_options(plan.config.options).items() if k != "maxnreg"}
         autotuner[grid](*targs, **consts, **options)
 
     return tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)

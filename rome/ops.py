@@ -160,13 +160,29 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axi
 
     kernel_ok = x0.dtype != torch.float64 and d <= 256
     if backend == "auto":
-        return "triton" if x0.is_cuda and kernel_ok else "torch"
+        return "triton" if x0.is_cuda and kernel_ok and _kernel_arch_ok(x0.device) else "torch"
     if backend == "triton":
         if x0.dtype == torch.float64:
             raise TypeError(f"backend='triton' takes float32/float16/bfloat16 {name0}, got float64")
         if d > 256:
             raise ValueError(f"backend='triton' takes head_dim D <= 256, got {name0} {_shape(x0)}")
     return backend
+
+
+def _kernel_arch_ok(device: torch.device) -> bool:
+    """Whether ``backend="auto"`` may take the Triton kernel on ``device`` (a CUDA-type device): on a
+    CUDA build always; on a ROCm build (``torch.version.hip``) only for the AMD archs the kernel is
+    compiled and checked for (``rome.launch.HIP_ARCHS``, docs/amd.md), else the torch backend."""
+    if not getattr(torch.version, "hip", None):
+        return True
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gcn_arch(index) in _kernel().launch.HIP_ARCHS
+
+
+@functools.lru_cache(maxsize=None)
+def _gcn_arch(index: int) -> str:
+    """The base arch of ROCm device ``index``: "gfx942" of gcnArchName "gfx942:sramecc+:xnack-"."""
+    return torch.cuda.get_device_properties(index).gcnArchName.split(":")[0]
 
 
 _INT_DTYPES = (torch.int32, torch.int64)

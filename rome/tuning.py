@@ -50,7 +50,8 @@ def enabled() -> bool:
 
 
 def _triton_config(cfg: launch.Config) -> triton.Config:
-    kw = {"maxnreg": cfg.options["maxnreg"]} if "maxnreg" in cfg.options else {}  # (where Triton has it)
+    options = launch.target_options(cfg.options)  # (maxnreg where Triton has it, and not on HIP)
+    kw = {"maxnreg": options["maxnreg"]} if "maxnreg" in options else {}
     return triton.Config({"BLOCK_R": cfg.block_r}, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **kw)
 
 
