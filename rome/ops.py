@@ -36,6 +36,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
+from .matrices import check_mode, check_size, rotation_matrix
 from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
 
 BACKENDS = ("auto", "torch", "triton")
@@ -738,13 +739,46 @@ def _distributed(*tensors: Tensor):
     return distributed
 
 
-def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto") -> Tensor:
+def _matrix_or_mode(matrix, mode, x, name: str):
+    """The matrix of ``apply``/``apply_qk``: ``matrix`` itself, or for ``mode`` the rotation of the
+    whole head, ``rotation_matrix(D, mode)`` in x's dtype on x's device (exactly one of the two)."""
+    if mode is None:
+        if matrix is None:
+            raise ValueError("pass matrix (a [D, D] tensor) or mode ('half' or 'interleave'), got neither")
+        return matrix
+    if matrix is not None:
+        raise ValueError(f"pass matrix or mode, not both (got mode={mode!r} and a matrix)")
+    check_mode(mode)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    d = check_size(x.shape[-1] if x.ndim else 0, f"{name}'s head_dim (its last dim) for mode={mode!r}")
+    dtype = x.dtype if x.dtype in DTYPES else torch.float32  # another dtype: _check_types names it
+    if torch.compiler.is_compiling() or x.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(x):
+        return rotation_matrix(d, mode, dtype=dtype, device=x.device)  # traced: a constant, no cache
+    return _mode_matrix(mode, d, dtype, x.device)
+
+
+@functools.lru_cache(maxsize=64)
+def _mode_matrix(mode: str, d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """One matrix per (mode, D, dtype, device), so its structure is read once (``rome.structure``
+    caches by identity). Built outside inference mode: an inference tensor could not be saved
+    for a later backward."""
+    with torch.inference_mode(False):
+        return rotation_matrix(d, mode, dtype=dtype, device=device)
+
+
+def apply(
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *, mode: str | None = None,
+    backend: str = "auto",
+) -> Tensor:
     """Rotary position embedding as a matrix: ``x*cos + (x @ matrix)*sin``, a new tensor.
 
     x: ``[..., D]`` float32/float16/bfloat16 (float64 on the torch backend), any strides (unit
     last stride avoids a copy). cos, sin: float32 or x's dtype, broadcasting to x's shape
     (``[S, D]`` or ``[B, 1, S, D]`` for BNSD x, ``[S, 1, D]`` for BSND x, ``[N, S, D]`` per head).
-    matrix: ``[D, D]``, e.g. ``rotation_matrix(sections, mode)``; any values.
+    matrix: ``[D, D]``, e.g. ``rotation_matrix(sections, mode)``; any values. Or, instead of
+    a matrix, ``mode="half"``/``"interleave"``: ``rotation_matrix(D, mode)`` over the whole
+    head (built once per D, dtype and device); exactly one of matrix and mode.
 
     Computed in float32 (float64 for float64 x) and rounded once to x's dtype. backend:
     ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"torch"``, or ``"auto"`` (the
@@ -752,6 +786,7 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
     and matrix, in reverse and forward mode and under torch.func transforms; the backward of x
     runs the same fused kernel with Mᵀ.
     """
+    matrix = _matrix_or_mode(matrix, mode, x, "x")
     _check_types({"x": x}, cos, sin, matrix, backend)
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
         x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
@@ -759,10 +794,12 @@ def apply(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str =
 
 
 def apply_qk(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *,
+    mode: str | None = None, backend: str = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
-    (GQA) and layout but share head_dim, dtype and the tables."""
+    (GQA) and layout but share head_dim, dtype and the tables. ``mode=`` as in ``apply``."""
+    matrix = _matrix_or_mode(matrix, mode, q, "q")
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
         q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
