@@ -2,8 +2,12 @@
 
 Every RoPE variant (GPT-J interleave, NeoX/Llama half, multi-axis 2D/3D video RoPE with
 per-axis sections) is that one formula with M a D×D signed permutation, computed by one fused
-Triton kernel (forward and backward, q and k together).
+Triton kernel (forward and backward, q and k together), with a pure-torch backend. Distributed
+as ``rome-rope`` (``pip install rome-rope``; docs/install.md), imported as ``rome``.
 """
+
+# the package's one version: pyproject.toml reads it from here (setuptools' dynamic version)
+__version__ = "0.1.0"
 
 from . import positions, reference
 from .frequencies import Frequencies, frequencies_from_hf, rope_frequencies
@@ -21,11 +25,17 @@ from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
 from .module import RoPE, registry_bytes
 from .ops import BACKENDS, apply, apply_at, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .tables import grid_positions, rope_angles, rope_cos_sin
+from .types import AngleSource, Backend, Mode, QkvLayout
 
 __all__ = [
+    "__version__",
+    "AngleSource",
+    "Backend",
     "BACKENDS",
     "Frequencies",
     "MODES",
+    "Mode",
+    "QkvLayout",
     "RoPE",
     "RopeLayout",
     "axial_layout",
@@ -58,4 +68,3 @@ __all__ = [
     "rope_cos_sin",
     "rotation_matrix",
 ]
-__version__ = "0.1.0"

@@ -51,6 +51,7 @@ except ImportError as e:  # pragma: no cover - torch < 2.5
     raise ImportError(f"rome.distributed needs torch>=2.6 (DTensor's register_sharding): {e}") from e
 
 from .ops import _check
+from .types import Backend
 
 __all__ = ["OPS", "local_positions", "prepare"]
 
@@ -128,7 +129,7 @@ register_sharding([OPS[0], OPS[1]])(_strategies(1))
 register_sharding([OPS[2], OPS[3]])(_strategies(2))
 
 
-def prepare(names: Sequence[str], *tensors: Tensor, backend: str = "auto") -> tuple[Tensor, ...]:
+def prepare(names: Sequence[str], *tensors: Tensor, backend: Backend = "auto") -> tuple[Tensor, ...]:
     """The arguments ``(*xs, cos, sin, matrix)`` of ``rome.apply``/``apply_qk`` (names: the
     xs' names), each plain (non-DTensor) one made a DTensor replicated on the mesh of the first
     DTensor among them (``DTensor.from_local(t, mesh, [Replicate()] * mesh.ndim)``), then

@@ -52,8 +52,7 @@ import torch
 from torch import Tensor
 
 from . import ops, torch_backend
-
-LAYOUTS = ("stacked", "concat")
+from .types import QKV_LAYOUTS, Backend, QkvLayout
 
 
 # --- packed QKV views ---------------------------------------------------------------------
@@ -66,7 +65,7 @@ def _heads(name: str, value, minimum: int) -> int:
 
 
 def qkv_split(
-    qkv: Tensor, *, num_heads: int | None = None, num_kv_heads: int | None = None, layout: str = "stacked"
+    qkv: Tensor, *, num_heads: int | None = None, num_kv_heads: int | None = None, layout: QkvLayout = "stacked"
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(q, k, v)``, views of a packed ``qkv`` (see the module docstring for the layouts).
 
@@ -76,8 +75,8 @@ def qkv_split(
     """
     if not isinstance(qkv, Tensor):
         raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    if not isinstance(layout, str) or layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if not isinstance(layout, str) or layout not in QKV_LAYOUTS:
+        raise ValueError(f"layout must be one of {QKV_LAYOUTS}, got {layout!r}")
     shape = list(qkv.shape)
     if layout == "stacked":
         if qkv.ndim < 3 or shape[-3] != 3:
@@ -388,7 +387,7 @@ def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None) -
             raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
 
 
-def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto") -> Tensor:
+def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto") -> Tensor:
     """``x <- x*cos + (x @ matrix)*sin`` in place; returns x. Bitwise ``rome.apply``'s result.
 
     Shapes, dtypes and backends as ``rome.apply``. Not differentiable (see the module docstring);
@@ -400,7 +399,7 @@ def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str 
 
 
 def apply_qk_(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: str = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto"
 ) -> tuple[Tensor, Tensor]:
     """q and k rotated in place in one launch (``rome.apply_qk``'s rules); returns (q, k).
     q and k may be views of one buffer, but must not share memory."""
@@ -411,7 +410,7 @@ def apply_qk_(
 
 def apply_qkv_(
     qkv: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, num_heads: int | None = None,
-    num_kv_heads: int | None = None, layout: str = "stacked", backend: str = "auto",
+    num_kv_heads: int | None = None, layout: QkvLayout = "stacked", backend: Backend = "auto",
 ) -> Tensor:
     """The q and k parts of a packed ``qkv`` rotated in place in one launch; v is not touched.
     Returns qkv (``qkv_split`` gives the views).
@@ -427,7 +426,7 @@ def apply_qkv_(
 
 
 def apply_out(
-    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: Tensor, backend: str = "auto"
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: Tensor, backend: Backend = "auto"
 ) -> Tensor:
     """``out <- x*cos + (x @ matrix)*sin``; returns out. out: x's shape and dtype, any strides;
     it is x itself (in place) or disjoint from x and the tables."""
@@ -438,7 +437,7 @@ def apply_out(
 
 def apply_qk_out(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: tuple[Tensor, Tensor],
-    backend: str = "auto",
+    backend: Backend = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``rome.apply_qk`` into ``out = (q_out, k_out)`` in one launch; returns out."""
     if not isinstance(out, (tuple, list)) or len(out) != 2:

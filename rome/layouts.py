@@ -28,6 +28,7 @@ from .frequencies import Frequencies, _describe, _number, _positive_int, base_in
 from .matrices import check_mode, check_sections, rotation_matrix
 from .positions import axes_last
 from .tables import _thetas
+from .types import Mode
 
 BLOCK_MODES = ("half", "interleave", "none")
 _LAYOUT = {"interleave": "j -> (j r)", "half": "j -> (r j)"}
@@ -162,7 +163,7 @@ def _pad(columns: torch.Tensor, axis: torch.Tensor, blocks: list, head_dim: int)
     return columns, axis, tuple(blocks)
 
 
-def section_layout(sections, *, mode: str, theta=10000.0) -> RopeLayout:
+def section_layout(sections, *, mode: Mode, theta=10000.0) -> RopeLayout:
     """Multi-axis RoPE, one ``mode`` block per section: section i reads axis i and turns pair k by
     ``theta_i ** (-2k / d_i)``. Column for column the angles of ``rome.tables.rope_angles``."""
     sections = check_sections(sections)
@@ -173,7 +174,7 @@ def section_layout(sections, *, mode: str, theta=10000.0) -> RopeLayout:
     return RopeLayout(inv, axis, len(sections), tuple((mode, d) for d in sections))
 
 
-def rope_layout(freqs: Frequencies, *, mode: str = "half") -> RopeLayout:
+def rope_layout(freqs: Frequencies, *, mode: Mode = "half") -> RopeLayout:
     """1D RoPE (``half``: Llama/NeoX ``rotate_half``; ``interleave``: GPT-J): the first
     ``freqs.rotary_dim`` columns rotate, the rest of ``freqs.head_dim`` pass through."""
     freqs = _check_frequencies(freqs)

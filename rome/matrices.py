@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-MODES = ("interleave", "half")
+from .types import MODES, Mode
 
 
 def check_mode(mode: str) -> str:
@@ -70,7 +70,7 @@ _BUILDERS = {"interleave": interleave_matrix, "half": half_matrix}
 
 
 def rotation_matrix(
-    sections: int | Sequence[int], mode: str, *, dtype=torch.float32, device=None
+    sections: int | Sequence[int], mode: Mode, *, dtype=torch.float32, device=None
 ) -> torch.Tensor:
     """Block-diagonal D×D matrix (D = sum(sections)), one ``mode`` block per section.
 

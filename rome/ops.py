@@ -38,8 +38,8 @@ from torch import Tensor
 from . import torch_backend
 from .matrices import check_mode, check_size, rotation_matrix
 from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
+from .types import BACKENDS, Backend, Mode
 
-BACKENDS = ("auto", "torch", "triton")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # Triton's interpreter patches triton.language globally while it runs a kernel, so two threads
 # interpreting at once fail (InterpreterError); launches under TRITON_INTERPRET take this lock.
@@ -55,7 +55,11 @@ def _kernel():
     try:
         from . import launcher
     except ImportError as e:  # pragma: no cover - platforms without triton
-        raise RuntimeError(f"backend='triton' needs triton, which failed to import: {e}") from e
+        raise RuntimeError(
+            f"backend='triton' needs triton, which failed to import: {e}. A CUDA build of torch on "
+            "Linux brings triton (a ROCm build its pytorch-triton-rocm); otherwise install it, e.g. "
+            "pip install 'rome-rope[triton]' (docs/install.md), or use backend='torch'"
+        ) from e
     return launcher
 
 
@@ -768,8 +772,8 @@ def _mode_matrix(mode: str, d: int, dtype: torch.dtype, device: torch.device) ->
 
 
 def apply(
-    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *, mode: str | None = None,
-    backend: str = "auto",
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *, mode: Mode | None = None,
+    backend: Backend = "auto",
 ) -> Tensor:
     """Rotary position embedding as a matrix: ``x*cos + (x @ matrix)*sin``, a new tensor.
 
@@ -795,7 +799,7 @@ def apply(
 
 def apply_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *,
-    mode: str | None = None, backend: str = "auto",
+    mode: Mode | None = None, backend: Backend = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
     (GQA) and layout but share head_dim, dtype and the tables. ``mode=`` as in ``apply``."""
@@ -808,7 +812,7 @@ def apply_qk(
 
 def apply_at(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: str = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto",
 ) -> Tensor:
     """``apply`` with the tables read from caches at positions, no per-token table built:
 
@@ -833,7 +837,7 @@ def apply_at(
 
 def apply_qk_at(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: str = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``apply_at`` of q and k in one kernel launch (shared positions and caches, any head
     counts: positions broadcast over heads)."""
@@ -845,7 +849,7 @@ def apply_qk_at(
 
 def apply_qk_angles(
     q: Tensor, k: Tensor, freqs: Tensor, scales: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: str = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto",
 ) -> tuple[Tensor, Tensor]:
     """``apply_qk_at`` without a cache: the kernel computes each element's table entries,
 

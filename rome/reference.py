@@ -11,6 +11,7 @@ import torch
 from einops import rearrange
 
 from .matrices import check_mode, check_sections, rotation_matrix
+from .types import Mode
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -32,7 +33,7 @@ def _compute_dtype(x: torch.Tensor, cos: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, cos.dtype)
 
 
-def slice_concat(x, cos, sin, sections, mode: str) -> torch.Tensor:
+def slice_concat(x, cos, sin, sections, mode: Mode) -> torch.Tensor:
     """v1: split x and the tables per section, rotate each slice, concatenate."""
     sections, rotate = check_sections(sections), ROTATE[check_mode(mode)]
     parts = [
@@ -44,7 +45,7 @@ def slice_concat(x, cos, sin, sections, mode: str) -> torch.Tensor:
     return torch.cat(parts, dim=-1).to(x.dtype)
 
 
-def per_section_matrices(x, cos, sin, sections, mode: str) -> torch.Tensor:
+def per_section_matrices(x, cos, sin, sections, mode: Mode) -> torch.Tensor:
     """v2: one rotation matrix per section, applied slice by slice, then concatenated."""
     sections = check_sections(sections)
     dt = _compute_dtype(x, cos)
@@ -65,7 +66,7 @@ def merged_matrix(x, cos, sin, matrix) -> torch.Tensor:
     return (xc * cos + (xc @ matrix.to(dt)) * sin).to(x.dtype)
 
 
-def rotate_index(sections, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+def rotate_index(sections, mode: Mode) -> tuple[torch.Tensor, torch.Tensor]:
     """``(index, sign)`` with ``rotate(x)[..., j] == sign[j] * x[..., index[j]]``, by arithmetic
     on column numbers alone (independent of the matrices and of the einops rotations)."""
     sections, mode = check_sections(sections), check_mode(mode)
@@ -82,7 +83,7 @@ def rotate_index(sections, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(index), torch.tensor(sign, dtype=torch.float64)
 
 
-def exact(x, cos, sin, sections, mode: str, *, magnitude: bool = False):
+def exact(x, cos, sin, sections, mode: Mode, *, magnitude: bool = False):
     """float64 oracle ``x*cos + rotate(x)*sin`` from x and the tables as given.
 
     With ``magnitude=True``: ``(value, |x*cos| + |rotate(x)*sin|)``, the second the size of the

@@ -16,6 +16,7 @@ import torch
 from einops import repeat
 
 from .matrices import check_mode, check_sections
+from .types import Mode
 
 _LAYOUT = {"interleave": "s j -> s (j r)", "half": "s j -> s (r j)"}
 
@@ -48,7 +49,7 @@ def _thetas(theta, n: int) -> list[float]:
     return [float(t) for t in values]
 
 
-def rope_angles(positions, sections, *, mode: str, theta=10000.0, device=None) -> torch.Tensor:
+def rope_angles(positions, sections, *, mode: Mode, theta=10000.0, device=None) -> torch.Tensor:
     """float64 ``[S, D]`` rotation angles, D = sum(sections), laid out for ``mode``."""
     sections = check_sections(sections)
     check_mode(mode)
@@ -78,7 +79,7 @@ def rope_angles(positions, sections, *, mode: str, theta=10000.0, device=None) -
 
 
 def rope_cos_sin(
-    positions, sections, *, mode: str, theta=10000.0, dtype=torch.float32, device=None
+    positions, sections, *, mode: Mode, theta=10000.0, dtype=torch.float32, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)``, each ``[S, D]``, for ``rotation_matrix(sections, mode)``.
 

@@ -23,6 +23,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ..types import Backend
+
 __all__ = ["Patch", "patch", "supported"]
 
 _LIBRARIES = ("transformers", "diffusers")
@@ -94,7 +96,7 @@ def supported() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def patch(model: nn.Module, *, backend: str = "auto") -> Patch:
+def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch:
     """Patch ``model`` (a transformers or diffusers model) in place to compute its RoPE with
     rome; returns a ``Patch`` whose ``undo()`` restores the model exactly.
 

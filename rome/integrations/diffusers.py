@@ -39,6 +39,7 @@ from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_
 from ..matrices import interleave_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..tables import grid_positions
+from ..types import Backend
 from . import Patch
 
 __all__ = ["SUPPORTED", "patch"]
@@ -71,7 +72,7 @@ class _Rotate:
     per (D, dtype, device). Tables in a dtype rome does not take with q's (bf16 tables for fp32 q)
     go in as float32."""
 
-    def __init__(self, backend: str = "auto"):
+    def __init__(self, backend: Backend = "auto"):
         self.backend = backend
         self._matrices: dict = {}
 
@@ -151,7 +152,7 @@ class _RomeProcessor:
     ``backend="auto"`` unless given, and an instance without one (``__new__`` and a copied
     ``__dict__``) builds it on first use."""
 
-    def __init__(self, *args, backend: str = "auto", **kwargs):
+    def __init__(self, *args, backend: Backend = "auto", **kwargs):
         super().__init__(*args, **kwargs)
         self._rome = _Rotate(backend)
 
@@ -491,7 +492,7 @@ def _check_config(model, family: str) -> None:
             raise ValueError(f"{name}: inner dim {rope.dim} < 6 gives no RoPE frequency per axis")
 
 
-def patch(model, *, backend: str = "auto") -> Patch | None:
+def patch(model, *, backend: Backend = "auto") -> Patch | None:
     """Patch a diffusers transformer of ``SUPPORTED`` in place (this instance only) to rotate q
     and k with one rome launch per attention layer; None for another diffusers model.
 

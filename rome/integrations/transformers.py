@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from ..layouts import cos_sin_cache, cos_sin_for_positions, tables_for_positions
 from ..module import RoPE
 from ..ops import BACKENDS, apply_qk
+from ..types import Backend
 from . import Patch
 
 __all__ = ["SUPPORTED", "patch"]
@@ -313,7 +314,7 @@ def _model_type(model: nn.Module) -> str | None:
     return kind or None
 
 
-def patch(model: nn.Module, *, backend: str = "auto") -> Patch | None:
+def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
     """Patch every rotary module and attention layer of ``model`` (see the module doc);
     None when ``model`` has none of a supported family's.
 
