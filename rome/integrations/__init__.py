@@ -14,6 +14,13 @@ transformers nor diffusers is a dependency of rome (``pip install rome[models]``
 Each library module defines ``patch(model, *, backend) -> Patch | None`` (None: not a model
 of that library it knows) and ``SUPPORTED`` (the class names it patches). Patches never touch
 the kernel: they call rome's public ops and module (Liger-Kernel's convention).
+
+Other libraries' calling conventions, as thin layers over ``rome.apply``/``apply_qk`` (neither
+library needed; docs/adapters.md maps their arguments to rome's):
+
+- ``rome.integrations.flash_attn.apply_rotary_emb``: flash-attn's ``apply_rotary_emb``.
+- ``rome.integrations.vllm``: vLLM's ``RotaryEmbedding`` and its ``forward(positions, query,
+  key)`` as ``rotary_embedding(..., cos_sin_cache=, is_neox_style=)``.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from collections.abc import Callable
 from torch import nn
 
 from ..types import Backend
+from . import flash_attn, vllm  # adapters: no optional dependency
 
-__all__ = ["Patch", "patch", "supported"]
+__all__ = ["Patch", "flash_attn", "patch", "supported", "vllm"]
 
 _LIBRARIES = ("transformers", "diffusers")
 
