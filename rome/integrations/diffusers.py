@@ -1,42 +1,57 @@
 """diffusers video/image transformers with rome's RoPE: ``patch(model, backend=...)``.
 
-Every model here rotates each head's q and k by ``x*cos + rotate_every_two(x)*sin`` with tables
-laid out as rome's ``interleave`` tables (``get_1d_rotary_pos_embed(..., repeat_interleave_real=
-True)``: ``[c0, c0, c1, c1, ...]`` per axis), so the matrix is ``rome.interleave_matrix(D)`` and
-the model's tables are rome's tables. The patch replaces, per model instance:
+Families (``SUPPORTED``): Wan, WanVACE, WanAnimate, ChronoEdit, SkyReels-V2, HunyuanVideo,
+HunyuanVideo 1.5, HunyuanImage, CogVideoX, Flux, Chroma, FLUX.2, Qwen-Image, LTX-Video, LTX-2,
+Z-Image, Cosmos, Mochi, Lumina2, CogView4, HiDream. Every one rotates each head's q and k by
+``x*cos + rot(x)*sin``, with ``rot`` one of two signed permutations:
+
+- pairs ``(2i, 2i+1)``, ``rome.interleave_matrix(D)``: the real tables of
+  ``get_1d_rotary_pos_embed(..., repeat_interleave_real=True)`` (``[c0, c0, c1, c1, ...]`` per
+  axis: Wan and its copies, Hunyuan*, CogVideoX, Flux, Chroma, FLUX.2, LTX-Video, LTX-2's
+  ``interleaved`` RoPE) are rome's tables as they are; the complex tables ``e^{iθ}`` ``[..., D/2]``
+  of Qwen-Image, Z-Image and Lumina2 (``use_real=False``), Mochi's half-width per-head
+  ``(cos, sin)`` and HiDream's 2x2 rotation per pair are widened to them (each entry twice).
+- pairs ``(i, i + D/2)``, ``rome.half_matrix(D)`` (``rotate_half``, diffusers'
+  ``use_real_unbind_dim=-2``): Cosmos, CogView4, and LTX-2's ``split`` RoPE (per-head tables
+  ``[B, N, S, D/2]``, each column used for both halves).
+
+The patch replaces, per model instance:
 
 - the attention **processor** of every attention layer that applies RoPE with a subclass of the
   model's own processor class (instance state such as the attention backend is kept) whose
   ``__call__`` is the original's with the two per-tensor rotations replaced by one
-  ``rome.apply_qk`` launch for q and k. The rotation sits between the q/k projections and the
-  attention call inside the processor (in Wan, a function nested in ``__call__``), so the
-  processor body that has both q and k is restated here, using the library's own projection and
-  attention helpers; calls it does not cover (no RoPE, Wan's image-context branch, LTX's cross
-  attention) go to the original ``__call__``.
+  ``rome.apply_qk`` launch for q and k (one ``rome.apply`` each where the keys have their own
+  tables: LTX-2's audio/video cross attention). The rotation sits between the q/k projections
+  and the attention call inside the processor (in Wan, a function nested in ``__call__``), so
+  the processor body that has both q and k is restated here, using the library's own projection
+  and attention helpers; calls it does not cover (no RoPE, Wan's image-context branch, LTX's and
+  Cosmos's cross attention, LTX-2 tables of another shape) go to the original ``__call__``.
 - the **rotary module's** ``forward`` where the model computes its angles in float32
   (HunyuanVideo, LTX-Video): the patched one returns the same tables, shapes and dtype from
-  float64 angles rounded once (``rome.layouts``). Wan and Flux already build their tables from
-  float64 angles and keep their rotary modules. CogVideoX receives its tables from the pipeline
-  (``image_rotary_emb``, crop-and-interpolate grids with fractional positions) and uses them as
-  given.
+  float64 angles rounded once (``rome.layouts``). The other families keep their rotary modules
+  (Wan and Flux build their tables from float64 angles already); CogVideoX receives its tables
+  from the pipeline (``image_rotary_emb``, crop-and-interpolate grids with fractional positions)
+  and uses them as given.
 
 Text tokens that the model leaves unrotated (HunyuanVideo's single-stream blocks append them,
-CogVideoX prepends them) get ``cos = 1``, ``sin = 0`` rows, which rome returns exactly as x, so
-one launch covers the whole sequence. Only processors of the exact classes below are replaced;
-another processor on a RoPE attention layer (IP-adapter, fused, custom) raises ValueError.
+CogVideoX and CogView4 prepend them) and the second half of each head where HiDream rotates only
+the first get ``cos = 1``, ``sin = 0``, which rome returns exactly as x, so one launch covers the
+whole sequence. Only processors of the exact classes below are replaced; another processor on a
+RoPE attention layer (IP-adapter, fused, KV-cache, perturbed, custom) raises ValueError.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
-from ..matrices import interleave_matrix
+from ..matrices import half_matrix, interleave_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..tables import grid_positions
 from ..types import Backend
@@ -44,13 +59,6 @@ from . import Patch
 
 __all__ = ["SUPPORTED", "patch"]
 
-SUPPORTED = (
-    "WanTransformer3DModel",
-    "HunyuanVideoTransformer3DModel",
-    "CogVideoXTransformer3DModel",
-    "FluxTransformer2DModel",
-    "LTXVideoTransformer3DModel",
-)
 
 
 def _heads(attn, states, to_q, to_k, to_v, norm_q, norm_k):
@@ -68,19 +76,21 @@ def _heads(attn, states, to_q, to_k, to_v, norm_q, norm_k):
 
 
 class _Rotate:
-    """``(q, k) -> rome.apply_qk(q, k, cos, sin, interleave_matrix(D))``, the matrix built once
-    per (D, dtype, device). Tables in a dtype rome does not take with q's (bf16 tables for fp32 q)
-    go in as float32."""
+    """``(q, k) -> rome.apply_qk(q, k, cos, sin, M)`` with M ``interleave_matrix(D)`` (pairs
+    ``(2i, 2i+1)``, the default) or ``half_matrix(D)`` (``mode="half"``: pairs ``(i, i + D/2)``),
+    built once per (mode, D, dtype, device). Tables in a dtype rome does not take with q's (bf16
+    tables for fp32 q) go in as float32."""
 
     def __init__(self, backend: Backend = "auto"):
         self.backend = backend
         self._matrices: dict = {}
 
-    def _matrix(self, x: Tensor) -> Tensor:
-        key = (x.shape[-1], x.dtype, x.device)
+    def _matrix(self, x: Tensor, mode: str = "interleave") -> Tensor:
+        key = (mode, x.shape[-1], x.dtype, x.device)
         m = self._matrices.get(key)
         if m is None:
-            m = interleave_matrix(x.shape[-1], dtype=x.dtype, device=x.device)
+            build = interleave_matrix if mode == "interleave" else half_matrix
+            m = build(x.shape[-1], dtype=x.dtype, device=x.device)
             # not while torch.compile traces: a dict filled during tracing fails the guard that
             # the trace put on it, and the second call would recompile (the graph builds M)
             if not torch.compiler.is_compiling():
@@ -96,14 +106,16 @@ class _Rotate:
         dtype = cos.dtype if cos.dtype in (torch.float32, x.dtype) else torch.float32
         return cos.to(x.device, dtype), sin.to(x.device, dtype)
 
-    def __call__(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave"
+                 ) -> tuple[Tensor, Tensor]:
         cos, sin = self._tables(q, cos, sin)
-        return apply_qk(q, k, cos, sin, self._matrix(q), backend=self.backend)
+        return apply_qk(q, k, cos, sin, self._matrix(q, mode), backend=self.backend)
 
-    def one(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """``rome.apply`` of x alone (cross attention: the keys are not rotated)."""
+    def one(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave") -> Tensor:
+        """``rome.apply`` of x alone (cross attention: the keys are not rotated, or rotated by
+        other tables)."""
         cos, sin = self._tables(x, cos, sin)
-        return apply(x, cos, sin, self._matrix(x), backend=self.backend)
+        return apply(x, cos, sin, self._matrix(x, mode), backend=self.backend)
 
 
 def _pad_rows(cos: Tensor, sin: Tensor, n: int, *, before: bool, dim: int = 0):
@@ -144,6 +156,19 @@ _hy = _import("diffusers.models.transformers.transformer_hunyuan_video")
 _cog = _import("diffusers.models.attention_processor")
 _flux = _import("diffusers.models.transformers.transformer_flux")
 _ltx = _import("diffusers.models.transformers.transformer_ltx")
+_wan_animate = _import("diffusers.models.transformers.transformer_wan_animate")
+_chrono = _import("diffusers.models.transformers.transformer_chronoedit")
+_skyreels = _import("diffusers.models.transformers.transformer_skyreels_v2")
+_hyimage = _import("diffusers.models.transformers.transformer_hunyuanimage")
+_hy15 = _import("diffusers.models.transformers.transformer_hunyuan_video15")
+_flux2 = _import("diffusers.models.transformers.transformer_flux2")
+_qwen = _import("diffusers.models.transformers.transformer_qwenimage")
+_ltx2 = _import("diffusers.models.transformers.transformer_ltx2")
+_zimage = _import("diffusers.models.transformers.transformer_z_image")
+_cosmos = _import("diffusers.models.transformers.transformer_cosmos")
+_lumina2 = _import("diffusers.models.transformers.transformer_lumina2")
+_cogview4 = _import("diffusers.models.transformers.transformer_cogview4")
+_hidream = _import("diffusers.models.transformers.transformer_hidream_image")
 
 
 class _RomeProcessor:
@@ -163,31 +188,67 @@ class _RomeProcessor:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
-class RomeWanAttnProcessor(_RomeProcessor, _base(_wan, "WanAttnProcessor")):
-    """``WanAttnProcessor`` with q and k rotated by one ``rome.apply_qk``."""
+class _WanBody:
+    """``WanAttnProcessor.__call__`` with q and k rotated by one ``rome.apply_qk``; ``_lib`` is the
+    diffusers module whose ``_get_qkv_projections`` and ``dispatch_attention_fn`` it calls (Wan,
+    WanAnimate, ChronoEdit and SkyReels-V2 each carry a copy of that processor)."""
+
+    _lib = None
+    _parallel_cross = False  # SkyReels-V2 passes its parallel config to cross attention too
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  rotary_emb=None):
         if rotary_emb is None or attn.add_k_proj is not None:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                     rotary_emb)
-        query, key, value = _wan._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        lib = self._lib
+        query, key, value = lib._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
         query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
         key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
         query, key = self._rome(query, key, *rotary_emb)  # BSND, tables [1, S, 1, D]
-        hidden_states = _wan.dispatch_attention_fn(
+        parallel = self._parallel_cross or encoder_hidden_states is None
+        hidden_states = lib.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=self._attention_backend,
-            parallel_config=self._parallel_config if encoder_hidden_states is None else None,
+            parallel_config=self._parallel_config if parallel else None,
         )
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
-class RomeHunyuanVideoAttnProcessor(_RomeProcessor, _base(_hy, "HunyuanVideoAttnProcessor2_0")):
-    """``HunyuanVideoAttnProcessor2_0`` with q and k rotated by one ``rome.apply_qk``; the
-    text tokens a single-stream block appends get identity rows."""
+class RomeWanAttnProcessor(_RomeProcessor, _WanBody, _base(_wan, "WanAttnProcessor")):
+    """``WanAttnProcessor`` (Wan, WanVACE) with q and k rotated by one ``rome.apply_qk``."""
+
+    _lib = _wan
+
+
+class RomeWanAnimateAttnProcessor(_RomeProcessor, _WanBody, _base(_wan_animate, "WanAttnProcessor")):
+    """WanAnimate's copy of ``WanAttnProcessor`` with q and k rotated by one ``rome.apply_qk``."""
+
+    _lib = _wan_animate
+
+
+class RomeChronoEditAttnProcessor(_RomeProcessor, _WanBody, _base(_chrono, "WanAttnProcessor")):
+    """ChronoEdit's copy of ``WanAttnProcessor`` with q and k rotated by one ``rome.apply_qk``."""
+
+    _lib = _chrono
+
+
+class RomeSkyReelsV2AttnProcessor(_RomeProcessor, _WanBody, _base(_skyreels, "SkyReelsV2AttnProcessor")):
+    """``SkyReelsV2AttnProcessor`` (Wan's body; its cross attention keeps the parallel config)
+    with q and k rotated by one ``rome.apply_qk``."""
+
+    _lib = _skyreels
+    _parallel_cross = True
+
+
+class _HunyuanBody:
+    """``HunyuanVideoAttnProcessor2_0.__call__`` (HunyuanImage's processor is the same body) with
+    q and k rotated by one ``rome.apply_qk``; the text tokens a single-stream block appends get
+    identity rows. ``_lib``: the module whose ``dispatch_attention_fn`` it calls."""
+
+    _lib = None
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -208,7 +269,7 @@ class RomeHunyuanVideoAttnProcessor(_RomeProcessor, _base(_hy, "HunyuanVideoAttn
             query = torch.cat([query, encoder_query], dim=1)
             key = torch.cat([key, encoder_key], dim=1)
             value = torch.cat([value, encoder_value], dim=1)
-        hidden_states = _hy.dispatch_attention_fn(
+        hidden_states = self._lib.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=self._attention_backend, parallel_config=self._parallel_config,
         )
@@ -221,6 +282,19 @@ class RomeHunyuanVideoAttnProcessor(_RomeProcessor, _base(_hy, "HunyuanVideoAttn
             if getattr(attn, "to_add_out", None) is not None:
                 encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
         return hidden_states, encoder_hidden_states
+
+
+class RomeHunyuanVideoAttnProcessor(_RomeProcessor, _HunyuanBody, _base(_hy, "HunyuanVideoAttnProcessor2_0")):
+    """``HunyuanVideoAttnProcessor2_0`` with q and k rotated by one ``rome.apply_qk``."""
+
+    _lib = _hy
+
+
+class RomeHunyuanImageAttnProcessor(_RomeProcessor, _HunyuanBody, _base(_hyimage, "HunyuanImageAttnProcessor")):
+    """``HunyuanImageAttnProcessor`` (HunyuanVideo's body) with q and k rotated by one
+    ``rome.apply_qk``."""
+
+    _lib = _hyimage
 
 
 class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProcessor2_0")):
@@ -330,6 +404,459 @@ class RomeLTXVideoAttnProcessor(_RomeProcessor, _base(_ltx, "LTXVideoAttnProcess
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
+def _complex_tables(freqs: Tensor) -> tuple[Tensor, Tensor]:
+    """A complex table ``[..., D/2]`` (diffusers' ``use_real=False``: pair ``(2i, 2i+1)`` of x
+    times ``e^{iθ_i}``) as rome's interleave tables ``[..., D]``: ``cos θ_i``, ``sin θ_i`` twice."""
+    parts = torch.view_as_real(freqs)
+    return parts[..., 0].repeat_interleave(2, -1), parts[..., 1].repeat_interleave(2, -1)
+
+
+def _pair_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Half-width tables ``[..., D/2]`` of pairs ``(2i, 2i+1)`` (Mochi) as rome's interleave
+    tables ``[..., D]``."""
+    return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+
+
+def _hidream_tables(freqs: Tensor, head_dim: int) -> tuple[Tensor, Tensor]:
+    """HiDream's table of 2x2 rotations ``[[cos, -sin], [sin, cos]]`` per pair ``(2i, 2i+1)``
+    (``[..., D_rot/2, 2, 2]``) as rome's interleave tables ``[..., head_dim]``: where the model
+    rotates only the first half of each head (``D_rot = head_dim / 2``), the rest gets
+    ``cos = 1``, ``sin = 0``."""
+    cos, sin = _pair_tables(freqs[..., 0, 0], freqs[..., 1, 0])
+    if cos.shape[-1] != head_dim:
+        cos, sin = _pad_rows(cos, sin, head_dim - cos.shape[-1], before=False, dim=-1)
+    return cos, sin
+
+
+class RomeFlux2AttnProcessor(_RomeProcessor, _base(_flux2, "Flux2AttnProcessor")):
+    """``Flux2AttnProcessor`` (FLUX.2's double-stream blocks) with q and k (text and image
+    tokens) rotated by one ``rome.apply_qk``."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb)
+        query, key, value, encoder_query, encoder_key, encoder_value = _flux2._get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
+        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+        value = value.unflatten(-1, (-1, attn.head_dim))
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        cos, sin = image_rotary_emb  # [S_txt + S_img, D]
+        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+        hidden_states = _flux2.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            n = encoder_hidden_states.shape[1]
+            encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+                [n, hidden_states.shape[1] - n], dim=1
+            )
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if encoder_hidden_states is not None:
+            return hidden_states, encoder_hidden_states
+        return hidden_states
+
+
+class RomeFlux2ParallelSelfAttnProcessor(_RomeProcessor, _base(_flux2, "Flux2ParallelSelfAttnProcessor")):
+    """``Flux2ParallelSelfAttnProcessor`` (FLUX.2's single-stream blocks: fused QKV + MLP input
+    projection) with q and k rotated by one ``rome.apply_qk``."""
+
+    def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, attention_mask, image_rotary_emb)
+        hidden_states = attn.to_qkv_mlp_proj(hidden_states)
+        qkv_dim = 3 * attn.inner_dim
+        mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
+        local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
+        qkv, mlp_hidden_states = torch.split(
+            hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1
+        )
+        query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in qkv.chunk(3, dim=-1))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        cos, sin = image_rotary_emb  # [S, D]
+        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+        hidden_states = _flux2.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
+        return attn.to_out(torch.cat([hidden_states, mlp_hidden_states], dim=-1))
+
+
+class RomeQwenImageAttnProcessor(_RomeProcessor, _base(_qwen, "QwenDoubleStreamAttnProcessor2_0")):
+    """``QwenDoubleStreamAttnProcessor2_0`` with q and k of both streams rotated by one
+    ``rome.apply_qk``: the text and image tokens are joined first ([text, image], the model's
+    order) and the two complex tables (``x * e^{iθ}`` on interleaved pairs) become one interleave
+    table."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
+                 attention_mask=None, image_rotary_emb=None):
+        if image_rotary_emb is None or encoder_hidden_states is None or attention_mask is not None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
+                                    attention_mask, image_rotary_emb)  # the original's errors
+        if encoder_hidden_states_mask is not None:
+            image_mask = torch.ones(hidden_states.shape[:2], dtype=torch.bool, device=hidden_states.device)
+            attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)[:, None, None, :]
+        seq_txt = encoder_hidden_states.shape[1]
+        head_dim = attn.inner_dim // attn.heads
+
+        def heads(x):
+            return x.unflatten(-1, (-1, head_dim))
+
+        img_query, img_key = heads(attn.to_q(hidden_states)), heads(attn.to_k(hidden_states))
+        txt_query = heads(attn.add_q_proj(encoder_hidden_states))
+        txt_key = heads(attn.add_k_proj(encoder_hidden_states))
+        if attn.norm_q is not None:
+            img_query = attn.norm_q(img_query)
+        if attn.norm_k is not None:
+            img_key = attn.norm_k(img_key)
+        if attn.norm_added_q is not None:
+            txt_query = attn.norm_added_q(txt_query)
+        if attn.norm_added_k is not None:
+            txt_key = attn.norm_added_k(txt_key)
+        img_freqs, txt_freqs = image_rotary_emb  # complex [S_img, D/2], [S_txt, D/2]
+        cos, sin = _complex_tables(torch.cat([txt_freqs, img_freqs], dim=-2))
+        query = torch.cat([txt_query, img_query], dim=1)
+        key = torch.cat([txt_key, img_key], dim=1)
+        value = torch.cat([heads(attn.add_v_proj(encoder_hidden_states)), heads(attn.to_v(hidden_states))], dim=1)
+        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+        hidden_states = _qwen.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        txt_out, img_out = hidden_states[:, :seq_txt, :], hidden_states[:, seq_txt:, :]
+        img_out = attn.to_out[0](img_out.contiguous())
+        if len(attn.to_out) > 1:
+            img_out = attn.to_out[1](img_out)
+        return img_out, attn.to_add_out(txt_out.contiguous())
+
+
+class RomeHunyuanVideo15AttnProcessor(_RomeProcessor, _base(_hy15, "HunyuanVideo15AttnProcessor2_0")):
+    """``HunyuanVideo15AttnProcessor2_0`` with the image tokens' q and k rotated by one
+    ``rome.apply_qk`` (the text tokens it appends afterwards are not rotated)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb)
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        cos, sin = image_rotary_emb  # [S_img, D]
+        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+        if encoder_hidden_states is not None:
+            encoder_query, encoder_key, encoder_value = _heads(
+                attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
+                attn.norm_added_q, attn.norm_added_k)
+            query = torch.cat([query, encoder_query], dim=1)
+            key = torch.cat([key, encoder_key], dim=1)
+            value = torch.cat([value, encoder_value], dim=1)
+        batch_size, seq_len, _, _ = query.shape
+        attention_mask = F.pad(attention_mask, (seq_len - attention_mask.shape[1], 0), value=True).bool()
+        mask_1 = attention_mask.view(batch_size, 1, 1, seq_len).repeat(1, 1, seq_len, 1)
+        attention_mask = mask_1 & mask_1.transpose(2, 3)
+        hidden_states = _hy15.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if encoder_hidden_states is not None:
+            n = encoder_hidden_states.shape[1]
+            hidden_states, encoder_hidden_states = hidden_states[:, :-n], hidden_states[:, -n:]
+            if getattr(attn, "to_out", None) is not None:
+                hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+            if getattr(attn, "to_add_out", None) is not None:
+                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+def _ltx2_tables(attn, freqs):
+    """LTX-2's ``(cos, sin)`` as per-head tables ``[B, S, N, D]`` and the rotation's mode:
+    ``interleaved`` tables ``[B, S, N*D]`` span the whole inner vector (split per head they are
+    each head's interleave tables); ``split`` tables ``[B, N, S, D/2]`` turn pair ``(i, i + D/2)``
+    of each head (``half``)."""
+    cos, sin = freqs
+    if attn.rope_type == "interleaved":
+        return cos.unflatten(-1, (attn.heads, -1)), sin.unflatten(-1, (attn.heads, -1)), "interleave"
+    cos, sin = (t.transpose(1, 2) for t in (cos, sin))
+    return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1), "half"
+
+
+class RomeLTX2AttnProcessor(_RomeProcessor, _base(_ltx2, "LTX2AudioVideoAttnProcessor")):
+    """``LTX2AudioVideoAttnProcessor`` with q and k rotated by rome: one ``rome.apply_qk`` where
+    they share their tables (video and audio self attention), one ``rome.apply`` each where the
+    keys have their own (audio-to-video and video-to-audio cross attention)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 query_rotary_emb=None, key_rotary_emb=None):
+        split_4d = attn.rope_type == "split" and query_rotary_emb is not None and query_rotary_emb[0].ndim == 4
+        if query_rotary_emb is None or not (attn.rope_type == "interleaved" or split_4d):
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    query_rotary_emb, key_rotary_emb)
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
+        if attention_mask is not None:
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        if attn.to_gate_logits is not None:
+            gate_logits = attn.to_gate_logits(hidden_states)
+        query = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
+        key = attn.norm_k(attn.to_k(encoder_hidden_states)).unflatten(2, (attn.heads, -1))
+        value = attn.to_v(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+        cos, sin, mode = _ltx2_tables(attn, query_rotary_emb)
+        if key_rotary_emb is None:
+            query, key = self._rome(query, key, cos, sin, mode)
+        else:
+            query = self._rome.one(query, cos, sin, mode)
+            key = self._rome.one(key, *_ltx2_tables(attn, key_rotary_emb))
+        hidden_states = _ltx2.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if attn.to_gate_logits is not None:
+            gates = 2.0 * torch.sigmoid(gate_logits)  # [B, T, N]
+            hidden_states = (hidden_states.unflatten(2, (attn.heads, -1)) * gates.unsqueeze(-1)).flatten(2, 3)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class RomeZImageAttnProcessor(_RomeProcessor, _base(_zimage, "ZSingleStreamAttnProcessor")):
+    """``ZSingleStreamAttnProcessor`` (Z-Image) with q and k rotated by one ``rome.apply_qk``;
+    its complex table ``freqs_cis`` (``[B, S, D/2]``) becomes rome's interleave tables."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 freqs_cis=None):
+        if freqs_cis is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, freqs_cis)
+        query, key, value = (proj(hidden_states).unflatten(-1, (attn.heads, -1))
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        cos, sin = _complex_tables(freqs_cis)  # [B, S, D]
+        query, key = self._rome(query, key, cos[:, :, None], sin[:, :, None])  # BSND, [B, S, 1, D]
+        if attention_mask is not None and attention_mask.ndim == 2:
+            attention_mask = attention_mask[:, None, None, :]
+        hidden_states = _zimage.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config,
+        )
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        output = attn.to_out[0](hidden_states)
+        if len(attn.to_out) > 1:
+            output = attn.to_out[1](output)
+        return output
+
+
+class RomeCosmosAttnProcessor(_RomeProcessor, _base(_cosmos, "CosmosAttnProcessor2_0")):
+    """``CosmosAttnProcessor2_0`` (self attention) with q and k rotated by one ``rome.apply_qk``
+    with ``half_matrix`` (Cosmos turns pair ``(i, i + D/2)``: ``use_real_unbind_dim=-2``)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if image_rotary_emb is None or encoder_hidden_states is not None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb)
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        cos, sin = image_rotary_emb  # [S, D]
+        query, key = self._rome(query, key, cos, sin, "half")  # BNSD
+        key = key.repeat_interleave(query.size(3) // key.size(3), dim=3)  # the original's "GQA" step
+        value = value.repeat_interleave(query.size(3) // value.size(3), dim=3)
+        hidden_states = _cosmos.dispatch_attention_fn(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attention_mask,
+            dropout_p=0.0, is_causal=False,
+        )
+        hidden_states = hidden_states.flatten(2, 3).type_as(query)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class RomeMochiAttnProcessor(_RomeProcessor, _base(_cog, "MochiAttnProcessor2_0")):
+    """``MochiAttnProcessor2_0`` with the video tokens' q and k rotated by one ``rome.apply_qk``;
+    Mochi's half-width per-head tables ``[S, N, D/2]`` (pair ``(2i, 2i+1)``) become rome's
+    interleave tables ``[S, N, D]``."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb)
+        query, key, value = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v,
+                                   attn.norm_q, attn.norm_k)
+        encoder_query, encoder_key, encoder_value = _heads(
+            attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
+            attn.norm_added_q, attn.norm_added_k)
+        cos, sin = _pair_tables(*image_rotary_emb)  # [S, N, D]
+        query, key = self._rome(query, key, cos, sin)  # BSND
+        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        encoder_query, encoder_key, encoder_value = (
+            encoder_query.transpose(1, 2), encoder_key.transpose(1, 2), encoder_value.transpose(1, 2))
+        sequence_length, encoder_sequence_length = query.size(2), encoder_query.size(2)
+        total_length = sequence_length + encoder_sequence_length
+        attn_outputs = []
+        for idx in range(query.shape[0]):
+            valid = torch.nonzero(attention_mask[idx][None, :].flatten(), as_tuple=False).flatten()
+            out = F.scaled_dot_product_attention(
+                torch.cat([query[idx: idx + 1], encoder_query[idx: idx + 1, :, valid, :]], dim=2),
+                torch.cat([key[idx: idx + 1], encoder_key[idx: idx + 1, :, valid, :]], dim=2),
+                torch.cat([value[idx: idx + 1], encoder_value[idx: idx + 1, :, valid, :]], dim=2),
+                dropout_p=0.0, is_causal=False,
+            )
+            attn_outputs.append(F.pad(out, (0, 0, 0, total_length - out.size(2))))
+        hidden_states = torch.cat(attn_outputs, dim=0).transpose(1, 2).flatten(2, 3)
+        hidden_states, encoder_hidden_states = hidden_states.split_with_sizes(
+            (sequence_length, encoder_sequence_length), dim=1
+        )
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if hasattr(attn, "to_add_out"):
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+class RomeLumina2AttnProcessor(_RomeProcessor, _base(_lumina2, "Lumina2AttnProcessor2_0")):
+    """``Lumina2AttnProcessor2_0`` with q and k (GQA head counts) rotated by one
+    ``rome.apply_qk``; its complex per-batch table ``[B, S, D/2]`` becomes rome's interleave
+    tables."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
+                 image_rotary_emb=None, base_sequence_length=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb, base_sequence_length)
+        batch_size, sequence_length, _ = hidden_states.shape
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        value = attn.to_v(encoder_hidden_states)
+        head_dim = query.shape[-1] // attn.heads
+        kv_heads = key.shape[-1] // head_dim
+        query = query.view(batch_size, -1, attn.heads, head_dim)
+        key = key.view(batch_size, -1, kv_heads, head_dim)
+        value = value.view(batch_size, -1, kv_heads, head_dim)
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        cos, sin = _complex_tables(image_rotary_emb)  # [B, S, D]
+        query, key = self._rome(query, key, cos[:, :, None], sin[:, :, None])  # BSND, [B, S, 1, D]
+        if base_sequence_length is not None:
+            softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
+        else:
+            softmax_scale = attn.scale
+        n_rep = attn.heads // kv_heads
+        if n_rep >= 1:
+            key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+            value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+        if attention_mask is not None:
+            attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
+        hidden_states = F.scaled_dot_product_attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), attn_mask=attention_mask,
+            scale=softmax_scale,
+        )
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+        hidden_states = hidden_states.type_as(query)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class RomeCogView4AttnProcessor(_RomeProcessor, _base(_cogview4, "CogView4AttnProcessor")):
+    """``CogView4AttnProcessor`` with q and k rotated by one ``rome.apply_qk`` with
+    ``half_matrix`` (``use_real_unbind_dim=-2``); the leading text tokens get identity rows."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states, attention_mask=None,
+                 image_rotary_emb=None):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
+                                    image_rotary_emb)
+        dtype = encoder_hidden_states.dtype
+        batch_size, text_seq_length, _ = encoder_hidden_states.shape
+        image_seq_length = hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
+                             for proj in (attn.to_q, attn.to_k, attn.to_v))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query).to(dtype=dtype)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key).to(dtype=dtype)
+        cos, sin = _pad_rows(*image_rotary_emb, text_seq_length, before=True)  # [S, D]
+        query, key = self._rome(query, key, cos, sin, "half")  # BNSD
+        if attention_mask is not None:
+            mix = torch.ones((batch_size, text_seq_length + image_seq_length), device=query.device)
+            mix[:, :text_seq_length] = attention_mask.float().to(query.device)
+            mix = mix.unsqueeze(2)
+            attention_mask = ((mix @ mix.transpose(1, 2)) > 0).unsqueeze(1).to(query.dtype)
+        hidden_states = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
+        )
+        hidden_states = hidden_states.transpose(1, 2).flatten(2, 3).type_as(query)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        encoder_hidden_states, hidden_states = hidden_states.split(
+            [text_seq_length, hidden_states.size(1) - text_seq_length], dim=1
+        )
+        return hidden_states, encoder_hidden_states
+
+
+class RomeHiDreamAttnProcessor(_RomeProcessor, _base(_hidream, "HiDreamAttnProcessor")):
+    """``HiDreamAttnProcessor`` with q and k rotated by one ``rome.apply_qk``. HiDream's table
+    holds a 2x2 rotation per pair (``[[cos, -sin], [sin, cos]]``, ``[B, S, 1, D/2, 2, 2]``) on
+    interleaved pairs: rome's interleave tables are its first column; where it rotates only the
+    first half of each head, the rest gets ``cos = 1``, ``sin = 0``."""
+
+    def __call__(self, attn, hidden_states, hidden_states_masks=None, encoder_hidden_states=None,
+                 image_rotary_emb=None, *args, **kwargs):
+        if image_rotary_emb is None:
+            return super().__call__(attn, hidden_states, hidden_states_masks, encoder_hidden_states,
+                                    image_rotary_emb, *args, **kwargs)
+        dtype = hidden_states.dtype
+        batch_size = hidden_states.shape[0]
+        query_i = attn.q_rms_norm(attn.to_q(hidden_states)).to(dtype=dtype)
+        key_i = attn.k_rms_norm(attn.to_k(hidden_states)).to(dtype=dtype)
+        value_i = attn.to_v(hidden_states)
+        head_dim = key_i.shape[-1] // attn.heads
+        query_i, key_i, value_i = (t.view(batch_size, -1, attn.heads, head_dim) for t in (query_i, key_i, value_i))
+        if hidden_states_masks is not None:
+            key_i = key_i * hidden_states_masks.view(batch_size, -1, 1, 1)
+        if not attn.single:
+            query_t = attn.q_rms_norm_t(attn.to_q_t(encoder_hidden_states)).to(dtype=dtype)
+            key_t = attn.k_rms_norm_t(attn.to_k_t(encoder_hidden_states)).to(dtype=dtype)
+            value_t = attn.to_v_t(encoder_hidden_states)
+            query_t, key_t, value_t = (t.view(batch_size, -1, attn.heads, head_dim) for t in (query_t, key_t, value_t))
+            num_image_tokens, num_text_tokens = query_i.shape[1], query_t.shape[1]
+            query = torch.cat([query_i, query_t], dim=1)
+            key = torch.cat([key_i, key_t], dim=1)
+            value = torch.cat([value_i, value_t], dim=1)
+        else:
+            query, key, value = query_i, key_i, value_i
+        cos, sin = _hidream_tables(image_rotary_emb, head_dim)  # [B, S, 1, D]
+        query, key = self._rome(query, key, cos, sin)  # BSND, [B, S, 1, D]
+        hidden_states = F.scaled_dot_product_attention(
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p=0.0, is_causal=False
+        )
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+        hidden_states = hidden_states.to(query.dtype)
+        if not attn.single:
+            hidden_states_i, hidden_states_t = torch.split(hidden_states, [num_image_tokens, num_text_tokens], dim=1)
+            return attn.to_out(hidden_states_i), attn.to_out_t(hidden_states_t)
+        return attn.to_out(hidden_states)
+
+
 # --- rotary modules with float64 angles ---------------------------------------------------------
 
 
@@ -407,81 +934,137 @@ _hunyuan_rope_forward, _ltx_rope_forward = _HunyuanRopeForward, _LTXRopeForward 
 
 # --- the patch ----------------------------------------------------------------------------------
 
-# family -> (module of its default processor, that processor's class name, its rome subclass,
-#            the class of the rotary module's float64 forward or None)
+_T = "diffusers.models.transformers."
+_WAN_PROC = (_T + "transformer_wan", "WanAttnProcessor", RomeWanAttnProcessor,
+             ("_get_qkv_projections", "dispatch_attention_fn"))
+_FLUX_PROC = (_T + "transformer_flux", "FluxAttnProcessor", RomeFluxAttnProcessor,
+              ("_get_qkv_projections", "dispatch_attention_fn"))
+_HUNYUAN_PROC = (_T + "transformer_hunyuan_video", "HunyuanVideoAttnProcessor2_0",
+                 RomeHunyuanVideoAttnProcessor, ("dispatch_attention_fn",))
+_DOUBLE_SINGLE = (("transformer_blocks", "attn"), ("single_transformer_blocks", "attn"))
+
+
+class _Family(NamedTuple):
+    """How rome patches one diffusers transformer class."""
+
+    # (module, the default processor's class name, its rome subclass, the module's functions
+    # that subclass calls), one per processor class on its RoPE attention layers
+    processors: tuple
+    # (blocks, attribute): the attention module ``block.<attribute>`` of every block in
+    # ``model.<blocks>`` applies RoPE
+    layers: tuple
+    # the class of the rotary module's float64 forward, or None (the model's tables as given)
+    rope_forward: type | None = None
+
+
 _FAMILIES = {
-    "WanTransformer3DModel": (
-        "diffusers.models.transformers.transformer_wan", "WanAttnProcessor", RomeWanAttnProcessor, None,
-    ),
-    "HunyuanVideoTransformer3DModel": (
-        "diffusers.models.transformers.transformer_hunyuan_video", "HunyuanVideoAttnProcessor2_0",
-        RomeHunyuanVideoAttnProcessor, _HunyuanRopeForward,
-    ),
-    "CogVideoXTransformer3DModel": (
-        "diffusers.models.attention_processor", "CogVideoXAttnProcessor2_0", RomeCogVideoXAttnProcessor, None,
-    ),
-    "FluxTransformer2DModel": (
-        "diffusers.models.transformers.transformer_flux", "FluxAttnProcessor", RomeFluxAttnProcessor, None,
-    ),
-    "LTXVideoTransformer3DModel": (
-        "diffusers.models.transformers.transformer_ltx", "LTXVideoAttnProcessor", RomeLTXVideoAttnProcessor,
-        _LTXRopeForward,
-    ),
+    "WanTransformer3DModel": _Family((_WAN_PROC,), (("blocks", "attn1"),)),
+    "HunyuanVideoTransformer3DModel": _Family((_HUNYUAN_PROC,), _DOUBLE_SINGLE, _HunyuanRopeForward),
+    "CogVideoXTransformer3DModel": _Family(
+        (("diffusers.models.attention_processor", "CogVideoXAttnProcessor2_0", RomeCogVideoXAttnProcessor, ()),),
+        (("transformer_blocks", "attn1"),)),
+    "FluxTransformer2DModel": _Family((_FLUX_PROC,), _DOUBLE_SINGLE),
+    "LTXVideoTransformer3DModel": _Family(
+        ((_T + "transformer_ltx", "LTXVideoAttnProcessor", RomeLTXVideoAttnProcessor, ("dispatch_attention_fn",)),),
+        (("transformer_blocks", "attn1"),), _LTXRopeForward),
+    # issue 19: the families diffusers 0.42 adds
+    "QwenImageTransformer2DModel": _Family(
+        ((_T + "transformer_qwenimage", "QwenDoubleStreamAttnProcessor2_0", RomeQwenImageAttnProcessor,
+          ("dispatch_attention_fn",)),), (("transformer_blocks", "attn"),)),
+    "Flux2Transformer2DModel": _Family(
+        ((_T + "transformer_flux2", "Flux2AttnProcessor", RomeFlux2AttnProcessor,
+          ("_get_qkv_projections", "dispatch_attention_fn")),
+         (_T + "transformer_flux2", "Flux2ParallelSelfAttnProcessor", RomeFlux2ParallelSelfAttnProcessor,
+          ("dispatch_attention_fn",))), _DOUBLE_SINGLE),
+    "ChromaTransformer2DModel": _Family((_FLUX_PROC,), _DOUBLE_SINGLE),
+    "WanVACETransformer3DModel": _Family((_WAN_PROC,), (("blocks", "attn1"), ("vace_blocks", "attn1"))),
+    "WanAnimateTransformer3DModel": _Family(
+        ((_T + "transformer_wan_animate", "WanAttnProcessor", RomeWanAnimateAttnProcessor,
+          ("_get_qkv_projections", "dispatch_attention_fn")),), (("blocks", "attn1"),)),
+    "ChronoEditTransformer3DModel": _Family(
+        ((_T + "transformer_chronoedit", "WanAttnProcessor", RomeChronoEditAttnProcessor,
+          ("_get_qkv_projections", "dispatch_attention_fn")),), (("blocks", "attn1"),)),
+    "SkyReelsV2Transformer3DModel": _Family(
+        ((_T + "transformer_skyreels_v2", "SkyReelsV2AttnProcessor", RomeSkyReelsV2AttnProcessor,
+          ("_get_qkv_projections", "dispatch_attention_fn")),), (("blocks", "attn1"),)),
+    "HunyuanVideo15Transformer3DModel": _Family(
+        ((_T + "transformer_hunyuan_video15", "HunyuanVideo15AttnProcessor2_0", RomeHunyuanVideo15AttnProcessor,
+          ("dispatch_attention_fn",)),), (("transformer_blocks", "attn"),)),
+    "HunyuanImageTransformer2DModel": _Family(
+        ((_T + "transformer_hunyuanimage", "HunyuanImageAttnProcessor", RomeHunyuanImageAttnProcessor,
+          ("dispatch_attention_fn",)),), _DOUBLE_SINGLE),
+    "LTX2VideoTransformer3DModel": _Family(
+        ((_T + "transformer_ltx2", "LTX2AudioVideoAttnProcessor", RomeLTX2AttnProcessor, ("dispatch_attention_fn",)),),
+        tuple(("transformer_blocks", a) for a in ("attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn"))),
+    "ZImageTransformer2DModel": _Family(
+        ((_T + "transformer_z_image", "ZSingleStreamAttnProcessor", RomeZImageAttnProcessor, ("dispatch_attention_fn",)),),
+        tuple((g, "attention") for g in ("noise_refiner", "context_refiner", "layers"))),
+    "CosmosTransformer3DModel": _Family(
+        ((_T + "transformer_cosmos", "CosmosAttnProcessor2_0", RomeCosmosAttnProcessor, ("dispatch_attention_fn",)),),
+        (("transformer_blocks", "attn1"),)),
+    "MochiTransformer3DModel": _Family(
+        (("diffusers.models.attention_processor", "MochiAttnProcessor2_0", RomeMochiAttnProcessor, ()),),
+        (("transformer_blocks", "attn1"),)),
+    "Lumina2Transformer2DModel": _Family(
+        ((_T + "transformer_lumina2", "Lumina2AttnProcessor2_0", RomeLumina2AttnProcessor, ()),),
+        tuple((g, "attn") for g in ("noise_refiner", "context_refiner", "layers"))),
+    "CogView4Transformer2DModel": _Family(
+        ((_T + "transformer_cogview4", "CogView4AttnProcessor", RomeCogView4AttnProcessor, ()),),
+        (("transformer_blocks", "attn1"),)),
+    "HiDreamImageTransformer2DModel": _Family(
+        ((_T + "transformer_hidream_image", "HiDreamAttnProcessor", RomeHiDreamAttnProcessor, ()),),
+        (("double_stream_blocks", "block.attn1"), ("single_stream_blocks", "block.attn1"))),
 }
-# the library functions each rome processor calls (checked at patch time)
-_HELPERS = {
-    "WanTransformer3DModel": ("_get_qkv_projections", "dispatch_attention_fn"),
-    "HunyuanVideoTransformer3DModel": ("dispatch_attention_fn",),
-    "FluxTransformer2DModel": ("_get_qkv_projections", "dispatch_attention_fn"),
-    "LTXVideoTransformer3DModel": ("dispatch_attention_fn",),
-}
+SUPPORTED = tuple(_FAMILIES)
 
 
 def _family(model) -> str | None:
     import diffusers
 
-    for name in SUPPORTED:
-        cls = getattr(diffusers, name, None)
-        if cls is not None and isinstance(model, cls):
+    classes = [(name, getattr(diffusers, name, None)) for name in SUPPORTED]
+    classes = [(name, cls) for name, cls in classes if isinstance(cls, type)]
+    for name, cls in classes:  # the model's own class first, then a class it derives from
+        if type(model) is cls:
+            return name
+    for name, cls in classes:
+        if isinstance(model, cls):
             return name
     return None
 
 
 def _attention_layers(model, family: str) -> list[tuple[str, object]]:
     """``(name, attention module)`` of every layer that applies RoPE."""
-    if family == "WanTransformer3DModel":
-        return [(f"blocks.{i}.attn1", b.attn1) for i, b in enumerate(model.blocks)]
-    if family == "CogVideoXTransformer3DModel":
-        return [(f"transformer_blocks.{i}.attn1", b.attn1) for i, b in enumerate(model.transformer_blocks)]
-    if family == "LTXVideoTransformer3DModel":
-        return [(f"transformer_blocks.{i}.attn1", b.attn1) for i, b in enumerate(model.transformer_blocks)]
     return [
-        (f"{group}.{i}.attn", b.attn)
-        for group in ("transformer_blocks", "single_transformer_blocks")
-        for i, b in enumerate(getattr(model, group))
+        (f"{group}.{i}.{attr}", block.get_submodule(attr))
+        for group, attr in _FAMILIES[family].layers
+        for i, block in enumerate(getattr(model, group))
     ]
+
+
+def _check_axes(name: str, what: str, dims, head_dim: int, *, halves: bool = False) -> None:
+    """Per-axis sections rome's layout takes: positive even sizes summing to the head dim (or,
+    ``halves``, to it or to its first half)."""
+    dims = [int(d) for d in dims]
+    sums = (head_dim, head_dim // 2) if halves else (head_dim,)
+    if sum(dims) not in sums or any(d <= 0 or d % 2 for d in dims):
+        also = f" (or its first half, {head_dim // 2})" if halves else ""
+        raise ValueError(
+            f"{name}: {what}={dims} must be positive even sizes summing to "
+            f"attention_head_dim={head_dim}{also} for rome's per-axis interleave layout"
+        )
 
 
 def _check_config(model, family: str) -> None:
     """ValueError for a RoPE configuration rome (or this patch) cannot express."""
     name = type(model).__name__
+    config = model.config
     if family == "HunyuanVideoTransformer3DModel":
-        dims = list(model.rope.rope_dim)
-        head_dim = model.config.attention_head_dim
-        if sum(dims) != head_dim or any(d <= 0 or d % 2 for d in dims):
-            raise ValueError(
-                f"{name}: rope_axes_dim={dims} must be positive even sizes summing to "
-                f"attention_head_dim={head_dim} for rome's per-axis interleave layout"
-            )
-    if family == "FluxTransformer2DModel":
-        dims = list(model.pos_embed.axes_dim)
-        head_dim = model.config.attention_head_dim
-        if sum(dims) != head_dim or any(d <= 0 or d % 2 for d in dims):
-            raise ValueError(
-                f"{name}: axes_dims_rope={dims} must be positive even sizes summing to "
-                f"attention_head_dim={head_dim} for rome's per-axis interleave layout"
-            )
-    if family == "CogVideoXTransformer3DModel" and not model.config.use_rotary_positional_embeddings:
+        _check_axes(name, "rope_axes_dim", model.rope.rope_dim, config.attention_head_dim)
+    if family in ("FluxTransformer2DModel", "ChromaTransformer2DModel"):
+        _check_axes(name, "axes_dims_rope", model.pos_embed.axes_dim, config.attention_head_dim)
+    if family == "HiDreamImageTransformer2DModel":
+        _check_axes(name, "axes_dims_rope", config.axes_dims_rope, config.attention_head_dim, halves=True)
+    if family == "CogVideoXTransformer3DModel" and not config.use_rotary_positional_embeddings:
         raise ValueError(
             f"{name}: use_rotary_positional_embeddings=False (learned or sincos positional "
             f"embeddings, no RoPE): nothing for rome to patch"
@@ -505,22 +1088,25 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
     name = type(model).__name__
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    module_name, proc_name, rome_cls, make_rope_forward = _FAMILIES[family]
-    module = importlib.import_module(module_name)
-    missing = [a for a in (proc_name, *_HELPERS.get(family, ())) if not hasattr(module, a)]
-    if missing:
-        import diffusers
+    spec = _FAMILIES[family]
+    rome_classes = {}  # the library's processor class -> its rome subclass
+    for module_name, proc_name, rome_cls, helpers in spec.processors:
+        module = importlib.import_module(module_name)
+        missing = [a for a in (proc_name, *helpers) if not hasattr(module, a)]
+        if missing:
+            import diffusers
 
-        raise ValueError(
-            f"{name}: diffusers {diffusers.__version__} has no {module_name}.{missing[0]}, which "
-            f"rome's patch of this model uses (written against diffusers 0.42)"
-        )
-    base = getattr(module, proc_name)
-    if not issubclass(rome_cls, base):  # another class of that name than rome's import saw
-        raise ValueError(
-            f"{name}: {module_name}.{proc_name} is not the class rome's {rome_cls.__name__} "
-            f"subclasses (replaced after rome.integrations.diffusers was imported)"
-        )
+            raise ValueError(
+                f"{name}: diffusers {diffusers.__version__} has no {module_name}.{missing[0]}, which "
+                f"rome's patch of this model uses (written against diffusers 0.42)"
+            )
+        base = getattr(module, proc_name)
+        if not issubclass(rome_cls, base):  # another class of that name than rome's import saw
+            raise ValueError(
+                f"{name}: {module_name}.{proc_name} is not the class rome's {rome_cls.__name__} "
+                f"subclasses (replaced after rome.integrations.diffusers was imported)"
+            )
+        rome_classes[base] = rome_cls
     _check_config(model, family)
     layers = _attention_layers(model, family)
     if getattr(getattr(model, "rope", None), "__dict__", {}).get("forward") is not None:
@@ -528,22 +1114,23 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
             raise ValueError(f"{name} is already patched by rome (rope); undo that patch first")
     for path, attn in layers:
         proc = attn.processor
-        if isinstance(proc, rome_cls):
+        if isinstance(proc, _RomeProcessor):
             raise ValueError(f"{name} is already patched by rome ({path}); undo that patch first")
-        if type(proc) is not base:
+        if type(proc) not in rome_classes:
+            defaults = " or ".join(sorted(p for _, p, _, _ in spec.processors))
             raise ValueError(
                 f"{name}: {path} has processor {type(proc).__name__}; rome patches only "
-                f"{proc_name} (the model's default)"
+                f"{defaults} (the model's default)"
             )
     handle = Patch(model, family)
     rotate = _Rotate(backend)
     for _, attn in layers:
         proc = attn.processor
+        rome_cls = rome_classes[type(proc)]
         new = rome_cls.__new__(rome_cls)
         new.__dict__.update(proc.__dict__)  # attention backend, parallel config
         new._rome = rotate
         handle.setattr(attn, "processor", new)
-    if make_rope_forward is not None:
-        forward = make_rope_forward(model.rope)
-        handle.setattr(model.rope, "forward", forward)
+    if spec.rope_forward is not None:
+        handle.setattr(model.rope, "forward", spec.rope_forward(model.rope))
     return handle
