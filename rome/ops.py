@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import sys
 import threading
 import warnings
@@ -165,13 +166,21 @@ def _check(xs: dict[str, Tensor], cos, sin, matrix, backend, positions=None, axi
 
     kernel_ok = x0.dtype != torch.float64 and d <= 256
     if backend == "auto":
-        return "triton" if x0.is_cuda and kernel_ok and _kernel_arch_ok(x0.device) else "torch"
+        return "triton" if x0.is_cuda and kernel_ok and _has_triton() and _kernel_arch_ok(x0.device) else "torch"
     if backend == "triton":
         if x0.dtype == torch.float64:
             raise TypeError(f"backend='triton' takes float32/float16/bfloat16 {name0}, got float64")
         if d > 256:
             raise ValueError(f"backend='triton' takes head_dim D <= 256, got {name0} {_shape(x0)}")
     return backend
+
+
+@functools.lru_cache(maxsize=None)
+def _has_triton() -> bool:
+    """Whether a ``triton`` module is installed, looked up without importing it: a CUDA torch on
+    Linux brings one, a ROCm torch its ``pytorch-triton-rocm``; a torch without one (CPU, Windows,
+    macOS, a source build) leaves ``backend="auto"`` on the torch backend (docs/install.md)."""
+    return importlib.util.find_spec("triton") is not None
 
 
 def _kernel_arch_ok(device: torch.device) -> bool:

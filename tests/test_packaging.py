@@ -18,10 +18,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.requirements import Requirement
 from packaging.version import Version
 
 import rome
+from rome import ops
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "rome-rope"
@@ -153,18 +155,28 @@ def test_unpacked_sdist_tests_collect(built):
     assert expected <= modules, expected - modules
 
 
+class _CudaLike(torch.Tensor):
+    """A CPU tensor that reports ``is_cuda`` (as tests/test_amd.py's stand-in): what ``backend="auto"``
+    decides for a GPU tensor, without a GPU."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def _auto_choice() -> str:
+    x = torch.Tensor._make_subclass(_CudaLike, torch.zeros(2, 8, 64))
+    return ops._check({"x": x}, torch.zeros(8, 64), torch.zeros(8, 64), torch.eye(64), "auto")
+
+
 NO_TRITON = textwrap.dedent("""
     import sys
 
-    class NoTriton:  # as if triton were not installed
-        def find_spec(self, name, path=None, target=None):
-            if name == "triton" or name.startswith("triton."):
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-
-    sys.meta_path.insert(0, NoTriton())
+    sys.modules["triton"] = None  # as if not installed: find_spec gives None, import raises ImportError
     import torch
     import rome
     import rome.integrations, rome.integrations.transformers  # transformers itself only when a model is patched
+    from tests.test_packaging import _auto_choice
 
     x = torch.randn(2, 3, 4, 8)
     cos, sin = rome.rope_cos_sin(torch.arange(4), [8], mode="half")
@@ -175,19 +187,25 @@ NO_TRITON = textwrap.dedent("""
         torch.testing.assert_close(rome.apply(x, cos, sin, m, backend=backend), want)
     q, k = rome.RoPE.sections([8])(x, x)
     torch.testing.assert_close(q, want)
+    print("auto on a GPU tensor:", _auto_choice())
     try:
         rome.apply(x, cos, sin, m, backend="triton")
     except RuntimeError as e:
         print("refused:", e)
-    assert not [n for n in sys.modules if n == "triton" or n.startswith("triton.")]
+    assert sys.modules["triton"] is None and not [n for n in sys.modules if n.startswith("triton.")]
 """)
 
 
+@pytest.mark.skipif(getattr(torch.version, "hip", None) is not None, reason="a ROCm build's auto also reads the arch")
 def test_import_and_torch_backend_without_triton(tmp_path):
     """triton is not a dependency (docs/install.md): without it ``import rome`` and the torch
-    backend work, and backend="triton" says what is missing and how to install it."""
+    backend work, ``backend="auto"`` stays on torch for GPU tensors too, and backend="triton"
+    says what is missing and how to install it. With triton, auto takes the kernel on a GPU."""
+    if ops._has_triton():
+        assert _auto_choice() == "triton"
     script = tmp_path / "no_triton.py"
     script.write_text(NO_TRITON)
     r = _run([sys.executable, str(script)], cwd=tmp_path, PYTHONPATH=str(ROOT))
-    assert "refused: backend='triton' needs triton" in r.stdout, r.stdout + r.stderr
-    assert "No module named 'triton'" in r.stdout and "rome-rope[triton]" in r.stdout
+    assert "auto on a GPU tensor: torch" in r.stdout, r.stdout + r.stderr
+    assert "refused: backend='triton' needs triton, which failed to import" in r.stdout, r.stdout
+    assert "rome-rope[triton]" in r.stdout and "backend='torch'" in r.stdout, r.stdout
