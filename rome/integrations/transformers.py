@@ -1,4 +1,7 @@
-"""rome for transformers models: the Llama family, Qwen2-VL / Qwen2.5-VL and GPT-NeoX.
+"""rome for transformers models: the Llama family (Llama, Mistral, Mixtral, Qwen2/3 and their
+MoE, Gemma 2/3, Phi-3/4, GLM-4.5), GPT-NeoX, Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 (mRoPE
+and the vision towers), DeepSeek-V3 and GLM-4.7-Flash (MLA), Llama 4 (complex rotary), GPT-OSS
+and GLM / GLM-4 (adjacent pairs); docs/families.md lists them, and those refused and why.
 
     handle = rome.integrations.patch(model)     # this model's RoPE now runs on rome
     handle.undo()                               # back to transformers' own, attribute for attribute
@@ -25,16 +28,30 @@ also keeps the longest length it has seen; the two agree for prefill then decode
 ``torch.compile`` traces the patched layers (``torch.ops.rome.apply_qk``) and rotary module
 (float64 angles in the graph) with ``fullgraph=True``; length-dependent types run eagerly.
 
+Families whose tables or rotation differ from Llama's (``_Family``): Gemma 3's one rotary module
+gives each layer type its own tables (local and global bases: one rome RoPE per layer type);
+GPT-OSS's tables hold one column per frequency (``[..., D/2]``); GLM's are Llama's and its
+``apply_rotary_pos_emb`` repeat-interleaves them to turn adjacent pairs (rome's interleave), so
+the patched module returns them in that same format; Llama 4's are complex (``freqs_cis``, pairs
+of adjacent columns); DeepSeek-V3's MLA with ``rope_interleave`` turns adjacent pairs and writes
+the result de-interleaved: rome turns the same pairs in place, a column permutation of q and k
+alike that the attention scores do not see (the KV cache then holds rome's order: a cache is
+not shared between the patched and the unpatched model). A patched layer handed transformers'
+own tables reads them as the modeling file does.
+
 At patch time rome's frequencies are checked against the rotary module's own ``inv_freq`` and
-``attention_scaling``; a configuration rome reads differently raises ValueError, naming the
-class, rather than patching in a different RoPE. GPT-J is not patched: its rotary is inlined in
+``attention_scaling`` (per layer type for Gemma 3); a configuration rome reads differently raises
+ValueError, naming the class, rather than patching in a different RoPE. The GLM-4V family is
+refused (``_REFUSED``, ValueError with the reason). GPT-J is not patched: its rotary is inlined in
 its attention's forward (tables gathered from a per-layer buffer, q and k rotated by two calls
 on slices), so only a copy of that forward would give one rome launch on rome's tables.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
+import inspect
 import types
 import weakref
 from dataclasses import dataclass
@@ -60,7 +77,32 @@ class _Family:
     rotary: str
     attention: tuple[str, ...]
     function: str = "apply_rotary_pos_emb"
-    kind: str = "text"  # text: tables [B, S, D], q [B, N, S, D]; vision: [T, D], q [T, N, D]
+    # text: tables [B, S, D], q [B, N, S, D]; vision: [T, D], q [T, N, D]; complex: Llama 4's
+    # freqs_cis [B, S, D/2] (complex), q [B, S, N, D], apply_rotary_emb(q, k, freqs_cis)
+    kind: str = "text"
+    # transformers' own tables as the modeling file reads them (a patched layer reads them the
+    # same way; see _to_rome): "half" cat(f, f) over the rotated width, "freqs" [..., D/2] one
+    # column per frequency (GPT-OSS), "pairs" cat(f, f) of which the file repeat-interleaves the
+    # first half to rotate adjacent pairs (GLM, DeepSeek's rope_interleave), "complex" (Llama 4)
+    tables: str = "half"
+    mode: str | None = None  # the rotation, where from_hf_config cannot read it (Llama 4)
+    # MLA (DeepSeek-V3, GLM-4.7-Flash): the function the layer calls when config.rope_interleave
+    interleave_function: str | None = None
+
+    def plan(self, config) -> tuple[str, str, str | None]:
+        """``(function the layers call, table convention, rome mode)`` for a model's config."""
+        if self.interleave_function is not None and getattr(config, "rope_interleave", False):
+            return self.interleave_function, "pairs", "interleave"
+        return self.function, self.tables, self.mode
+
+
+def _text(module: str, prefix: str, **kw) -> _Family:
+    return _Family(module, f"{prefix}RotaryEmbedding", (f"{prefix}Attention",), **kw)
+
+
+def _vision(module: str, prefix: str, attention: str | None = None) -> _Family:
+    return _Family(module, f"{prefix}VisionRotaryEmbedding", (attention or f"{prefix}VisionAttention",),
+                   "apply_rotary_pos_emb_vision", "vision")
 
 
 _FAMILIES = {
@@ -79,21 +121,59 @@ _FAMILIES = {
         _Family("qwen2_5_vl", "Qwen2_5_VLVisionRotaryEmbedding", ("Qwen2_5_VLVisionAttention",),
                 "apply_rotary_pos_emb_vision", "vision"),
     ),
+    "qwen2_moe": (_text("qwen2_moe", "Qwen2Moe"),),
+    "qwen3_moe": (_text("qwen3_moe", "Qwen3Moe"),),
+    "mixtral": (_text("mixtral", "Mixtral"),),
+    "gemma2": (_text("gemma2", "Gemma2"),),
+    "gemma3": (_text("gemma3", "Gemma3"),),  # one rotary module, tables per layer type
+    "phi3": (_text("phi3", "Phi3"),),
+    # interleaved mRoPE (text) and the 2D axial vision tower
+    "qwen3_vl": (_Family("qwen3_vl", "Qwen3VLTextRotaryEmbedding", ("Qwen3VLTextAttention",)),
+                 _vision("qwen3_vl", "Qwen3VL")),
+    "qwen3_vl_moe": (_Family("qwen3_vl_moe", "Qwen3VLMoeTextRotaryEmbedding",
+                             ("Qwen3VLMoeTextAttention",)),
+                     _vision("qwen3_vl_moe", "Qwen3VLMoe")),
+    "qwen3_5": (_Family("qwen3_5", "Qwen3_5TextRotaryEmbedding", ("Qwen3_5Attention",)),
+                _vision("qwen3_5", "Qwen3_5")),
+    "qwen3_5_moe": (_Family("qwen3_5_moe", "Qwen3_5MoeTextRotaryEmbedding", ("Qwen3_5MoeAttention",)),
+                    _vision("qwen3_5_moe", "Qwen3_5Moe")),
+    "deepseek_v3": (_text("deepseek_v3", "DeepseekV3",
+                          interleave_function="apply_rotary_pos_emb_interleave"),),
+    "llama4": (_Family("llama4", "Llama4TextRotaryEmbedding", ("Llama4TextAttention",),
+                       "apply_rotary_emb", "complex", "complex", "interleave"),),
+    "gpt_oss": (_text("gpt_oss", "GptOss", tables="freqs"),),
+    "glm": (_text("glm", "Glm", tables="pairs"),),
+    "glm4": (_text("glm4", "Glm4", tables="pairs"),),
+    "glm4_moe": (_text("glm4_moe", "Glm4Moe"),),
+    "glm4_moe_lite": (_text("glm4_moe_lite", "Glm4MoeLite",
+                            interleave_function="apply_rotary_pos_emb_interleave"),),
 }
 
-_PREFIX = {
-    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3",
-    "gpt_neox": "GPTNeoX", "qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL",
+# model types refused with the reason (ValueError), rather than "not supported"
+_GLM_V = (
+    "its text mRoPE gives (t, h, w) sections of the frequencies to adjacent column pairs "
+    "(rotate_half_llm); rome's mRoPE layouts (rome.layouts.mrope_layout: Qwen2-VL, Qwen3-VL) "
+    "rotate halves, and from_hf_config has no layout for this model type"
+)
+_REFUSED = {"glm4v": _GLM_V, "glm4v_moe": _GLM_V, "glm46v": _GLM_V}
+
+_CAUSAL, _VL = ("Model", "ForCausalLM"), ("Model", "TextModel", "ForConditionalGeneration")
+_CLASSES = {
+    "llama": ("Llama", _CAUSAL), "mistral": ("Mistral", _CAUSAL), "qwen2": ("Qwen2", _CAUSAL),
+    "qwen3": ("Qwen3", _CAUSAL), "gpt_neox": ("GPTNeoX", _CAUSAL), "qwen2_vl": ("Qwen2VL", _VL),
+    "qwen2_5_vl": ("Qwen2_5_VL", _VL), "qwen2_moe": ("Qwen2Moe", _CAUSAL),
+    "qwen3_moe": ("Qwen3Moe", _CAUSAL), "mixtral": ("Mixtral", _CAUSAL),
+    "gemma2": ("Gemma2", _CAUSAL), "gemma3": ("Gemma3", (*_VL, "ForCausalLM")),
+    "phi3": ("Phi3", _CAUSAL), "qwen3_vl": ("Qwen3VL", _VL), "qwen3_vl_moe": ("Qwen3VLMoe", _VL),
+    "qwen3_5": ("Qwen3_5", (*_VL, "ForCausalLM")), "qwen3_5_moe": ("Qwen3_5Moe", (*_VL, "ForCausalLM")),
+    "deepseek_v3": ("DeepseekV3", _CAUSAL), "llama4": ("Llama4", ("TextModel", "ForCausalLM")),
+    "gpt_oss": ("GptOss", _CAUSAL), "glm": ("Glm", _CAUSAL), "glm4": ("Glm4", _CAUSAL),
+    "glm4_moe": ("Glm4Moe", _CAUSAL), "glm4_moe_lite": ("Glm4MoeLite", _CAUSAL),
 }
 # the families' usual model classes; any model built of a family's rotary and attention
 # modules (a ...ForSequenceClassification, a bare text or vision model) is patched the same way
 SUPPORTED = tuple(
-    f"{_PREFIX[t]}{suffix}"
-    for t in _FAMILIES
-    for suffix in (
-        ("Model", "TextModel", "ForConditionalGeneration") if t.endswith("_vl")
-        else ("Model", "ForCausalLM")
-    )
+    f"{prefix}{suffix}" for t in _FAMILIES for prefix, suffixes in (_CLASSES[t],) for suffix in suffixes
 ) + ("Qwen2VisionTransformerPretrainedModel", "Qwen2_5_VisionTransformerPretrainedModel")
 
 # rotary and attention instances currently patched -> the patched model's class name
@@ -163,22 +243,54 @@ def _table_dtype(x: Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-class _RotaryForward:
-    """The rotary module's ``forward(x, position_ids) -> (cos, sin)`` on rome's tables (a
-    class, not a closure, so that it pickles)."""
+def _rotary_width(layout) -> int:
+    """The rotated columns' count r: they are the first r of the head (partial rotary)."""
+    rotated = [d for mode, d in layout.blocks if mode != "none"]
+    if any(mode == "none" for mode, _ in layout.blocks[: len(rotated)]):
+        raise ValueError(f"rome's layout {layout.blocks} does not rotate the first columns")
+    return sum(rotated)
 
-    def __init__(self, tables: _Tables, kind: str, n_axes: int):
+
+class _RotaryForward:
+    """The rotary module's ``forward(x, position_ids[, layer_type]) -> (cos, sin)`` on rome's
+    tables (a class, not a closure, so that it pickles). ``tables``: one ``_Tables``, or one per
+    layer type (Gemma 3's local and global bases). The result is rome's ``[..., D]`` tables,
+    except for the ``tables`` conventions a patched layer reads from transformers' format
+    (``_from_rome``: "pairs", "complex")."""
+
+    def __init__(self, tables, kind: str, n_axes: int, convention: str = "half", width: int = 0):
         self.tables, self.kind, self.n_axes = tables, kind, n_axes
+        self.convention, self.width = convention, width
 
     @torch.no_grad()
-    def __call__(self, module, x, position_ids):
+    def __call__(self, module, x, position_ids, layer_type=None):
         tables = self.tables
+        if isinstance(tables, dict):
+            if layer_type not in tables:
+                raise ValueError(
+                    f"{type(module).__name__}: layer_type must be one of {sorted(tables)}, "
+                    f"got {layer_type!r}"
+                )
+            tables = tables[layer_type]
         if self.kind == "vision":  # [T, A] (h, w) per patch -> [T, D]
             return tables(position_ids, -1, x.device, _table_dtype(x))
         if self.n_axes > 1:  # mRoPE: [B, S] (text only) or [A, B, S] -> [B, S, D]
             pos = position_ids.expand(self.n_axes, -1, -1) if position_ids.ndim == 2 else position_ids
             return tables(pos, 0, x.device, _table_dtype(x))
-        return tables(position_ids, None, x.device, _table_dtype(x))  # [B, S] -> [B, S, D]
+        cos, sin = tables(position_ids, None, x.device, _table_dtype(x))  # [B, S] -> [B, S, D]
+        return _from_rome(cos, sin, self.convention, self.width)
+
+
+def _from_rome(cos: Tensor, sin: Tensor, convention: str, r: int):
+    """rome's interleave-layout tables (columns 2i, 2i+1 turn by frequency i) in the format the
+    modeling file's own rotary module returns: "pairs" ``cat(f, f)`` over the r rotated columns,
+    "complex" ``cos + i sin`` per frequency; the others as they are."""
+    if convention == "pairs":
+        c, s = cos[..., 0:r:2], sin[..., 0:r:2]
+        return torch.cat([c, c], -1), torch.cat([s, s], -1)
+    if convention == "complex":
+        return torch.complex(cos[..., 0:r:2], sin[..., 0:r:2])
+    return cos, sin
 
 
 # --- q and k ---------------------------------------------------------------------------------
@@ -194,20 +306,53 @@ def _full_width(cos: Tensor, sin: Tensor, d: int) -> tuple[Tensor, Tensor]:
     return (torch.cat([cos, cos.new_ones(pad)], -1), torch.cat([sin, sin.new_zeros(pad)], -1))
 
 
+def _to_rome(cos: Tensor, sin: Tensor, d: int, convention: str) -> tuple[Tensor, Tensor]:
+    """Tables a patched layer was handed, in rome's ``[..., d]`` layout: the patched rotary
+    module's, or transformers' own, read as the modeling file reads them (``_Family.tables``)."""
+    if convention == "pairs":  # cat(f, f) of the rotated width: the file repeat-interleaves f
+        r = cos.shape[-1] // 2
+        cos = cos[..., :r].repeat_interleave(2, -1)
+        sin = sin[..., :r].repeat_interleave(2, -1)
+    elif convention == "freqs" and 2 * cos.shape[-1] == d:  # GPT-OSS: one column per frequency
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    return _full_width(cos, sin, d)
+
+
 class _RotateText:
     """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` as one ``rome.apply_qk``."""
 
-    def __init__(self, rope: RoPE, backend: str):
-        self.rope, self.backend = rope, backend
+    def __init__(self, rope: RoPE, backend: str, convention: str = "half"):
+        self.rope, self.backend, self.convention = rope, backend, convention
 
-    def __getstate__(self):
-        return {"rope": self.rope, "backend": self.backend}  # not the rebound forwards
+    def __getstate__(self):  # not the rebound forwards
+        return {"rope": self.rope, "backend": self.backend, "convention": self.convention}
 
     def __call__(self, q, k, cos, sin, unsqueeze_dim=1):
-        cos, sin = _full_width(cos, sin, q.shape[-1])
+        cos, sin = _to_rome(cos, sin, q.shape[-1], self.convention)
         m = self.rope.matrix(q.dtype, q.device)
         return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m,
                         backend=self.backend)
+
+
+class _RotatePairs(_RotateText):
+    """``apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None, unsqueeze_dim=1)``
+    (DeepSeek-V3's MLA with ``rope_interleave``): transformers rotates the adjacent pairs and
+    writes the result de-interleaved (the pairs' first members, then their second members);
+    rome rotates the same pairs in place. The two differ by one column permutation of q and k
+    alike, which q·k (the attention scores) does not see; the KV cache holds rome's order."""
+
+    def __call__(self, q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        return super().__call__(q, k, cos, sin, unsqueeze_dim)
+
+
+class _RotateComplex(_RotateText):
+    """Llama 4's ``apply_rotary_emb(xq, xk, freqs_cis)``: q and k ``[B, S, N, D]``, freqs_cis
+    ``[B, S, D/2]`` complex; ``view_as_complex`` pairs adjacent columns (rome's interleave)."""
+
+    def __call__(self, xq, xk, freqs_cis):
+        cos = freqs_cis.real.repeat_interleave(2, -1)
+        sin = freqs_cis.imag.repeat_interleave(2, -1)
+        return super().__call__(xq, xk, cos, sin, 2)
 
 
 class _RotateVision(_RotateText):
@@ -271,35 +416,65 @@ class _Forward:
 # --- building the RoPE of a rotary module ----------------------------------------------------
 
 
-def _rope_of(rotary: nn.Module, kind: str, backend: str) -> RoPE:
-    """rome's RoPE for a rotary module's config, checked against the module's frequencies."""
+def _pair_frequencies(layout) -> Tensor:
+    """float64: the frequency of each rotated pair, in the order of the blocks' pairs (a half
+    block's first half, an interleave block's even columns), as a rotary module's ``inv_freq``."""
+    parts, offset = [], 0
+    for mode, d in layout.blocks:
+        cols = layout.inv_freq[offset: offset + d]
+        if mode == "half":
+            parts.append(cols[: d // 2])
+        elif mode == "interleave":
+            parts.append(cols[0::2])
+        offset += d
+    return torch.cat(parts) if parts else layout.inv_freq[:0]
+
+
+def _rope_of(rotary: nn.Module, family: _Family, mode, backend: str, layer_type=None) -> RoPE:
+    """rome's RoPE for a rotary module's config (of ``layer_type``: Gemma 3), checked against
+    the module's frequencies and attention scaling."""
     name = type(rotary).__name__
     config = getattr(rotary, "config", None)
     if config is None:
         raise ValueError(f"{name} has no config to read its RoPE from")
+    if getattr(config, "rope_interleave", False) and mode == "interleave":
+        # MLA's interleaved pairs (_RotatePairs): rome rotates them in x's column order
+        config = copy.copy(config)
+        config.rope_interleave = False
     try:
-        rope = RoPE.from_hf_config(config, backend=backend)
+        rope = RoPE.from_hf_config(config, backend=backend, layer_type=layer_type, mode=mode)
     except (ValueError, TypeError, KeyError) as e:
         raise ValueError(
             f"rome cannot express the RoPE of {name} ({type(config).__name__}): {e}"
         ) from e
     layout = rope.layout
-    if kind == "vision" and (layout.n_axes != 2 or layout.blocks != (("half", layout.head_dim),)):
+    if family.kind == "vision" and (layout.n_axes != 2 or layout.blocks != (("half", layout.head_dim),)):
         raise ValueError(f"{name}: expected an axial 2D layout, rome read {layout!r}")
-    ref = getattr(rotary, "original_inv_freq", getattr(rotary, "inv_freq", None))
+    prefix = "" if layer_type is None else f"{layer_type}_"
+    ref = getattr(rotary, f"{prefix}original_inv_freq", getattr(rotary, f"{prefix}inv_freq", None))
     if isinstance(ref, Tensor) and ref.device.type != "meta":
         rtol = max(1e-5, torch.finfo(ref.dtype).eps)  # a model cast to bf16 has bf16 buffers
         ref = ref.detach().double().cpu()
-        got = layout.inv_freq[: ref.numel()]
+        got = _pair_frequencies(layout)[: ref.numel()]
         ok = ref.ndim == 1 and got.numel() == ref.numel() and torch.allclose(got, ref, rtol=rtol)
-        scale = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)
+        scale = float(getattr(rotary, f"{prefix}attention_scaling", 1.0) or 1.0)
         if not ok or abs(layout.attention_scaling - scale) > 1e-6 * scale:
+            where = "" if layer_type is None else f" for layer type {layer_type!r}"
             raise ValueError(
-                f"rome reads the RoPE of {name} ({type(config).__name__}) differently from the "
-                f"module: inv_freq {got.tolist()} vs the module's {ref.tolist()}, attention "
+                f"rome reads the RoPE of {name} ({type(config).__name__}){where} differently from "
+                f"the module: inv_freq {got.tolist()} vs the module's {ref.tolist()}, attention "
                 f"scaling {layout.attention_scaling} vs {scale}; not patched"
             )
     return rope
+
+
+def _layer_types(rotary: nn.Module) -> list | None:
+    """The layer types of a rotary module with tables per layer type (Gemma 3's
+    ``forward(x, position_ids, layer_type)``), else None."""
+    if "layer_type" not in inspect.signature(type(rotary).forward).parameters:
+        return None
+    rope_type = getattr(rotary, "rope_type", None)
+    return sorted(rope_type) if isinstance(rope_type, dict) else list(rotary.layer_types)
 
 
 # --- patch -----------------------------------------------------------------------------------
@@ -326,6 +501,9 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     name = type(model).__name__
     kind = _model_type(model)
+    if kind in _REFUSED:
+        raise ValueError(f"rome.integrations.patch({name}): model_type {kind!r} is not patched: "
+                         f"{_REFUSED[kind]}")
     if kind is not None and kind not in _FAMILIES:
         return None
     candidates = _FAMILIES[kind] if kind is not None else sum(_FAMILIES.values(), ())
@@ -354,23 +532,43 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
                     f"{name} is already patched by rome (its {type(m).__name__} is part of "
                     f"the patch of a {_PATCHED[m]}): undo that patch first"
                 )
-    ropes = [_rope_of(rotary, family.kind, backend) for family, rotary, _ in found]
+    built = []  # per family: (function, table convention, RoPE or {layer type: RoPE})
+    for family, rotary, _ in found:
+        function, convention, mode = family.plan(rotary.config)
+        types_ = _layer_types(rotary)
+        if types_ is None:
+            ropes = _rope_of(rotary, family, mode, backend)
+        else:
+            ropes = {t: _rope_of(rotary, family, mode, backend, t) for t in types_}
+            blocks = {r.layout.blocks for r in ropes.values()}
+            if len(blocks) != 1:
+                raise ValueError(
+                    f"{type(rotary).__name__}: its layer types rotate different columns "
+                    f"({blocks}); one patched attention class cannot take both"
+                )
+        built.append((function, convention, ropes))
 
     handle = Patch(model, family=kind or found[0][0].module)
     try:
-        for (family, rotary, layers), rope in zip(found, ropes):
-            forward = _RotaryForward(_Tables(rope), family.kind, rope.n_axes)
+        for (family, rotary, layers), (function, convention, ropes) in zip(found, built):
+            one = ropes if isinstance(ropes, RoPE) else next(iter(ropes.values()))
+            tables = _Tables(ropes) if isinstance(ropes, RoPE) else {
+                t: _Tables(r) for t, r in ropes.items()}
+            forward = _RotaryForward(tables, family.kind, one.n_axes, convention,
+                                     _rotary_width(one.layout))
             handle.setattr(rotary, "forward", _Forward(rotary, (forward,), name))
             handle.on_undo(lambda m=rotary: _PATCHED.pop(m, None))
-            rotate = (_RotateVision if family.kind == "vision" else _RotateText)(rope, backend)
+            rotate_cls = {"vision": _RotateVision, "complex": _RotateComplex}.get(
+                family.kind, _RotatePairs if function != family.function else _RotateText)
+            rotate = rotate_cls(one, backend, convention)
             for layer in layers:
                 cls = type(layer)
-                if family.function not in cls.forward.__code__.co_names:
+                if function not in cls.forward.__code__.co_names:
                     raise ValueError(
-                        f"{cls.__name__}.forward does not call {family.function} (a "
+                        f"{cls.__name__}.forward does not call {function} (a "
                         f"transformers version rome's patch does not know); not patched"
                     )
-                handle.setattr(layer, "forward", _Forward(layer, (cls, family.function, rotate), name))
+                handle.setattr(layer, "forward", _Forward(layer, (cls, function, rotate), name))
                 handle.on_undo(lambda m=layer: _PATCHED.pop(m, None))
     except BaseException:
         handle.undo()
