@@ -471,3 +471,21 @@ def test_mode_shortcut_errors():
         rome.apply(rand(2, 7), cos[:, :7], sin[:, :7], mode="half")
     with pytest.raises(TypeError, match="q must be a torch.Tensor, got list"):
         rome.apply_qk([1.0], x, cos, sin, mode="half")
+
+
+def test_compile_fullgraph():
+    """The adapters and mode= trace into one graph under Dynamo (matrices built as constants,
+    the position check skipped while tracing) and give the eager bits (backend "eager": the
+    trace is what is checked; inductor's CPU codegen would take ~25 s here)."""
+    torch._dynamo.reset()
+    cos, sin = tables(8, 8)
+    x = rand(1, 3, 2, 16)
+    fa = torch.compile(lambda x, c, s: apply_rotary_emb(x, c, s, True, seqlen_offsets=2, backend="torch"), fullgraph=True, backend="eager")
+    assert_bitwise(fa(x, cos, sin), apply_rotary_emb(x, cos, sin, True, seqlen_offsets=2, backend="torch"))
+    rope = RotaryEmbedding(16, 8, 32, 10000.0, True).to(DEVICE)
+    pos, q, k = torch.tensor([0, 5, 9], device=DEVICE), rand(3, 32), rand(3, 16)
+    for got, want in zip(torch.compile(rope, fullgraph=True, backend="eager")(pos, q, k), rope(pos, q, k)):
+        assert_bitwise(got, want)
+    c, s = rome.rope_cos_sin(torch.arange(3), (16,), mode="half", device=DEVICE)
+    shortcut = torch.compile(lambda x, c, s: rome.apply(x, c, s, mode="interleave", backend="torch"), fullgraph=True, backend="eager")
+    assert_bitwise(shortcut(x, c[:, None], s[:, None]), rome.apply(x, c[:, None], s[:, None], mode="interleave", backend="torch"))

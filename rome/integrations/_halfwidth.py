@@ -19,8 +19,7 @@ from einops import repeat
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from ..frequencies import rope_frequencies
-from ..layouts import rope_layout
+from ..matrices import rotation_matrix
 from ..positions import check_range, gather_rows
 
 # pair k -> its two columns (the einops patterns of rome.layouts' columns, with leading dims)
@@ -49,7 +48,11 @@ def matrix(mode: str, rotary_dim: int, head_dim: int, dtype: torch.dtype, device
 
 
 def _build(mode, rotary_dim, head_dim, dtype, device, transposed) -> Tensor:
-    m = rope_layout(rope_frequencies(head_dim, rotary_dim=rotary_dim), mode=mode).matrix(dtype, device)
+    """``RopeLayout.matrix`` of this partial rotary (a rotation block, a zero block), built from
+    ``rotation_matrix`` directly so that tracing it takes no host check."""
+    rest = head_dim - rotary_dim
+    m = torch.block_diag(rotation_matrix(rotary_dim, mode, dtype=dtype, device=device),
+                         torch.zeros(rest, rest, dtype=dtype, device=device))
     return m.mT.contiguous() if transposed else m
 
 
