@@ -17,7 +17,7 @@ import inspect
 
 import torch
 
-__all__ = ["probe_mode"]
+__all__ = ["modeling_module", "probe_axial", "probe_mode"]
 
 _POSITIONS = (0, 1, 5, 17, 63)
 
@@ -27,6 +27,21 @@ def _cannot(kind: str, why: str) -> ValueError:
         f"rome cannot tell the rotation of model_type {kind!r} ({why}); build the layout yourself: "
         f"RoPE(rope_layout(frequencies_from_hf(config), mode='half' or 'interleave'))"
     )
+
+
+def modeling_module(config, kind: str) -> str:
+    """The name of the transformers modeling module of ``config``: its config class's sibling
+    (``transformers.models.<m>.configuration_<m>`` -> ``modeling_<m>``; a config object names its
+    code whatever its ``model_type`` string says), else transformers' own map from ``kind`` to
+    its folder (``clip_text_model`` -> ``clip``, ``kyutai_speech_to_text`` stays whole)."""
+    owner = type(config).__module__ if not isinstance(config, dict) else ""
+    package, _, leaf = owner.rpartition(".")
+    if package.startswith("transformers.models.") and leaf.startswith("configuration_"):
+        return f"{package}.modeling_{leaf[len('configuration_'):]}"
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = model_type_to_module_name(kind)
+    return f"transformers.models.{name}.modeling_{name}"
 
 
 def _config_object(config, kind: str):
@@ -49,7 +64,7 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
     from .ops import apply_qk
 
     try:
-        module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
+        module = importlib.import_module(modeling_module(config, kind))
     except Exception as e:  # noqa: BLE001
         raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
     fn = getattr(module, "apply_rotary_pos_emb", None)
@@ -86,3 +101,45 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
         raise _cannot(kind, "transformers' code rotates neither as rome's half nor interleave rotation "
                             f"of the config's frequencies (max differences {errors})")
     return mode
+
+
+_GRID = ((0, 0), (0, 1), (3, 5), (7, 2), (40, 63))  # (row, column) of a few patches
+
+
+def probe_axial(config, kind: str, layout) -> None:
+    """Check that transformers' installed vision code for ``kind`` rotates as ``layout`` (rome's
+    axial layout of ``config``: Qwen2-VL's rows then columns, one half rotation): its one
+    ``...VisionRotaryEmbedding`` on ``[T, 2]`` patch positions and its
+    ``apply_rotary_pos_emb_vision``; ValueError naming ``kind`` otherwise (another axial layout,
+    Pixtral's or Kimi-K2.5's alternating axes; code it cannot find or run)."""
+    from .layouts import cos_sin_for_positions
+    from .ops import apply_qk
+
+    try:
+        module = importlib.import_module(modeling_module(config, kind))
+    except Exception as e:  # noqa: BLE001
+        raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
+    fn = getattr(module, "apply_rotary_pos_emb_vision", None)
+    rotary_classes = [
+        v for n, v in vars(module).items()
+        if isinstance(v, type) and n.endswith("VisionRotaryEmbedding") and v.__module__ == module.__name__
+    ]
+    if not callable(fn) or len(rotary_classes) != 1:
+        raise _cannot(kind, f"{module.__name__} does not define both apply_rotary_pos_emb_vision and one vision "
+                            f"rotary module (found {[c.__name__ for c in rotary_classes]})")
+    pos = torch.tensor(_GRID)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(len(_GRID), 2, layout.head_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(len(_GRID), 1, layout.head_dim, generator=gen, dtype=torch.float64)
+    try:
+        with torch.device("cpu"), torch.no_grad():
+            cos, sin = rotary_classes[0](_config_object(config, kind)).double()(q, pos)
+            theirs = fn(q, k, cos.double(), sin.double())[:2]
+    except Exception as e:  # noqa: BLE001
+        raise _cannot(kind, f"its vision rotary code did not run on a probe: {type(e).__name__}: {e}") from None
+    rc, rs = cos_sin_for_positions(layout, pos, axes_dim=-1, dtype=torch.float64)
+    ours = apply_qk(q, k, rc.unsqueeze(-2), rs.unsqueeze(-2), layout.matrix(torch.float64), backend="torch")
+    error = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+    if not error <= 1e-3:
+        raise _cannot(kind, f"transformers' vision code lays its rope_type 'axial' out otherwise than rome's "
+                            f"axial layout (rows then columns, one half rotation; max difference {error:.3g})")

@@ -79,10 +79,8 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
-from .matrices import check_mode
 from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
-from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
 
@@ -196,6 +194,12 @@ MROPE_MODEL_TYPES = {
     "qwen3_5": (True, (11, 11, 10)),
     "qwen3_5_moe": (True, (11, 11, 10)),
 }
+# vision configs whose rope_type "axial" is Qwen2-VL's (rows then columns of a patch grid, each
+# half of the rotated width, one half rotation: rome.layouts.axial_layout), checked against
+# transformers' own vision rotary in tests/test_hf_rotation.py; any other model type's "axial" is
+# read from its installed vision code (rome.hf_rotation.probe_axial) or refused (Pixtral's and
+# Kimi-K2.5's alternate the axes)
+AXIAL_MODEL_TYPES = frozenset({"qwen2_vl_vision", "qwen2_5_vl_vision"})
 
 
 def _text_config(config):
@@ -206,8 +210,44 @@ def _text_config(config):
 
 
 def _model_type(config) -> str:
+    """The config's model_type; a text config's ``<type>_text`` is read as ``<type>`` where that is
+    in rome's tables (``qwen2_5_vl_text``), else kept whole (``kyutai_speech_to_text``)."""
     kind = _get(config, "model_type") or ""
-    return kind[: -len("_text")] if kind.endswith("_text") else kind
+    if not isinstance(kind, str):
+        raise ValueError(f"model_type must be a string, got {kind!r}")
+    base = kind[: -len("_text")] if kind.endswith("_text") else kind
+    known = HALF_MODEL_TYPES | INTERLEAVE_MODEL_TYPES | MROPE_MODEL_TYPES.keys()
+    return base if base in known else kind
+
+
+def _hf_refusal(config, error: Exception) -> ValueError:
+    """``error`` (raised while reading ``config``) as a ValueError naming the model type, and the
+    text config's where ``config`` is composite: every refusal of ``from_hf_config`` says which
+    model type it could not read and why."""
+    kind = _get(config, "model_type")
+    names = [f"model_type {kind!r}" if kind else "no model_type"]
+    try:
+        text = _text_config(config)
+    except Exception:  # noqa: BLE001 - the refusal itself may be about the text config
+        text = config
+    if text is not config:
+        names.append(f"text config model_type {_get(text, 'model_type')!r}")
+    message = str(error) if type(error) is ValueError else f"{type(error).__name__}: {error}"
+    if type(error) is ValueError and all(n in message for n in names):
+        return error
+    return ValueError(f"RoPE.from_hf_config({type(config).__name__}, {', '.join(names)}): {message}")
+
+
+def _check_heads(config) -> None:
+    """A config without head_dim must have one head count to derive it from."""
+    if _get(config, "head_dim") is not None:
+        return
+    heads = _get(config, "num_attention_heads", "num_heads", "n_head")
+    if heads is not None and (isinstance(heads, bool) or not isinstance(heads, numbers.Integral)):
+        raise ValueError(
+            f"num_attention_heads={heads!r} is not one head count (a hierarchical model's heads per "
+            f"stage), and there is no head_dim: rome cannot tell the head width its RoPE turns"
+        )
 
 
 def _rope_params(config, layer_type) -> dict:
@@ -217,9 +257,8 @@ def _rope_params(config, layer_type) -> dict:
     return dict(params)
 
 
-def _hf_layout_builder(config, layer_type, mode=None) -> Callable[..., RopeLayout]:
-    """``seq_len -> RopeLayout`` for a transformers config (checked once, up front); ``mode``:
-    the rotation where the caller knows it (else read from the model type)."""
+def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
+    """``seq_len -> RopeLayout`` for a transformers config (checked once, up front)."""
     name = type(config).__name__
     kind = _model_type(config)
     params = _rope_params(config, layer_type)
@@ -240,9 +279,11 @@ def _hf_layout_builder(config, layer_type, mode=None) -> Callable[..., RopeLayou
             f"build RoPE(mrope_layout(...)) yourself"
         )
     interleaved = interleaved if section is not None else False
-    if mode is not None:
-        check_mode(mode)
-    elif kind in INTERLEAVE_MODEL_TYPES:
+    if section is None and kind not in AXIAL_MODEL_TYPES and _axial(config, layer_type):
+        from .hf_rotation import probe_axial  # ValueError unless the installed code is Qwen2-VL's
+
+        probe_axial(config, kind, _HFLayouts(config, layer_type, None, False, "half")())
+    if kind in INTERLEAVE_MODEL_TYPES:
         mode = "interleave"
     elif kind in HALF_MODEL_TYPES or section is not None or _axial(config, layer_type):
         mode = "half"  # (axial: vision towers, one half rotation whatever the model type)
@@ -306,13 +347,13 @@ class RoPE(nn.Module):
         layout: RopeLayout,
         *,
         max_positions: int | None = None,
-        backend: Backend = "auto",
+        backend: str = "auto",
         dynamic: Callable[[int], RopeLayout] | None = None,
-        angles: AngleSource = "cache",
+        angles: str = "cache",
         cache_positions: int | None = None,
     ):
         super().__init__()
-        if angles not in ANGLE_SOURCES:
+        if angles not in ("cache", "kernel"):
             raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
             raise TypeError(f"layout must be a rome.layouts.RopeLayout, got {type(layout).__name__}")
@@ -353,10 +394,9 @@ class RoPE(nn.Module):
         device=None,
         layer_type: str | None = None,
         max_positions: int | None = None,
-        backend: Backend = "auto",
-        angles: AngleSource = "cache",
+        backend: str = "auto",
+        angles: str = "cache",
         cache_positions: int | None = None,
-        mode: Mode | None = None,
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -371,21 +411,21 @@ class RoPE(nn.Module):
         ``cache_positions``: as the constructor's; None: what the config allows
         (``config_positions``: ``max_position_embeddings``, or the length a ``factor`` scales
         ``original_max_position_embeddings`` to where that is more).
-        ``mode``: ``"half"`` or ``"interleave"``, the rotation where the caller knows it (the
-        transformers integration, for model types whose code this cannot read: Llama 4's complex
-        pairs); None: read from the model type as above.
         ``device``: build the float32 cache for
         ``max_position_embeddings`` positions there now (8 * head_dim bytes per position).
-        Raises ValueError naming the config class and the setting rome cannot express.
+        Raises ValueError naming the config class, its model type (and its text config's) and
+        the setting rome cannot express or the reason it cannot tell the rotation.
         """
-        text = _text_config(config)
-        build = _hf_layout_builder(text, layer_type, mode)
-        layout = build()  # on the CPU (float64), whatever the default device
-        dynamic = None
-        if _rope_type(text, layer_type) in ("dynamic", "longrope"):
-            dynamic = build
-        if cache_positions is None:
-            cache_positions = config_positions(text, layer_type)
+        try:  # reading the config: any refusal names the model type (_hf_refusal)
+            text = _text_config(config)
+            _check_heads(text)
+            build = _hf_layout_builder(text, layer_type)
+            layout = build()  # on the CPU (float64), whatever the default device
+            dynamic = build if _rope_type(text, layer_type) in ("dynamic", "longrope") else None
+            if cache_positions is None:
+                cache_positions = config_positions(text, layer_type)
+        except Exception as e:  # noqa: BLE001 - whatever reading the config raised (transformers' own too)
+            raise _hf_refusal(config, e) from e
         rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles,
                    cache_positions=cache_positions)
         if device is not None:
@@ -398,7 +438,7 @@ class RoPE(nn.Module):
         return rope
 
     @classmethod
-    def sections(cls, sections, *, mode: Mode = "half", theta=10000.0, **kwargs) -> RoPE:
+    def sections(cls, sections, *, mode: str = "half", theta=10000.0, **kwargs) -> RoPE:
         """Multi-axis (2D/3D video) RoPE, one ``mode`` block per section, section i reading
         position axis i with base ``theta`` (one, or one per section): ``section_layout``."""
         with torch.device("cpu"):
