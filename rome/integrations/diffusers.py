@@ -748,6 +748,7 @@ class RomeLumina2AttnProcessor(_RomeProcessor, _base(_lumina2, "Lumina2AttnProce
         value = attn.to_v(encoder_hidden_states)
         head_dim = query.shape[-1] // attn.heads
         kv_heads = key.shape[-1] // head_dim
+        dtype = query.dtype
         query = query.view(batch_size, -1, attn.heads, head_dim)
         key = key.view(batch_size, -1, kv_heads, head_dim)
         value = value.view(batch_size, -1, kv_heads, head_dim)
@@ -757,6 +758,7 @@ class RomeLumina2AttnProcessor(_RomeProcessor, _base(_lumina2, "Lumina2AttnProce
             key = attn.norm_k(key)
         cos, sin = _complex_tables(image_rotary_emb)  # [B, S, D]
         query, key = self._rome(query, key, cos[:, :, None], sin[:, :, None])  # BSND, [B, S, 1, D]
+        query, key = query.to(dtype), key.to(dtype)  # the projections' dtype, as the original
         if base_sequence_length is not None:
             softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
         else:
@@ -994,10 +996,13 @@ _FAMILIES = {
         ((_T + "transformer_hunyuanimage", "HunyuanImageAttnProcessor", RomeHunyuanImageAttnProcessor,
           ("dispatch_attention_fn",)),), _DOUBLE_SINGLE),
     "LTX2VideoTransformer3DModel": _Family(
-        ((_T + "transformer_ltx2", "LTX2AudioVideoAttnProcessor", RomeLTX2AttnProcessor, ("dispatch_attention_fn",)),),
-        tuple(("transformer_blocks", a) for a in ("attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn"))),
+        ((_T + "transformer_ltx2", "LTX2AudioVideoAttnProcessor", RomeLTX2AttnProcessor,
+          ("dispatch_attention_fn",)),),
+        tuple(("transformer_blocks", a)
+              for a in ("attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn"))),
     "ZImageTransformer2DModel": _Family(
-        ((_T + "transformer_z_image", "ZSingleStreamAttnProcessor", RomeZImageAttnProcessor, ("dispatch_attention_fn",)),),
+        ((_T + "transformer_z_image", "ZSingleStreamAttnProcessor", RomeZImageAttnProcessor,
+          ("dispatch_attention_fn",)),),
         tuple((g, "attention") for g in ("noise_refiner", "context_refiner", "layers"))),
     "CosmosTransformer3DModel": _Family(
         ((_T + "transformer_cosmos", "CosmosAttnProcessor2_0", RomeCosmosAttnProcessor, ("dispatch_attention_fn",)),),
