@@ -81,6 +81,7 @@ from .layouts import (
 )
 from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
+from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
 
@@ -347,13 +348,13 @@ class RoPE(nn.Module):
         layout: RopeLayout,
         *,
         max_positions: int | None = None,
-        backend: str = "auto",
+        backend: Backend = "auto",
         dynamic: Callable[[int], RopeLayout] | None = None,
-        angles: str = "cache",
+        angles: AngleSource = "cache",
         cache_positions: int | None = None,
     ):
         super().__init__()
-        if angles not in ("cache", "kernel"):
+        if angles not in ANGLE_SOURCES:
             raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
             raise TypeError(f"layout must be a rome.layouts.RopeLayout, got {type(layout).__name__}")
@@ -394,8 +395,8 @@ class RoPE(nn.Module):
         device=None,
         layer_type: str | None = None,
         max_positions: int | None = None,
-        backend: str = "auto",
-        angles: str = "cache",
+        backend: Backend = "auto",
+        angles: AngleSource = "cache",
         cache_positions: int | None = None,
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
@@ -438,7 +439,7 @@ class RoPE(nn.Module):
         return rope
 
     @classmethod
-    def sections(cls, sections, *, mode: str = "half", theta=10000.0, **kwargs) -> RoPE:
+    def sections(cls, sections, *, mode: Mode = "half", theta=10000.0, **kwargs) -> RoPE:
         """Multi-axis (2D/3D video) RoPE, one ``mode`` block per section, section i reading
         position axis i with base ``theta`` (one, or one per section): ``section_layout``."""
         with torch.device("cpu"):
