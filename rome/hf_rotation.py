@@ -88,7 +88,7 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
             params = inspect.signature(rotary.forward).parameters
             extra = (layer_type,) if "layer_type" in params and layer_type is not None else ()
             cos, sin = rotary(q, pos, *extra)
-            theirs = fn(q, k, cos.double(), sin.double())[:2]
+            theirs = _rotate(fn, q, k, cos.double(), sin.double())
     except Exception as e:  # noqa: BLE001
         raise _cannot(kind, f"its rotary code did not run on a probe: {type(e).__name__}: {e}") from None
     errors = {}
@@ -98,9 +98,22 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
         errors[mode] = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
     mode = min(errors, key=errors.get)
     if not errors[mode] <= 1e-3:  # the other mode, or another rotation, is off by O(1)
-        raise _cannot(kind, "transformers' code rotates neither as rome's half nor interleave rotation "
-                            f"of the config's frequencies (max differences {errors})")
+        raise _cannot(kind, f"transformers' code rotates as none of rome's {' or '.join(errors)} rotation of "
+                            f"the config's frequencies and rotated columns {next(iter(layouts.values())).blocks} "
+                            f"(max differences {errors})")
     return mode
+
+
+def _rotate(fn, q, k, cos, sin):
+    """``apply_rotary_pos_emb`` as the attention layers call it: on the whole head where the
+    tables fit it (GPT-OSS's half-width tables too), else on the first ``cos.shape[-1]``
+    columns, the rest passed through (partial rotary: Phi, GPT-NeoX, StableLM)."""
+    try:
+        return fn(q, k, cos, sin)[:2]
+    except RuntimeError:
+        r = cos.shape[-1]
+        qr, kr = fn(q[..., :r], k[..., :r], cos, sin)[:2]
+        return torch.cat([qr, q[..., r:]], -1), torch.cat([kr, k[..., r:]], -1)
 
 
 _GRID = ((0, 0), (0, 1), (3, 5), (7, 2), (40, 63))  # (row, column) of a few patches

@@ -186,6 +186,9 @@ HALF_MODEL_TYPES = frozenset({
     "granitemoe", "smollm3", "exaone4", "seed_oss", "nemotron",
     "hunyuan_v1_dense", "hunyuan_v1_moe", "dbrx", "jetmoe", "minimax", "apertus", "arcee",
 })
+# model types whose attention rotates inline, not through apply_rotary_pos_emb(q, k, cos, sin)
+# (tests/test_module.py checks them against their own formula)
+INLINE_MODEL_TYPES = frozenset({"gptj", "codegen"})
 # mRoPE model types: (interleaved, transformers' default mrope_section)
 MROPE_MODEL_TYPES = {
     "qwen2_vl": (False, (16, 24, 24)),
@@ -298,8 +301,23 @@ def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
         from .hf_rotation import probe_mode
 
         layouts = {m: _HFLayouts(config, layer_type, None, False, m)() for m in ("half", "interleave")}
-        mode = probe_mode(config, kind, layouts, layer_type)
-    return _HFLayouts(config, layer_type, section, interleaved, mode)
+        return _HFLayouts(config, layer_type, None, False, probe_mode(config, kind, layouts, layer_type))
+    build = _HFLayouts(config, layer_type, section, interleaved, mode)
+    if section is None and kind not in INLINE_MODEL_TYPES and _transformers_installed():
+        layout = build()
+        if any(m == "none" for m, _ in layout.blocks):
+            # partial rotary: a model type of the tables whose code ignores the config's
+            # partial_rotary_factor (Llama's copies: Granite, EXAONE 4) rotates every column
+            from .hf_rotation import probe_mode
+
+            probe_mode(config, kind, {mode: layout}, layer_type)
+    return build
+
+
+def _transformers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformers") is not None
 
 
 def _axial(config, layer_type) -> bool:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import event, given, note
+from hypothesis import event, given, note, reject
 from hypothesis import strategies as st
 
 import rome
@@ -682,3 +682,85 @@ def test_overflowing_inputs_give_the_rounded_infinity(c, entry):
         extra = 2 * ANGLE_REL * magnitude if entry == "angles" and c["backend"] == "triton" else 0.0
         assert_within(out, value, magnitude, c["dtype"], 0, entry, extra)
     event(f"overflow {entry} {c['backend']} {'inf' if any(o.isinf().any() for o in got) else 'finite'}")
+
+
+# --- issue 21: unknown HF model types ------------------------------------------------------------
+
+from conftest import optional  # noqa: E402
+
+_transformers, needs_transformers = optional("transformers")
+_CONFIG_KINDS = sorted(_transformers.CONFIG_MAPPING.keys()) if _transformers else ["(none)"]
+_ROPE_CHANGES = ("missing", "not a dict", "no rope_type", "unknown rope_type", "no rope_theta", "rope_theta",
+                 "linear", "linear without factor", "yarn", "dynamic")
+
+
+@st.composite
+def hf_configs(draw):
+    """A default config of any class transformers registers, then one perturbation: an unknown
+    model_type string (on the object, or on its config.json dict), odd rope parameters, a
+    partial_rotary_factor, a head_dim that disagrees with hidden_size / heads."""
+    kind = draw(st.sampled_from(_CONFIG_KINDS))
+    try:
+        config = _transformers.CONFIG_MAPPING[kind]()
+    except Exception:  # noqa: BLE001 - transformers' own defaults refused (gemma4_assistant, nougat)
+        reject()
+    change = draw(st.sampled_from(["none", "model_type", "model_type dict", "rope_parameters",
+                                   "partial_rotary_factor", "head_dim"]))
+    params = getattr(config, "rope_parameters", None)
+    params = dict(params) if isinstance(params, dict) else {}
+    try:
+        if change == "model_type":
+            config.model_type = draw(st.sampled_from(["zz_", "x", "my_"])) + kind.replace("-", "_") + "_custom"
+        elif change == "model_type dict":
+            config = {**config.to_dict(), "model_type": "no_such_" + kind}
+        elif change == "rope_parameters":
+            how = draw(st.sampled_from(_ROPE_CHANGES))
+            value = {
+                "missing": None, "not a dict": "default",
+                "no rope_type": {k: v for k, v in params.items() if k != "rope_type"},
+                "unknown rope_type": {**params, "rope_type": "bogus"},
+                "no rope_theta": {k: v for k, v in params.items() if k != "rope_theta"},
+                "rope_theta": {**params, "rope_theta": draw(st.sampled_from([1.0, 500.0, 1e6, 0.0, -1.0, math.nan]))},
+                "linear": {**params, "rope_type": "linear", "factor": draw(st.sampled_from([0.5, 1.0, 2.0, 4.0]))},
+                "linear without factor": {**{k: v for k, v in params.items() if k != "factor"}, "rope_type": "linear"},
+                "yarn": {**params, "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+                "dynamic": {**params, "rope_type": "dynamic", "factor": 2.0},
+            }[how]
+            event(f"rope_parameters {how}")
+            config.rope_parameters = value
+        elif change == "partial_rotary_factor":
+            value = draw(st.sampled_from([0.1, 0.25, 0.3, 0.5, 0.75, 1.0, 0.0, -0.5, 1.5]))
+            config.partial_rotary_factor = value
+            if params:
+                config.rope_parameters = {**params, "partial_rotary_factor": value}
+        elif change == "head_dim":
+            text = config.get_text_config()
+            heads = getattr(text, "num_attention_heads", None)
+            hidden = getattr(text, "hidden_size", None)
+            base = hidden // heads if isinstance(heads, int) and isinstance(hidden, int) and heads else 64
+            text.head_dim = draw(st.sampled_from([base + 2, 2 * base, base - 2, base + 1, 0, -4, 6]))
+    except Exception:  # noqa: BLE001 - transformers' strict config refused the assignment itself
+        reject()
+    event(f"perturbation {change}")
+    return kind, change, config
+
+
+@needs_transformers
+@FEW
+@given(hf_configs())
+def test_unknown_hf_model_types(drawn):
+    """``RoPE.from_hf_config`` on configs drawn from transformers' registry and perturbed: a RoPE
+    that rotates as transformers' own code for that config, or a ValueError naming the model
+    type; never another exception, never a silently different rotation (issue 21 item 4). Where
+    transformers' own rotary code raises on the perturbed config there is no rotation to compare:
+    counted as an event."""
+    import warnings
+
+    from test_hf_rotation import check_hf_config
+
+    kind, change, config = drawn
+    note(f"{kind}: {change}")
+    warnings.filterwarnings("ignore")
+    outcome, problem = check_hf_config(config, torch.Generator().manual_seed(0), strict=False)
+    event(f"outcome {outcome}")
+    assert problem is None, f"{kind} ({change}): {problem}"

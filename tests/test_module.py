@@ -214,7 +214,7 @@ def test_glm_partial_interleave():
         (DeepseekV3Config(), r"DeepseekV3Config: rope_interleave=True .* cannot be expressed"),
         ({"model_type": "glm4v_text", "head_dim": 16,
           "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}},
-         r"dict \(model_type 'glm4v'\): rope_parameters\['mrope_section'\]=\[2, 3, 3\] of a model type rome does not know"),
+         r"dict \(model_type 'glm4v_text'\): rope_parameters\['mrope_section'\]=\[2, 3, 3\] of a model type rome does not know"),
         ({"model_type": "llama", "head_dim": 16, "rope_parameters": {"rope_type": "ntk2", "rope_theta": 1e4}},
          r"unknown rope_type 'ntk2'"),
         ({"model_type": "llama", "head_dim": 16, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
