@@ -93,13 +93,26 @@ REG_SUB_PARTITIONS = 4
 SMEM_ALLOC_UNIT = 128  # bytes
 
 
-def parse_arch(text: str) -> int:
-    """``"sm_90"``, ``"sm90"``, ``"90"`` or ``"9.0"`` -> 90; only archs in ``ARCHS``."""
-    t = text.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("a")
+def parse_arch(text: str) -> int | str:
+    """``"sm_90"``, ``"sm90"``, ``"90"`` or ``"9.0"`` -> 90; only archs in ``ARCHS``. An AMD arch
+    (``"gfx942"``, ``"gfx942:sramecc+:xnack-"``) -> its name, only archs in ``AMD_ARCHS``."""
+    t = text.strip().lower()
+    if t.startswith("gfx"):
+        name = t.split(":")[0]
+        if name not in AMD_ARCHS:
+            raise ValueError(f"unknown arch {text!r}: expected one of {', '.join(AMD_ARCHS)}")
+        return name
+    t = t.removeprefix("sm_").removeprefix("sm").rstrip("a")
     cc = int(t.replace(".", "")) if t.replace(".", "").isdigit() else None
     if cc not in ARCHS:
-        raise ValueError(f"unknown arch {text!r}: expected one of {', '.join(a.name for a in ARCHS.values())}")
+        raise ValueError(f"unknown arch {text!r}: expected one of "
+                         f"{', '.join([a.name for a in ARCHS.values()] + list(AMD_ARCHS))}")
     return cc
+
+
+def arch_of(cc: int | str):
+    """The ``Arch`` (NVIDIA, int compute capability) or ``AmdArch`` (name) of ``cc``."""
+    return AMD_ARCHS[cc] if isinstance(cc, str) else ARCHS[cc]
 
 
 def occupancy(arch: Arch, regs: int, smem: int, num_warps: int) -> dict:
@@ -206,13 +219,15 @@ def _new_ast_source_api() -> bool:
     return "constexprs" in inspect.signature(ASTSource.__init__).parameters
 
 
-def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
+def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=(), *, pointer_range_32: bool = False):
     """The ``ASTSource`` a launch compiles for arguments with these properties.
 
     ``signature``: every runtime argument -> Triton type (``"*bf16"``, ``"i32"``, ...);
     ``constexprs``: the ``tl.constexpr`` arguments, and runtime ints equal to 1 (which the JIT
     turns into constants); ``divisible_by_16``: argument names marked ``tt.divisibility=16``
-    (pointers 16-byte aligned, ints multiples of 16), as the JIT marks them.
+    (pointers 16-byte aligned, ints multiples of 16), as the JIT marks them; ``pointer_range_32``:
+    every pointer also ``tt.pointer_range=32``, as the JIT on HIP marks a tensor whose storage is
+    within 2 GiB while buffer ops are on (``AMDGCN_USE_BUFFER_OPS``, on by default).
     """
     fn = jit_function(fn)
     names = list(fn.arg_names)
@@ -256,11 +271,15 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
             if n not in constexprs:
                 if specialised(n):
                     attrs[(i,)] = [["tt.divisibility", 16]] if n in divisible_by_16 else []
+                    if pointer_range_32 and signature[n].startswith("*"):
+                        attrs[(i,)] = attrs[(i,)] + [["tt.pointer_range", 32]]
             elif _triton_version() >= (3, 7):
                 attrs[(i,)] = []
             elif isinstance(constexprs[n], str):
                 attrs[(i,)] = BaseBackend.parse_attr(constexprs[n])
         return ASTSource(fn, sig, consts, attrs)
+    if pointer_range_32:
+        raise NotImplementedError("AMD targets need triton >= 3.3 (ASTSource with attrs)")
     # triton 3.2: the JIT's AttrsDescriptor(params, values) marks every argument (constexprs
     # included) whose value is a multiple of 16 / equal to 1; the 1s become constants too.
     from triton.backends.compiler import AttrsDescriptor
@@ -275,24 +294,34 @@ def ast_source(fn, signature: dict, constexprs: dict, divisible_by_16=()):
     return ASTSource(fn, sig, dict(constexprs), AttrsDescriptor.from_hints(hints))
 
 
-def compile_kernel(fn, signature, constexprs, divisible_by_16, *, cc: int, num_warps: int, num_stages: int,
+def compile_kernel(fn, signature, constexprs, divisible_by_16, *, cc: int | str, num_warps: int, num_stages: int,
                    **options):
-    """``triton.compile`` for ``GPUTarget("cuda", cc, 32)``: the CompiledKernel (no GPU needed).
-    ``options``: further compile options a launch passes (e.g. ``enable_fp_fusion=False``)."""
+    """``triton.compile`` for ``GPUTarget("cuda", cc, 32)`` (``cc`` an int), or for an AMD arch
+    (``cc`` = "gfx942", ...) ``GPUTarget("hip", cc, 64)``: the CompiledKernel (no GPU needed).
+    ``options``: further compile options a launch passes (e.g. ``enable_fp_fusion=False``); for
+    HIP those a HIP launch passes (``rome.launch.target_options``: no ``maxnreg``), and every
+    pointer ``tt.pointer_range=32`` as a HIP launch marks a tensor within 2 GiB (buffer ops)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    src = ast_source(fn, signature, constexprs, divisible_by_16)
-    return triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                          options={"num_warps": num_warps, "num_stages": num_stages, **options})
+    if isinstance(cc, str):
+        from rome.launch import target_options
+
+        src = ast_source(fn, signature, constexprs, divisible_by_16, pointer_range_32=_amd_buffer_ops())
+        target, options = GPUTarget("hip", cc, AMD_ARCHS[cc].wave_size), target_options(options, "hip")
+    else:
+        src = ast_source(fn, signature, constexprs, divisible_by_16)
+        target = GPUTarget("cuda", cc, 32)
+    return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages, **options})
 
 
-def cached_cubin(kernel) -> str | None:
-    """Path of ``kernel``'s cubin in Triton's cache (None for a cache that is not a local folder)."""
+def cached_cubin(kernel, suffix: str = "cubin") -> str | None:
+    """Path of ``kernel``'s cubin (``suffix="hsaco"``: AMD code object) in Triton's cache (None for
+    a cache that is not a local folder)."""
     from triton.runtime.cache import get_cache_manager
 
     getter = getattr(get_cache_manager(kernel.hash), "get_file", None)
-    return getter(f"{kernel.metadata.name}.cubin") if getter else None
+    return getter(f"{kernel.metadata.name}.{suffix}") if getter else None
 
 
 # --- reading a cubin ----------------------------------------------------------------------
@@ -876,23 +905,30 @@ class _Job:
     num_warps: int
     num_stages: int
     options: tuple
-    cc: int
+    cc: int | str  # an NVIDIA compute capability, or an AMD arch name ("gfx942")
 
     @classmethod
-    def of(cls, cfg, cc: int) -> "_Job":
+    def of(cls, cfg, cc: int | str) -> "_Job":
         py = getattr(cfg.fn, "fn", cfg.fn)  # the Python function under a JIT or interpreter wrapper
         return cls(py.__module__, py.__name__, tuple(sorted(cfg.signature.items())),
                    tuple(sorted(cfg.constexprs.items())), tuple(sorted(cfg.divisible_by_16)),
                    cfg.num_warps, cfg.num_stages, tuple(sorted(getattr(cfg, "options", {}).items())), cc)
 
     def run(self) -> dict:
-        """Compile and read the cubin: a dict of numbers, the cubin and its SASS."""
+        """Compile and read the cubin: a dict of numbers, the cubin and its SASS (for an AMD
+        arch: the code object's metadata, the hsaco and its amdgcn)."""
         fn = jit_function(getattr(importlib.import_module(self.module), self.fn_name))
         t0 = time.perf_counter()
         kernel = compile_kernel(fn, dict(self.signature), dict(self.constexprs), self.divisible_by_16,
                                 cc=self.cc, num_warps=self.num_warps, num_stages=self.num_stages,
                                 **dict(self.options))
         seconds = time.perf_counter() - t0
+        if isinstance(self.cc, str):
+            md = kernel.metadata
+            return {"compile_s": seconds, "triton_hash": kernel.hash, "cache_cubin": cached_cubin(kernel, "hsaco"),
+                    "kernel_name": md.name, "shared_dynamic": md.shared, "num_warps": md.num_warps,
+                    "num_stages": md.num_stages, "amd": read_amdgcn(kernel.asm["amdgcn"], md.name),
+                    "cubin": kernel.asm["hsaco"], "sass": kernel.asm["amdgcn"]}
         cubin = kernel.asm["cubin"]
         md = kernel.metadata
         sass = _cuobjdump("-sass", cubin)
@@ -957,6 +993,240 @@ MODEL_KEYS = ("l1_bytes_per_element", "warp_instructions_per_dram_byte", "batche
               "inflight_peak_bytes_per_sm", "estimate_h100", "limit_h100", "estimate_h200", "limit_h200")
 
 
+# --- AMD Instinct (CDNA): the same configurations compiled for HIP -------------------------
+#
+# ``--arch gfx942,gfx90a,gfx950``: each configuration compiled with ``GPUTarget("hip", arch, 64)``
+# (a wavefront is 64 lanes: ``num_warps`` = wavefronts per workgroup), the options a HIP launch
+# passes (``rome.launch.target_options``) and the specialisation a HIP launch gets (pointers
+# ``tt.pointer_range=32``: buffer ops on tensors within 2 GiB). The code object's metadata (the
+# ``.amdgpu_metadata`` block of the amdgcn text, YAML) gives VGPRs, AGPRs, SGPRs, their spill
+# counts, scratch (private segment) and static LDS (group segment) bytes; Triton's own shared
+# memory is dynamic LDS (``metadata.shared``). LLVM's occupancy (the amdgcn text's ``; Occupancy:``
+# comment, which sees registers only) is kept beside the one computed here.
+
+
+@dataclasses.dataclass(frozen=True)
+class AmdArch:
+    """Per-CU limits of one AMD Instinct arch, as LLVM's AMDGPU backend models them
+    (``AMDGPUBaseInfo.cpp`` / ``GCNSubtarget``; docs: llvm.org/docs/AMDGPUUsage.html)."""
+
+    name: str
+    products: str
+    lds_per_cu: int  # bytes of LDS one CU has (and one workgroup may allocate)
+    lds_granule: int  # bytes an LDS allocation is rounded up to (AMDGPUUsage: GRANULATED_LDS_SIZE)
+    simds_per_cu: int = 4  # execution units (SIMDs) per CU
+    max_waves_per_simd: int = 8  # wave slots per SIMD, gfx90a on (10 on gfx900/gfx908)
+    vgprs_per_lane: int = 512  # per SIMD lane: arch VGPRs and AGPRs in one unified file (gfx90a on)
+    vgpr_granule: int = 8  # VGPRs are allocated in blocks of 8 (gfx90a on)
+    max_sgprs_for_8_waves: int = 100  # gfx9: above 100 SGPRs (VCC etc. included) a SIMD holds 7 waves
+    max_workgroups_per_cu: int = 16  # barrier resources of a CU: multi-wave workgroups
+    wave_size: int = 64
+
+    @property
+    def max_waves_per_cu(self) -> int:
+        return self.simds_per_cu * self.max_waves_per_simd
+
+
+AMD_ARCHS = {a.name: a for a in (
+    AmdArch("gfx90a", "MI210, MI250, MI250X (CDNA2)", 64 * 1024, 128 * 4),
+    AmdArch("gfx942", "MI300X, MI300A, MI325X (CDNA3)", 64 * 1024, 128 * 4),
+    AmdArch("gfx950", "MI350X, MI355X (CDNA4)", 160 * 1024, 320 * 4),
+)}
+AMD_DEFAULT_ARCHS = ("gfx942", "gfx90a", "gfx950")
+AMD_NOTES = (
+    "Constants per arch, from LLVM's AMDGPU backend (the compiler in Triton's wheel) and "
+    "llvm.org/docs/AMDGPUUsage.html: 4 SIMDs per CU; 8 wave slots per SIMD (getMaxWavesPerEU: 8 for the "
+    "gfx90a family, gfx90a/gfx942/gfx950); 512 VGPRs per lane per SIMD, arch VGPRs and AGPRs in one file, "
+    "allocated in blocks of 8, AGPRs after the arch VGPRs rounded up to 4 (gfx90a family); SGPRs: more "
+    "than 100 leave 7 waves (gfx9); at most 16 multi-wave workgroups per CU (barriers); LDS 64 KiB per CU "
+    "on gfx90a and gfx942, 160 KiB on gfx950 (FeatureAddressableLocalMemorySize163840), allocated in "
+    "512-byte (gfx9) / 1280-byte (gfx950) blocks.")
+AMD_METHOD = (
+    "AMD rows (gfx*): the same configurations compiled with `GPUTarget('hip', arch, 64)`: a wavefront is "
+    "64 lanes, so `num_warps` = 64-wide wavefronts per workgroup (4 warps = 256 threads, twice a CUDA "
+    "block's); the options a HIP launch passes (`rome.launch.target_options`: no `maxnreg`, which is "
+    "CUDA-only); every pointer `tt.pointer_range=32` as a HIP launch marks a tensor within 2 GiB (buffer "
+    "ops, Triton's default). Read from the code object's metadata (`.amdgpu_metadata` of the amdgcn): "
+    "VGPRs (arch VGPRs + AGPRs: the unified file), SGPRs, their spill counts, scratch (private segment "
+    "bytes per lane: spill and stack) and LDS (group segment bytes) against the arch's LDS per CU. "
+    "Occupancy: waves per SIMD the registers allow (min(8, 512 / VGPRs rounded up to 8), 7 above 100 "
+    "SGPRs), workgroups per CU = min(registers: waves per SIMD x 4 / waves per workgroup, LDS per CU / "
+    "LDS rounded to its block, 16), waves per SIMD = workgroups x waves per workgroup / 4. Triton's shared "
+    "memory is dynamic LDS (Triton's `metadata.shared`, allocated at launch): LLVM sees none of it, so its "
+    "own figure (the amdgcn's `; Occupancy:` comment) is the waves per SIMD the registers allow, the "
+    "column beside it (the CI gate checks the two agree). "
+    "Instruction counts are over the whole kernel (no tile-loop analysis on AMD): vector memory loads and "
+    "stores (global_/buffer_) by width, MFMA, LDS (ds_) and scratch instructions. Static only: nothing "
+    "here ran on an AMD GPU. " + AMD_NOTES)
+
+
+def _amd_buffer_ops() -> bool:
+    """Whether a HIP launch here would mark tensors within 2 GiB for buffer ops (Triton's knob)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.amd.use_buffer_ops)
+    except (ImportError, AttributeError):
+        return True
+
+
+_AMD_LINE = re.compile(r"^\s+([sv]_\w+|global_\w+|buffer_\w+|ds_\w+|scratch_\w+|flat_\w+)\b")
+_AMD_WIDTH = {"dwordx4": 128, "b128": 128, "dwordx3": 96, "b96": 96, "dwordx2": 64, "b64": 64, "dword": 32,
+              "b32": 32, "short": 16, "ushort": 16, "sshort": 16, "b16": 16, "d16": 16, "byte": 8, "ubyte": 8,
+              "sbyte": 8, "b8": 8, "u16": 16, "i16": 16, "u8": 8, "i8": 8}
+
+
+def _amd_width(op: str) -> int:
+    for part in reversed(op.split("_")[2:]):
+        if part in _AMD_WIDTH:
+            return _AMD_WIDTH[part]
+    return 32
+
+
+def read_amdgcn(text: str, name: str | None = None) -> dict:
+    """What the amdgcn text of one Triton kernel says: its code object metadata (``.amdgpu_metadata``,
+    YAML: the kernel ``name``'s entry, else the only one) and LLVM's comments (``; Occupancy:``,
+    ``; ScratchSize:``), and instruction counts over the whole kernel."""
+    import yaml
+
+    m = re.search(r"^\s*\.amdgpu_metadata\s*$(.*?)^\s*\.end_amdgpu_metadata", text, re.S | re.M)
+    if not m:
+        raise ValueError("no .amdgpu_metadata block in the amdgcn text")
+    kernels_md = yaml.safe_load(m.group(1))["amdhsa.kernels"]
+    md = next((k for k in kernels_md if k.get(".name") == name), kernels_md[0] if len(kernels_md) == 1 else None)
+    if md is None:
+        raise ValueError(f"kernel {name!r} not in the code object's metadata ({[k.get('.name') for k in kernels_md]})")
+
+    def comment(key):
+        found = re.search(rf"^\s*;\s*{key}:\s*(\d+)", text, re.M)
+        return int(found.group(1)) if found else None
+
+    counts = {"instructions": 0, "load": collections.Counter(), "store": collections.Counter(), "mfma": 0,
+              "lds": 0, "scratch": 0}
+    for line in text.splitlines():
+        ins = _AMD_LINE.match(line)
+        if not ins:
+            continue
+        op = ins.group(1)
+        counts["instructions"] += 1
+        if op.startswith(("global_load", "buffer_load", "flat_load")):
+            counts["load"][_amd_width(op)] += 1
+        elif op.startswith(("global_store", "buffer_store", "flat_store")):
+            counts["store"][_amd_width(op)] += 1
+        elif op.startswith("v_mfma"):
+            counts["mfma"] += 1
+        elif op.startswith("ds_"):
+            counts["lds"] += 1
+        elif op.startswith("scratch_"):
+            counts["scratch"] += 1
+    for key in ("load", "store"):
+        counts[key] = {str(w): n for w, n in sorted(counts[key].items(), reverse=True)}
+    get = lambda key: int(md.get(key, 0) or 0)
+    return {"vgpr_count": get(".vgpr_count"), "agpr_count": get(".agpr_count"), "sgpr_count": get(".sgpr_count"),
+            "vgpr_spill_count": get(".vgpr_spill_count"), "sgpr_spill_count": get(".sgpr_spill_count"),
+            "private_segment_fixed_size": get(".private_segment_fixed_size"),
+            "group_segment_fixed_size": get(".group_segment_fixed_size"), "wavefront_size": get(".wavefront_size"),
+            "max_flat_workgroup_size": get(".max_flat_workgroup_size"),
+            "llvm_occupancy": comment("Occupancy"), "llvm_total_vgprs": comment("TotalNumVgprs"),
+            "llvm_scratch_size": comment("ScratchSize"), "counts": counts}
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def amd_total_vgprs(vgprs: int, agprs: int) -> int:
+    """VGPRs one lane holds in the unified file (gfx90a on): the arch VGPRs rounded up to 4, then the
+    AGPRs (just the VGPRs where there are no AGPRs)."""
+    return _round_up(vgprs, 4) + agprs if agprs else vgprs
+
+
+def amd_occupancy(arch: AmdArch, vgprs: int, sgprs: int, lds: int, waves_per_workgroup: int) -> dict:
+    """Resident workgroups per CU and waves per SIMD for workgroups of ``waves_per_workgroup``
+    wavefronts using ``vgprs`` (unified: ``amd_total_vgprs``) and ``sgprs`` per wave and ``lds``
+    bytes of LDS per workgroup on ``arch``."""
+    alloc = _round_up(max(vgprs, 1), arch.vgpr_granule)
+    by_vgprs = 0 if vgprs > arch.vgprs_per_lane else min(arch.max_waves_per_simd, arch.vgprs_per_lane // alloc)
+    by_sgprs = arch.max_waves_per_simd if sgprs <= arch.max_sgprs_for_8_waves else arch.max_waves_per_simd - 1
+    waves_regs = min(by_vgprs, by_sgprs)
+    lds_alloc = _round_up(lds, arch.lds_granule)
+    limits = {"registers": waves_regs * arch.simds_per_cu // waves_per_workgroup,
+              "LDS": arch.lds_per_cu // lds_alloc if lds_alloc else arch.max_workgroups_per_cu,
+              "workgroups": arch.max_workgroups_per_cu if waves_per_workgroup > 1 else arch.max_waves_per_cu}
+    if lds > arch.lds_per_cu:
+        limits["LDS"] = 0
+    wgs = min(limits.values())
+    return {"workgroups_per_cu": wgs, "waves_per_cu": wgs * waves_per_workgroup,
+            "waves_per_simd": wgs * waves_per_workgroup / arch.simds_per_cu,
+            "waves_per_simd_by_registers": waves_regs,
+            "limited_by": ", ".join(k for k, v in limits.items() if v == wgs), "workgroups_by": limits}
+
+
+def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
+    """The table row of config ``cfg`` compiled for the AMD ``arch``."""
+    meta = cfg["meta"]
+    r = {"config": cfg["name"], "arch": arch.name, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+         "bytes_per_tile": meta.get("bytes_per_tile"), "meta": meta}
+    if "error" in res:
+        return r | {"ok": False, "error": res["error"]}
+    a = res["amd"]
+    vgprs = amd_total_vgprs(a["vgpr_count"], a["agpr_count"])
+    # Triton's shared memory is dynamic LDS, allocated at launch (metadata.shared): LLVM sees none of
+    # it (the group segment holds only static LDS, 0 for Triton kernels), nor does its occupancy
+    lds = a["group_segment_fixed_size"] + res["shared_dynamic"]
+    spills = a["vgpr_spill_count"] + a["sgpr_spill_count"]
+    c = a["counts"]
+    occ = amd_occupancy(arch, vgprs, a["sgpr_count"], lds, res["num_warps"])
+    return r | {
+        "ok": True, "error": None, "wavefront_size": a["wavefront_size"], "vgprs": vgprs, "arch_vgprs": a["vgpr_count"],
+        "agprs": a["agpr_count"], "sgprs": a["sgpr_count"], "vgpr_spill_count": a["vgpr_spill_count"],
+        "sgpr_spill_count": a["sgpr_spill_count"], "scratch_bytes": a["private_segment_fixed_size"],
+        "lds_bytes": lds, "lds_metadata_bytes": a["group_segment_fixed_size"], "triton_shared": res["shared_dynamic"],
+        "fits_lds": lds <= arch.lds_per_cu, "spills": spills > 0 or a["private_segment_fixed_size"] > 0,
+        "max_flat_workgroup_size": a["max_flat_workgroup_size"], **occ, "llvm_occupancy": a["llvm_occupancy"],
+        "ld128_share": share_128(c["load"]), "st128_share": share_128(c["store"]), "mfma": c["mfma"],
+        "lds_instructions": c["lds"], "scratch_instructions": c["scratch"], "instructions": c["instructions"],
+        "loads": c["load"], "stores": c["store"], "compile_s": res["compile_s"], "triton_hash": res["triton_hash"],
+        "cache_hsaco": res["cache_cubin"],
+    }
+
+
+AMD_COLUMNS = [  # (header, key, format)
+    ("config", "config", ""), ("waves/WG", "num_warps", "d"), ("VGPRs", "vgprs", "d"), ("AGPRs", "agprs", "d"),
+    ("SGPRs", "sgprs", "d"), ("VGPR spill", "vgpr_spill_count", "d"), ("SGPR spill", "sgpr_spill_count", "d"),
+    ("scratch B", "scratch_bytes", "d"), ("LDS B", "lds_bytes", "d"), ("fits LDS", "fits_lds", ""),
+    ("WGs/CU", "workgroups_per_cu", "d"), ("waves/SIMD", "waves_per_simd", "n"),
+    ("waves/SIMD (regs)", "waves_per_simd_by_registers", "d"), ("LLVM occupancy", "llvm_occupancy", "d"),
+    ("limited by", "limited_by", ""), ("ld 128-bit", "ld128_share", "%"), ("st 128-bit", "st128_share", "%"),
+    ("MFMA", "mfma", "d"), ("LDS instr", "lds_instructions", "d"), ("instr", "instructions", "d"),
+    ("bytes/tile", "bytes_per_tile", "n"),
+]
+
+
+def amd_markdown(name: str, limits: dict, rows: list[dict], heading: str = "##") -> list[str]:
+    """The table of one AMD arch (markdown lines), with a summary line of the gate's checks."""
+    ok = [r for r in rows if r["ok"]]
+    spill = [r for r in ok if r["spills"]]
+    over = [r for r in ok if not r["fits_lds"]]
+    lines = [f"{heading}# {name}: {limits['products']}", "",
+             f"Limits: {limits['simds_per_cu']} SIMDs per CU, {limits['max_waves_per_simd']} waves per SIMD, "
+             f"{limits['vgprs_per_lane']} VGPRs per lane (VGPRs + AGPRs, blocks of {limits['vgpr_granule']}), "
+             f"{limits['lds_per_cu'] // 1024} KiB LDS per CU, {limits['max_workgroups_per_cu']} workgroups per CU, "
+             f"wavefront {limits['wave_size']}.", "",
+             f"{len(rows)} configurations: {len(ok)} compile, {len(spill)} spill (VGPR/SGPR spill or scratch), "
+             f"{len(over)} over the LDS; most VGPRs {max((r['vgprs'] for r in ok), default=0)}, most LDS "
+             f"{max((r['lds_bytes'] for r in ok), default=0):,} B, fewest waves per SIMD "
+             f"{min((r['waves_per_simd'] for r in ok), default=0):g}.", "",
+             "| " + " | ".join(h for h, _, _ in AMD_COLUMNS) + " |", "|" + "---|" * len(AMD_COLUMNS)]
+    for r in rows:
+        if not r["ok"]:
+            error = " ".join(r["error"].split()).replace("|", "/")[:300]
+            lines.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(AMD_COLUMNS) - 2))
+            continue
+        lines.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in AMD_COLUMNS) + " |")
+    return lines + [""]
+
+
 # --- every configuration ------------------------------------------------------------------
 
 DEFAULT_CONFIGS = "profiling.kernels:configs"
@@ -967,6 +1237,24 @@ def configs(cc: int | None = None) -> list:
     from rome.launcher import kernel_configs
 
     return kernel_configs(cc)
+
+
+def amd_ci_configs(cc=None) -> list:
+    """The configurations CI compiles for gfx942 (the full list is the committed table): head_dim
+    256 (the largest tiles and register use) for every x dtype, pass, product and tables/positions
+    kind, without the autotuner's candidates; and bf16 at head_dim 64 with them (the candidates'
+    8-row and 8-warp tiles)."""
+    return [c for c in configs(cc) if (c.meta["head_dim"] == 256 and not c.meta.get("tuned_candidate"))
+            or (c.meta["head_dim"] == 64 and c.meta["x_dtype"] == "bf16")]
+
+
+def gate_configs(cc) -> list:
+    """The CI gate's list for ``cc``: every configuration for an NVIDIA arch, ``amd_ci_configs``
+    for an AMD one (tests/test_kernels_static.py)."""
+    return amd_ci_configs(cc) if isinstance(cc, str) else configs(cc)
+
+
+GATE_CONFIGS = "profiling.kernels:gate_configs"
 
 
 def _resolve(ref: str):
@@ -1006,12 +1294,12 @@ def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref
     """
     with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
         listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs)))
-        plan = [(cfg, ARCHS[cc]) for cc in archs for cfg in listed[cc]]
+        plan = [(cfg, arch_of(cc)) for cc in archs for cfg in listed[cc]]
         results = _compile_all(pool, [cfg["job"] for cfg, _ in plan], on_done)
     rows, files = [], []
     for cfg, arch in plan:
         res = results[cfg["job"]]
-        rows.append(row(cfg, arch, res))
+        rows.append(amd_row(cfg, arch, res) if isinstance(arch, AmdArch) else row(cfg, arch, res))
         files.append((res.get("cubin"), res.get("sass")))
     return rows, files
 
@@ -1030,7 +1318,19 @@ def environment() -> dict:
         version = None
     return {"triton": triton.__version__, "cuobjdump": version, "python": sys.version.split()[0],
             "cache_dir": _cache_dir(), "ast_source_api": "constexprs+attrs" if _new_ast_source_api() else
-            "constants+AttrsDescriptor", "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+            "constants+AttrsDescriptor", "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            **_git_state()}
+
+
+def _git_state() -> dict:
+    """The commit the kernel was compiled from and whether rome/ differed from it (uncommitted)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, check=True).stdout
+        return {"commit": run("rev-parse", "HEAD").strip(),
+                "rome_uncommitted": sorted(line[3:] for line in run("status", "--porcelain", "--", "rome").splitlines())}
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "rome_uncommitted": None}
 
 
 def _cache_dir() -> str:
@@ -1081,14 +1381,22 @@ def collect(archs=DEFAULT_ARCHS, out: Path | None = None, *, jobs: int | None = 
             if key not in written:
                 stem = Path(r["arch"]) / _slug(r["config"])
                 (Path(out) / r["arch"]).mkdir(parents=True, exist_ok=True)
-                (Path(out) / stem).with_suffix(".cubin").write_bytes(cubin)
-                (Path(out) / stem).with_suffix(".sass").write_text(strip_encodings(sass))
-                written[key] = [str(stem.with_suffix(".cubin")), str(stem.with_suffix(".sass"))]
+                amd = r["arch"] in AMD_ARCHS
+                binary, text = (".hsaco", ".amdgcn") if amd else (".cubin", ".sass")
+                (Path(out) / stem).with_suffix(binary).write_bytes(cubin)
+                (Path(out) / stem).with_suffix(text).write_text(sass if amd else strip_encodings(sass))
+                written[key] = [str(stem.with_suffix(binary)), str(stem.with_suffix(text))]
             r["files"] = written[key]
-    return _json_safe({"environment": environment(), "method": METHOD, "wall_s": wall,
-            "archs": {ARCHS[cc].name: dataclasses.asdict(ARCHS[cc]) | {"smem_per_block": ARCHS[cc].smem_per_block}
-                      for cc in archs},
-            "project_smem_limit": PROJECT_SMEM_LIMIT, "rows": rows})
+    archs_info = {}
+    for cc in archs:
+        a = arch_of(cc)
+        archs_info[a.name] = dataclasses.asdict(a) | (
+            {"max_waves_per_cu": a.max_waves_per_cu} if isinstance(a, AmdArch) else {"smem_per_block": a.smem_per_block})
+    section = {"environment": environment(), "method": METHOD, "wall_s": wall, "archs": archs_info,
+               "project_smem_limit": PROJECT_SMEM_LIMIT, "rows": rows}
+    if any(isinstance(cc, str) for cc in archs):
+        section["amd_method"] = AMD_METHOD
+    return _json_safe(section)
 
 
 def _json_safe(obj):
@@ -1430,8 +1738,13 @@ def markdown(section: dict, heading: str = "##") -> str:
     lines = [f"{heading} Kernels (compiled ahead of time, no GPU needed)", "",
              f"triton {env['triton']}, cuobjdump {env['cuobjdump']}, {len(section['rows'])} rows in "
              f"{section['wall_s']:.0f} s. " + section["method"], ""]
+    if section.get("amd_method"):
+        lines += [section["amd_method"], ""]
     for name, limits in section["archs"].items():
         rows = [r for r in section["rows"] if r["arch"] == name]
+        if name in AMD_ARCHS:
+            lines += amd_markdown(name, limits, rows, heading)
+            continue
         lines += [f"{heading}# {name}", "",
                   f"Limits: {limits['regs_per_sm'] // 1024}K registers, {limits['smem_per_sm'] // 1024} KB shared "
                   f"memory per SM ({limits['smem_per_block'] // 1024} KB per block), {limits['max_warps']} warps, "
@@ -1536,8 +1849,9 @@ def main(args) -> Path:
                           on_done=lambda i, n: progress.update(task, completed=i, total=n,
                                                                description=f"compiled {i}/{n}"))
     write(out, section)
-    cols = [c for c in COLUMNS if c[1] not in ("fits_99kb", "limited_by", "bytes_per_tile", "calls_per_tile")]
     for name in section["archs"]:
+        cols = [c for c in (AMD_COLUMNS if name in AMD_ARCHS else COLUMNS)
+                if c[1] not in ("fits_99kb", "fits_lds", "limited_by", "bytes_per_tile", "calls_per_tile")]
         table = Table(title=f"{name} (triton {section['environment']['triton']})")
         for h, _, _ in cols:
             table.add_column(h, no_wrap=h == "config")
@@ -1545,7 +1859,7 @@ def main(args) -> Path:
             table.add_row(*([_cell(r.get(k), f) for _, k, f in cols] if r["ok"]
                             else [r["config"], f"[red]{r['error'][-200:]}[/]"] + [""] * (len(cols) - 2)))
         console.print(table)
-    console.print(f"{len(section['rows'])} rows in {section['wall_s']:.0f} s; cubins and SASS under {out}, "
+    console.print(f"{len(section['rows'])} rows in {section['wall_s']:.0f} s; cubins and SASS (AMD: hsaco, amdgcn) under {out}, "
                   f"the full table in {out / 'kernels.md'}; Triton's cache: {section['environment']['cache_dir']}")
     return out
 
@@ -1588,7 +1902,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="compile and model just the launches this workload's rome variants make "
                                       "(forward and backward; default arch sm_90); writes kernels.json/.md")
     p.add_argument("--arch", help=f"comma-separated archs (default {','.join(ARCHS[c].name for c in DEFAULT_ARCHS)}; "
-                                  f"known: {','.join(a.name for a in ARCHS.values())})")
+                                  f"known: {','.join([a.name for a in ARCHS.values()] + list(AMD_ARCHS))})")
     p.add_argument("--out", help="output folder (default reports/kernels-<timestamp>/)")
     p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")
     p.add_argument("--configs", help="MODULE:FUNCTION listing the KernelConfigs of an arch "

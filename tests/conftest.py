@@ -65,9 +65,10 @@ def pytest_collection_modifyitems(config, items):
             pool = ThreadPoolExecutor(1, thread_name_prefix="rome-static-compile")
             # the workers start here, before any test (tests that spawn processes themselves
             # must not start while the compile's environment is set); config.rome_static_compile:
-            # a Future of (rows, files) for sm_80 and sm_90
+            # a Future of (rows, files) for sm_80 and sm_90 (every config) and gfx942 (CI's subset)
             workers = kernels.start_compiler_pool(os.cpu_count() or 2, nice=10)
-            config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90), pool=workers)
+            config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90, "gfx942"), pool=workers,
+                                                     configs_ref=kernels.GATE_CONFIGS)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():
         return

@@ -319,3 +319,203 @@ def test_cli_writes_tables_cubins_and_sass(tmp_path):
     assert "### sm_80" in md and "### sm_90" in md and "| aligned |" in md
     assert "| aligned |" in kernels.kernels_section({"kernels": section})
     assert kernels.kernels_section({}) == ""
+
+
+# --- AMD Instinct (HIP), ahead of time -----------------------------------------------------
+#
+# The gfx942 gate: every configuration of the CI subset (``kernels.amd_ci_configs``, compiled by
+# conftest.py in the background with the sm_80/sm_90 list; the full list for gfx942, gfx90a and
+# gfx950 is the committed table, profiling/results/cpu/kernels-amd/) compiles, does not spill to
+# memory (VGPR spill count, scratch) nor, in the gather kernel, SGPRs; fits the arch's LDS; and
+# LLVM's own occupancy figure agrees with the one computed from the code object's registers.
+
+AMD_ARCH = "gfx942"
+
+
+@pytest.fixture(scope="module")
+def compiled_amd(request, compiled):
+    rows = [r for r in compiled if r["arch"] == AMD_ARCH]
+    if rows:  # conftest.py's background compile holds them
+        return rows
+    rows, _ = kernels.inspect_kernels((AMD_ARCH,), configs_ref=kernels.GATE_CONFIGS)
+    return rows
+
+
+def test_amd_gate_covers_every_kernel_family(compiled_amd):
+    """The subset CI compiles for gfx942 holds every kind of launch: both products, both passes,
+    every positions mode and angles, the three x dtypes, the largest head_dim, tuned candidates."""
+    metas = [r["meta"] for r in compiled_amd]
+    kinds = {(m["product"], _pass(m), m["positions"], m["angles"]) for m in metas}
+    want = {(p, s, pos, ang) for p in ("gather", "dot") for s in ("fwd", "bwd") for pos, ang in
+            ((0, False), (1, False), (2, False), (1, True), (2, True)) if p == "gather" or not pos}
+    assert kinds >= want, sorted(want - kinds)
+    assert {m["x_dtype"] for m in metas} == {"bf16", "fp16", "fp32"}
+    assert {m["head_dim"] for m in metas} >= {64, 256}
+    assert any(m.get("tuned_candidate") for m in metas)
+
+
+def test_amd_every_config_compiles_fits_lds_and_does_not_spill(compiled_amd):
+    arch = kernels.AMD_ARCHS[AMD_ARCH]
+    assert arch.lds_per_cu == 64 * 1024
+    bad = []
+    for r in compiled_amd:
+        if not r["ok"]:
+            bad.append(f"{r['config']}: {r['error'][-300:]}")
+            continue
+        why = []
+        if r["wavefront_size"] != 64:
+            why.append(f"wavefront {r['wavefront_size']}")
+        if r["lds_bytes"] > arch.lds_per_cu:
+            why.append(f"{r['lds_bytes']:,} B LDS > {arch.lds_per_cu // 1024} KiB")
+        if r["vgpr_spill_count"] or r["scratch_bytes"] or r["scratch_instructions"]:
+            why.append(f"spills to memory ({r['vgpr_spill_count']} VGPR, {r['scratch_bytes']} B scratch, "
+                       f"{r['scratch_instructions']} scratch instructions)")
+        # SGPR spills go to VGPR lanes (v_writelane/v_readlane, no memory): none in the gather kernel
+        # (every rotation matrix); the dot kernel's (general matrices, product("dot")) are the table's
+        # and docs/amd.md's known finding, bounded here by "no scratch" above
+        if r["sgpr_spill_count"] and r["meta"]["product"] == "gather":
+            why.append(f"{r['sgpr_spill_count']} SGPRs spilled")
+        if r["workgroups_per_cu"] < 1:
+            why.append("no workgroup fits a CU")
+        if r["max_flat_workgroup_size"] != 64 * r["num_warps"]:
+            why.append(f"workgroup {r['max_flat_workgroup_size']} threads for {r['num_warps']} waves")
+        if why:
+            bad.append(f"{r['config']}: {'; '.join(why)}")
+    assert not bad, f"{AMD_ARCH}: {len(bad)} configs fail:\n" + "\n".join(bad)
+
+
+def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
+    """LLVM prints the waves per SIMD it computes for the kernel (it sees no dynamic LDS): the
+    same figure as ``amd_occupancy`` from the metadata's VGPR/AGPR/SGPR counts, for every row."""
+    got = {r["config"]: (r["waves_per_simd_by_registers"], r["llvm_occupancy"]) for r in compiled_amd if r["ok"]}
+    assert got and all(llvm is not None for _, llvm in got.values())
+    assert all(a == b for a, b in got.values()), {k: v for k, v in got.items() if v[0] != v[1]}
+
+
+def test_amd_occupancy():
+    a942, a950 = kernels.AMD_ARCHS["gfx942"], kernels.AMD_ARCHS["gfx950"]
+    # 128 VGPRs: 512 / 128 = 4 waves per SIMD; 4-wave workgroups: 4 per CU, 16 waves, 4 per SIMD
+    occ = kernels.amd_occupancy(a942, 128, 40, 0, 4)
+    assert (occ["workgroups_per_cu"], occ["waves_per_simd"], occ["limited_by"]) == (4, 4, "registers")
+    # 39 VGPRs round up to 40: 12 waves by the file, 8 by the slots; 8 workgroups of 4 waves
+    assert kernels.amd_occupancy(a942, 39, 40, 0, 4)["waves_per_simd"] == 8
+    # 8-wave workgroups, 129 VGPRs (136 allocated): 3 waves per SIMD -> 12 per CU -> 1 workgroup
+    occ = kernels.amd_occupancy(a942, 129, 40, 0, 8)
+    assert (occ["waves_per_simd_by_registers"], occ["workgroups_per_cu"], occ["waves_per_simd"]) == (3, 1, 2)
+    # 32 KiB of LDS: two workgroups on gfx942 (64 KiB); on gfx950 (160 KiB in 1280-byte blocks) 32 KiB
+    # takes 26 blocks (33,280 B): four, and 32,000 B (25 blocks) five
+    occ = kernels.amd_occupancy(a942, 64, 40, 32 * 1024, 4)
+    assert (occ["workgroups_per_cu"], occ["waves_per_simd"], occ["limited_by"]) == (2, 2, "LDS")
+    assert kernels.amd_occupancy(a950, 64, 40, 32 * 1024, 4)["workgroups_per_cu"] == 4
+    assert kernels.amd_occupancy(a950, 64, 40, 32000, 4)["workgroups_per_cu"] == 5
+    # one byte over a 512-byte LDS block costs a block; over the CU's LDS: no workgroup
+    assert kernels.amd_occupancy(a942, 64, 40, 16 * 1024 + 1, 4)["workgroups_by"]["LDS"] == 3
+    assert kernels.amd_occupancy(a942, 64, 40, 64 * 1024 + 1, 4)["workgroups_per_cu"] == 0
+    # more than 100 SGPRs: 7 waves per SIMD
+    assert kernels.amd_occupancy(a942, 32, 102, 0, 1)["waves_per_simd_by_registers"] == 7
+    # AGPRs follow the arch VGPRs rounded up to 4
+    assert kernels.amd_total_vgprs(61, 0) == 61 and kernels.amd_total_vgprs(61, 32) == 96
+
+
+def test_reads_a_known_kernel_for_amd(tmp_path, monkeypatch):
+    """The copy kernel for gfx942: a 512-element fp32 tile over 4 waves of 64 lanes is 2 elements a
+    lane (one 64-bit buffer load and store, where CUDA's 128 threads take one 128-bit access each);
+    without 16-byte alignment on src its loads are 32-bit. No spill, no LDS, the hsaco in Triton's
+    cache under TRITON_CACHE_DIR."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    rows, files = kernels.inspect_kernels(("gfx942",), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
+    aligned, unaligned = rows
+    assert aligned["ok"] and unaligned["ok"], (aligned.get("error"), unaligned.get("error"))
+    assert aligned["wavefront_size"] == 64 and aligned["max_flat_workgroup_size"] == 256
+    assert aligned["loads"] == {"64": 1} and aligned["stores"] == {"64": 1}
+    assert aligned["ld128_share"] == 0 and unaligned["loads"] == {"32": 2} and unaligned["stores"] == {"64": 1}
+    assert not aligned["spills"] and aligned["scratch_bytes"] == 0 and aligned["lds_bytes"] == 0
+    assert aligned["mfma"] == 0 and aligned["waves_per_simd"] == 8 == aligned["llvm_occupancy"]
+    path = aligned["cache_hsaco"]
+    assert path and path.startswith(str(tmp_path / "cache"))
+    assert open(path, "rb").read() == files[0][0] and files[0][0][:4] == b"\x7fELF"
+    assert ".amdgpu_metadata" in files[0][1]
+
+
+class _StandInHipDriver(_StandInDriver):
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("hip", self.cc, 64)
+
+
+def _hip_launch_hash(job) -> tuple[str, str, str]:
+    """(the tool's hash, a HIP warm-up launch's hash, the error of a launch passing the CUDA
+    options as they are): ``_launch_hash`` with a stand-in HIP driver (tensors on the CPU are
+    within 2 GiB: the JIT marks them for buffer ops, as it does a GPU tensor's)."""
+    from triton.runtime import driver
+
+    from rome.launch import target_options
+
+    fn = kernels.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
+    sig, const = dict(job.signature), dict(job.constexprs)
+    args = []
+    for n in fn.arg_names:
+        if n in const:
+            args.append(const[n])
+        elif sig[n].startswith("*"):
+            t = torch.zeros(64, dtype=_TORCH[sig[n][1:]])
+            args.append(t if n in job.divisible_by_16 else t[1:])
+        elif sig[n].startswith("fp"):
+            args.append(0.5)
+        else:
+            args.append((32 if n in job.divisible_by_16 else 17) + (2**33 if sig[n] == "i64" else 0))
+    tool = job.run()["triton_hash"]
+    driver.set_active(_StandInHipDriver(job.cc))
+    launch = fn.warmup(*args, grid=(1,), num_warps=job.num_warps, num_stages=job.num_stages,
+                       **target_options(dict(job.options), "hip"))
+    error = ""
+    if "maxnreg" in dict(job.options):
+        try:
+            fn.warmup(*args, grid=(1,), num_warps=job.num_warps, num_stages=job.num_stages, **dict(job.options))
+        except KeyError as e:
+            error = str(e)
+    return tool, launch.hash, error
+
+
+def _hip_specialisation_jobs(cc):
+    """In a worker: the gather kernel's bf16 forward and backward, and a dot kernel, for ``cc``."""
+    cfgs = kernels.configs(cc)
+    pick = [next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16" and c.meta["product"] == prod)
+            for p in ("fwd", "bwd") for prod in ("gather", "dot")]
+    return [kernels._Job.of(c, cc) for c in [*_variants(pick[0]), *pick[1:], copy_config("unaligned", ("dst",))]]
+
+
+def test_amd_specialisation_is_the_one_a_hip_launch_compiles():
+    """Same Triton cache key as the JIT's own HIP launch path (the options rome passes on HIP, the
+    buffer-ops pointer range), and the CUDA options as they are would not launch there."""
+    with kernels.compiler_pool(2) as pool:
+        jobs = pool.submit(_hip_specialisation_jobs, AMD_ARCH).result()
+        got = list(pool.map(_hip_launch_hash, jobs))
+    for job, (tool, launch_hash, error) in zip(jobs, got):
+        assert tool == launch_hash, job
+        if "maxnreg" in dict(job.options):
+            assert "maxnreg" in error, (job, error)
+    assert any("maxnreg" in dict(job.options) for job in jobs)
+
+
+def test_cli_amd_table(tmp_path):
+    out = tmp_path / "out"
+    main(["kernels", "--arch", "gfx942,sm_90", "--out", str(out), "--jobs", "2", "--configs", f"{__name__}:copy_configs"])
+    section = json.loads((out / "kernels.json").read_text())
+    assert [(r["config"], r["arch"]) for r in section["rows"]] == [("aligned", "gfx942"), ("aligned", "sm_90")]
+    assert section["archs"]["gfx942"]["lds_per_cu"] == 64 * 1024 and section["amd_method"]
+    hsaco, amdgcn = (out / f for f in section["rows"][0]["files"])
+    assert hsaco.suffix == ".hsaco" and hsaco.read_bytes()[:4] == b"\x7fELF" and "buffer_load" in amdgcn.read_text()
+    md = (out / "kernels.md").read_text()
+    assert "### gfx942: MI300X" in md and "### sm_90" in md and "1 configurations: 1 compile, 0 spill" in md
+    assert section["environment"]["commit"]
+
+
+def test_parse_amd_arch():
+    assert [kernels.parse_arch(a) for a in ("gfx942", "GFX90A", "gfx950:sramecc+:xnack-")] == \
+        ["gfx942", "gfx90a", "gfx950"]
+    with pytest.raises(ValueError, match="gfx1100"):
+        kernels.parse_arch("gfx1100")
+    with pytest.raises(ValueError, match="gfx942"):
+        kernels.parse_arch("sm_70")
