@@ -1873,7 +1873,8 @@ def main_workload(args, console) -> Path:
     out = Path(args.out or f"reports/kernels-{args.workload}-{dt.datetime.now():%Y%m%d-%H%M%S}")
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"capturing the {args.workload} launches", total=None)
-        section = collect_workload(args.workload, archs, out, jobs=args.jobs,
+        overrides = {"dtype": args.dtype} if args.dtype else None
+        section = collect_workload(args.workload, archs, out, jobs=args.jobs, overrides=overrides,
                                    on_done=lambda i, n: progress.update(task, completed=i, total=n,
                                                                         description=f"compiled {i}/{n}"))
     write_workload(out, section)
@@ -1904,6 +1905,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", help=f"comma-separated archs (default {','.join(ARCHS[c].name for c in DEFAULT_ARCHS)}; "
                                   f"known: {','.join([a.name for a in ARCHS.values()] + list(AMD_ARCHS))})")
     p.add_argument("--out", help="output folder (default reports/kernels-<timestamp>/)")
+    p.add_argument("--dtype", choices=sorted(_DTYPES), help="with --workload: q and k in this dtype instead of "
+                                                            "the workload's own (e.g. fp32)")
     p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")
     p.add_argument("--configs", help="MODULE:FUNCTION listing the KernelConfigs of an arch "
                                      "(default: rome.launch.kernel_configs)")

@@ -19,15 +19,16 @@ bitwise those of ``rome.apply``.
 
 When writing over the input is safe. The torch backend reads each chunk of x into float64
 (or float32) before writing it, so it rotates in place directly, except where x already has the
-compute dtype (float64 x; there ``x.to`` is x itself). The Triton gather kernel (every signed
-permutation, so every rotation matrix) loads a head's whole rows, x and its gathered copy, before
-it stores them, and prefetches only other heads' rows: in place is always direct. The dot kernel
-(general matrices, or ``rome.launch.product("dot")``) computes a row tile panel by panel
+compute dtype (float64 x; there ``x.to`` is x itself). The Triton head-group kernel (every signed
+permutation, so every rotation matrix; its gather, and its dot under ``rome.launch.product("dot")``
+for D <= 128) loads a head's whole rows before it stores them, and prefetches only other heads'
+rows: in place is always direct. The row-tile dot kernel (general matrices, and rotation matrices
+with D > 128 under ``product("dot")``) computes a row tile panel by panel
 (``BLOCK_N`` columns) and stores each output panel n before it loads the input panels of panel
 n + 1; output panel n reads input panels k with block (k, n) of M nonzero. In
 place is therefore safe exactly when no panel reads an earlier one (no nonzero block (k, n) with
 k < n): one panel (D <= 64 for a rotation matrix), or interleave mode (pairs inside a panel).
-Otherwise (half mode at D = 128, multi-axis sections crossing a panel) the kernel writes a
+Otherwise (half mode at D = 256, a general matrix with a nonzero block (k, n), k < n) the kernel writes a
 temporary that is copied back: one more read and write of q and k (``_direct_ok``). The same copy serves an ``out`` whose last stride
 is not 1 (the kernel writes rows of D).
 
@@ -242,7 +243,7 @@ def _direct_ok(backend: str, x: Tensor, out: Tensor, cos: Tensor, matrix: Tensor
         return True
     launcher = ops._kernel()
     plan = launcher.launch.plan(matrix, x.dtype, cos.dtype, transpose=False, interpret=launcher.INTERPRET)
-    if plan.config.product == "gather":  # a head's whole rows are loaded before they are stored
+    if plan.config.heads:  # a head's whole rows are loaded before they are stored
         return True
     np_ = plan.config.block_d // plan.config.block_n
     return not any(plan.reads(n, k) for n in range(np_) for k in range(n))

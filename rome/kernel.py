@@ -16,8 +16,16 @@ Two kernels evaluate ``x @ M``:
   tables once and walks a group of heads (the rows that share those tables) of q and then of k,
   prefetching the next head's loads before the current head's arithmetic. Memory-bound: x read
   and out written once, the tables read about once per launch.
-- ``_rome_kernel``, the seed's matmul formulation on the tensor cores, for a general matrix, and
-  for a rotation matrix where ``rome.launch.product("dot")`` asks (the report measures both). Rows
+  With ``DOT`` the same kernel evaluates ``x @ M`` as the seed's matmul formulation instead: a
+  tensor-core dot of each head's tile with M, read once per program (``[D, D]``, D <= 128: 32 KB
+  in bf16, in shared memory for the whole program), for a rotation matrix where
+  ``rome.launch.product("dot")`` asks, so the report measures the dot beside the gather with
+  everything else equal. Exact: each output of ``x @ M`` is one ±x term (fp32 x as three bf16
+  pieces); the backward's ``(dy*sin) @ Mᵀ`` is ``(dy @ Mᵀ) * sin[src]``, sin read at src as the
+  gather's backward reads it. Its cost over the gather: M's slice read from shared memory by each
+  warp's mma once per 16 rows (~8 B per element at 32-row tiles), and the accumulator's layout.
+- ``_rome_kernel``, the seed's matmul formulation as a persistent row-tile kernel, for a general
+  matrix, and for a rotation matrix with D > 128 under ``product("dot")``. Rows
   of x are collapsed to at most three dims ``(R0, R1, R2)``; a program walks row tiles
   ``[BLOCK_R, BLOCK_D]`` (D padded to a power of two, masked), persistent over the tiles of q and
   then of k as one sequence (a tile of k picks k's pointers and strides by scalar selects). The
@@ -82,12 +90,10 @@ interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import launch, tuning
 
 
 # --- element helpers ----------------------------------------------------------------------
@@ -476,9 +482,13 @@ def _widen(v, RAW_BF16: tl.constexpr):
 
 @triton.jit
 def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  t0, t1, cols, src, mask, c, s, RAW_X: tl.constexpr, F64: tl.constexpr):
+                  t0, t1, cols, src, mask, c, s, w,
+                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+                  RAW_X: tl.constexpr, F64: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows: the first
-    # head's loads, then per head the next head's loads before this head's math and store
+    # head's loads, then per head the next head's loads before this head's math and store.
+    # The product x @ M: the gathered copy x[:, src] (loaded with x), or with DOT the dot x @ w
+    # (w: the program's matrix, already loaded)
     xrow = (t0 * sxt0 + t1 * sxt1)[:, None]
     x_off = xrow + cols[None, :]
     g_off = xrow + src[None, :]
@@ -489,7 +499,8 @@ def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, 
     ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
     first = mask & (tl.full(mask.shape, h_lo, tl.int32) < h_hi)
     x = _fetch(x_ptr + hx, x_off, first, RAW_X)
-    g = _fetch(x_ptr + hx, g_off, first, RAW_X)
+    if not DOT:
+        g = _fetch(x_ptr + hx, g_off, first, RAW_X)
     for h in range(h_lo, h_hi):
         hb += 1
         wrap = hb == H1
@@ -499,11 +510,20 @@ def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, 
         no = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
         more = mask & (tl.full(mask.shape, h + 1, tl.int32) < h_hi)  # (the last head: no loads)
         x_next = _fetch(x_ptr + nx, x_off, more, RAW_X)
-        g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
-        y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
+        if DOT:
+            xw = _widen(x, RAW_X)
+            if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
+                v = xw
+            else:  # x as loaded is the operand (bf16/fp16 on a GPU)
+                v = x
+            r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT, RAW_X)
+            y = _dot2(xw, c, r, s, F64)
+        else:
+            g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
+            y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
+            g = g_next
         _store(o_ptr + ho, o_off, y, mask, RAW_X)
         x = x_next
-        g = g_next
         ho = no
 
 
@@ -514,6 +534,9 @@ def _rome_gather_kernel(
     # with scol = j in the forward (src, sign: M's column gather) and scol = src in the
     # transpose (the backward, with Mᵀ's: ((dy*sin) @ Mᵀ)[j] = sign_t[j] * dy[src[j]] * sin[src[j]])
     src_ptr, sign_ptr,
+    # DOT: the dot's matrix W ([D, D]: M forward, Mᵀ backward, by strides; in the operand dtype),
+    # read once per program
+    w_ptr, stride_wk, stride_wn,
     # POSITIONS == 2: axis (int [D]; any stride), the position axis each column reads
     axis_ptr, stride_ax,
     # per-row data, shared by q and k: POSITIONS == 0: the tables cos, sin with the strides of
@@ -533,6 +556,9 @@ def _rome_gather_kernel(
     POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
     ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: sin read at src (scol = src)
+    DOT: tl.constexpr,  # x @ W on the tensor cores (the seed's formulation) instead of the gather
+    SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,  # DOT: the operand as SPLIT pieces in OP_DTYPE
+    FP32_DOT: tl.constexpr,  # DOT: fp32 operands, IEEE (the interpreter)
     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,  # T rows per program, D padded to a power of two
     I64: tl.constexpr,  # 64-bit offsets inside a tile (some tensor spans 2**31 elements or more)
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
@@ -547,6 +573,8 @@ def _rome_gather_kernel(
     # No dot, no shared memory, no layout conversion in the loop. Per element: x read and y
     # written once (4 B in bf16) and ~20 instructions (error-free products and TwoSum in fp32).
     # Bound by DRAM bandwidth when enough bytes are in flight (profiling/kernels.py's model).
+    # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy
+    # (bound by the shared-memory reads of W's slices, ~86% of copy in the model at bf16 D=128).
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     h_lo = pid_h * HB
@@ -602,15 +630,24 @@ def _rome_gather_kernel(
         else:
             c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
             s = _table(s_ptr, sp * stride_ps + scols[None, :], mask, s_ok, RAW_S, POSITIONS)
-    s = s * sign[None, :]  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+    if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
+        wmask = cmask[:, None] & cmask[None, :]
+        w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
+        if FP32_DOT:
+            w = w.to(tl.float32)
+        else:
+            w = w.to(OP_DTYPE)
+    else:
+        w = sign  # (unused)
+        s = s * sign[None, :]  # the sign folded into sin (exact): y = x*c + x[:, src]*s
 
     # q's heads of the group, then k's
     _rotate_heads(a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0.to(tl.int64), a_sxh1.to(tl.int64),
                   a_soh0.to(tl.int64), a_soh1.to(tl.int64), a_H1, tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H),
-                  t0, t1, cols, src, mask, c, s, RAW_X, F64)
+                  t0, t1, cols, src, mask, c, s, w, DOT, SPLIT, OP_DTYPE, FP32_DOT, RAW_X, F64)
     _rotate_heads(b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64), b_sxh1.to(tl.int64),
                   b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H,
-                  t0, t1, cols, src, mask, c, s, RAW_X, F64)
+                  t0, t1, cols, src, mask, c, s, w, DOT, SPLIT, OP_DTYPE, FP32_DOT, RAW_X, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

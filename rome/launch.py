@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 from dataclasses import dataclass, replace
 
@@ -130,6 +129,7 @@ class Config:
     product: str = "dot"  # how x @ M is evaluated: "dot" (tensor cores) or "gather" (x[:, src] * sign)
     raw_s: bool = False  # interpreter: sin is bf16, read as raw bits (raw_t: cos)
     sin_dtype: torch.dtype | None = None  # sin's dtype where it differs from cos's (table_dtype)
+    heads: bool = False  # the head-group kernel (kernel._rome_gather_kernel; its product: gather or dot)
 
     @property
     def options(self) -> dict:
@@ -145,11 +145,13 @@ class Config:
         kind = "ieee" if self.fp32_dot else f"{self.split}x{str(self.op_dtype).split('.')[-1]}"
         if self.product == "gather":
             kind = "gather"
+        elif self.heads:  # the seed's dot in the head-group kernel (M once per program)
+            kind = f"dot-{kind}"
         gather = " gather-sin" if self.gather_sin else ""
         pos = f" positions={POSITIONS_NAME[self.positions]}" if self.positions else ""
         pos += " angles" if self.angles else ""
         tables = _NAME[self.table_dtype] + (f"/{_NAME[self.sin_dtype]}" if self.sin_dtype else "")
-        product = f"product={kind}" if self.product == "gather" else f"dot={kind}"
+        product = f"product={kind}" if self.heads else f"dot={kind}"
         return (f"{_NAME[self.x_dtype]} {'bwd' if self.transpose else 'fwd'} D={self.head_dim} "
                 f"tables={tables} {product}{gather}{pos}")
 
@@ -190,23 +192,41 @@ GATHER_ELEMENTS_PER_THREAD = 8
 
 @functools.lru_cache(maxsize=1024)
 def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, interpret: bool = False,
-                  positions: int = 0, angles: bool = False, sin_dtype=None) -> Config:
+                  positions: int = 0, angles: bool = False, sin_dtype=None, product: str = "gather") -> Config:
     """The gather kernel's specialisation: T rows per program so that a thread holds
     ``GATHER_ELEMENTS_PER_THREAD`` elements of a tile (x, its gathered copy, the prefetched next
     head's two, cos and sin: ~6 values each), 4 warps; with angles half the rows (the angle
-    arithmetic holds ~40 more fp32 values per element, once per program) and 8 warps for the
-    transpose, fp32 x and D = 256. Heads per program are chosen per launch (``heads_per_program``)."""
+    arithmetic holds ~40 more fp32 values per element, once per program) and 8 warps for fp32 x
+    and D = 256 (the transpose at 8 warps held 2 elements a thread, 8 KB in flight per SM: 72% of
+    copy in the model for default's bf16 backward; at 4 warps 99%). Heads per program are chosen
+    per launch (``heads_per_program``).
+
+    ``product="dot"``: the same kernel with ``x @ M`` as the seed's tensor-core dot, M read once
+    per program (a [D, D] operand, D <= ``HEADS_DOT_MAX_D``): half-precision x is the operand as
+    it is (exact: one ±x term per output), fp32 x three bf16 pieces (exact), the interpreter fp32
+    operands; 32 rows on 8 warps (16 for fp32 x's pieces)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
     block_r = min(64, max(1, GATHER_ELEMENTS_PER_THREAD * 32 * num_warps // block_d))
     if angles:
         block_r = max(1, block_r // 2)
-        if x_dtype == torch.float32 or block_d > 128 or transpose:
+        if x_dtype == torch.float32 or block_d > 128:
             num_warps = 8
     sin_dtype = None if sin_dtype in (None, table_dtype) else sin_dtype
+    split, op, fp32_dot = 1, TL_DTYPE[x_dtype], False
+    if product == "dot":
+        if x_dtype == torch.float32:
+            split, op = 3, tl.bfloat16
+        fp32_dot = interpret
+        # 32 rows on 8 warps (2 CTAs per SM at the 128-register cap): a warp's mma reads its
+        # slice of M from shared memory once per 16 rows it owns, so M's traffic per element
+        # halves from 16 rows; the model (bf16 D=128, sm_90): 16 rows x 4 warps 82% of copy, 32 x 8
+        # 86% (triton 3.9 and 3.6), 32 x 4 at up to 255 registers 92-100% but at 249-255 of them.
+        # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 117 registers, 77-79%
+        block_r, num_warps = (16 if x_dtype == torch.float32 else 32), 8
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
-        gather_sin=transpose, split=1, op_dtype=TL_DTYPE[x_dtype], fp32_dot=False,
+        gather_sin=transpose, split=split, op_dtype=op, fp32_dot=fp32_dot,
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d, block_n=block_d,
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
         raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
@@ -215,8 +235,11 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # loop; the model's mean 8.2 KB/SM); allowed 128 it issues them first (13.5 KB/SM). 72
         # spilled 32-88 B under triton 3.6
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=128, permutation=True,
-        product="gather",
+        product=product, heads=True,
     )
+
+
+HEADS_DOT_MAX_D = 128  # the head-group kernel's dot holds M whole: 32 KB in bf16 at D = 128
 
 
 PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last wave is short
@@ -236,9 +259,9 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
            product: str = "gather", sin_dtype=None) -> Config:
     """The kernel specialisation for these inputs (see the module docstring): the gather kernel
     for a signed permutation (unless ``product="dot"``), else the dot kernel's tiles."""
-    if gather and product == "gather":
+    if gather and (product == "gather" or triton.next_power_of_2(head_dim) <= HEADS_DOT_MAX_D):
         return choose_gather(x_dtype, table_dtype, head_dim, transpose=transpose, interpret=interpret,
-                             positions=positions, angles=angles, sin_dtype=sin_dtype)
+                             positions=positions, angles=angles, sin_dtype=sin_dtype, product=product)
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
     if half and exact_in_x and (not transpose or gather_sin):
@@ -379,6 +402,11 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     if cfg.product == "gather":
         src, sign = _signed_gather(info, transpose)
         return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)
+    if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
+        src, sign = _signed_gather(info, transpose)
+        op = operand_dtype(cfg)
+        operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
+        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)

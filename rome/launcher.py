@@ -196,6 +196,10 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
         groups.append((a, b))
     dev = xs[0].device
     dummy = launch._dummy(dev)
+    w = p.operand  # the dot's matrix (M, read as Mᵀ by strides in the transpose; unused by the gather)
+    swk, swn = w.stride()
+    if p.config.transpose:
+        swk, swn = swn, swk
     out = []
     for a, b in groups:
         (t0, _, _), (t1, _, _) = a.t
@@ -226,7 +230,7 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
 
         ta, tb = tensor_args(a), tensor_args(b)
         heads = (ta[-2], tb[-2])
-        args = (p.src, p.sign, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1])
+        args = (p.src, p.sign, w, swk, swn, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1])
         out.append((args, n_t, heads, i64))
     return out
 
@@ -268,7 +272,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles, sin_dtype=sin.dtype)
     elements = sum(x.numel() for x in xs)
-    if plan.config.product == "gather":
+    if plan.config.heads:
         _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
     else:
         _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode)
@@ -308,6 +312,7 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements):
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
+                  DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
@@ -382,13 +387,13 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
 def kernel_configs(arch: int | None = None) -> list[launch.KernelConfig]:
     """Every specialisation ``rotate`` can launch on a GPU, as a real launch specialises it.
 
-    The gather kernel (signed permutations: every rotation matrix): x dtype × head_dim × pass ×
-    tables (fp32 or x's dtype, per row) or positions (one axis, several, reading fp32 caches or
-    computing the angles), each with the autotuner's other candidates (``launch.candidates``,
-    named "tuned BLOCK_R=.. warps=.."), specialised from a captured launch of BNSD q ``[1, 4, 1024,
-    D]`` and k ``[1, 2, 1024, D]``. The dot kernel (general matrices, and rotation matrices on the
-    table path under ``launch.product("dot")``): x dtype × head_dim × pass × matrix kind × tables,
-    every block of M nonzero. One tensor or q+k is the same kernel. ``arch`` does not change the
+    The head-group kernel (signed permutations: every rotation matrix), its gather and (D <= 128,
+    ``launch.product("dot")``) its dot: x dtype × head_dim × pass × tables (fp32 or x's dtype, per
+    row) or positions (one axis, several, reading fp32 caches or computing the angles), each with
+    the autotuner's other candidates (``launch.candidates``, named "tuned BLOCK_R=.. warps=.."),
+    specialised from a captured launch of BNSD q ``[1, 4, 1024, D]`` and k ``[1, 2, 1024, D]``.
+    The row-tile dot kernel (general matrices, and rotation matrices with D > 128 under
+    ``product("dot")``): x dtype × head_dim × pass × matrix kind × tables, every block of M nonzero. One tensor or q+k is the same kernel. ``arch`` does not change the
     choice today."""
     if INTERPRET:
         raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
@@ -401,17 +406,22 @@ def kernel_configs(arch: int | None = None) -> list[launch.KernelConfig]:
                     for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
                         cfg = launch.choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
                                             exact_in_x=exact_x, exact_in_bf16=exact_bf16, product="dot")
-                        out.append(launch.dot_kernel_config(cfg, label))
-                for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
-                    out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False)
-                for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
-                    out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles)
+                        if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
+                            out.append(launch.dot_kernel_config(cfg, label))
+                products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
+                for product in products:
+                    for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
+                        out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
+                    for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
+                        out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
     return out
 
 
-def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles) -> list[launch.KernelConfig]:
-    """The gather kernel's launch of a representative BNSD q/k (see ``kernel_configs``), and its
-    autotuning candidates, specialised as those launches would be."""
+def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
+                    product: str = "gather") -> list[launch.KernelConfig]:
+    """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
+    ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
+    specialised as those launches would be."""
     from .matrices import rotation_matrix
 
     s = 1024
@@ -427,7 +437,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles) -> li
         pos = torch.zeros(1, 1, s, a, dtype=torch.int64)
         cos = sin = torch.zeros(2 if angles else 2 * s, d, dtype=torch.float32)
         axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
-    with capture(num_sms=1) as got:
+    with capture(num_sms=1) as got, launch.product(product):
         rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles)
     (first,) = got

@@ -167,17 +167,25 @@ def test_product_switch():
 
 
 def test_the_backward_takes_the_forwards_product(monkeypatch):
-    """A forward under product("dot") runs its backward on the dot kernel too (autograd runs the
-    backward outside the block, in its own thread on a GPU)."""
-    from rome import launcher
+    """A forward under product("dot") runs its backward with the dot too (autograd runs the
+    backward outside the block, in its own thread on a GPU); at D = 256 (M too big for the head-group
+    kernel's one operand) both run on the row-tile dot kernel."""
+    from rome import kernel, launcher
 
     seen = []
-    real = launcher._rotate_dot
-    monkeypatch.setattr(launcher, "_rotate_dot", lambda *a, **k: (seen.append(a[-3]), real(*a, **k)))
-    m = rome.rotation_matrix((16,), "half", device=DEVICE)
-    x = torch.randn(2, 5, 16, device=DEVICE, requires_grad=True)
-    cos, sin = random_tables((5, 16))
-    with launch.product("dot"):
-        y = rome.apply(x, cos, sin, m, backend="triton")
-    y.backward(torch.randn_like(y))
-    assert seen == [False, True]  # forward and transposed, both on the dot kernel
+    real = launcher._run
+
+    def run(fn, grid, args, consts, cfg, transpose, *rest):
+        seen.append((fn, consts.get("DOT"), transpose))
+        return real(fn, grid, args, consts, cfg, transpose, *rest)
+
+    monkeypatch.setattr(launcher, "_run", run)
+    for d, fn, dot in ((16, kernel._rome_gather_kernel, True), (256, kernel._rome_kernel, None)):
+        seen.clear()
+        m = rome.rotation_matrix((d,), "half", device=DEVICE)
+        x = torch.randn(2, 5, d, device=DEVICE, requires_grad=True)
+        cos, sin = random_tables((5, d))
+        with launch.product("dot"):
+            y = rome.apply(x, cos, sin, m, backend="triton")
+        y.backward(torch.randn_like(y))
+        assert seen == [(fn, dot, False), (fn, dot, True)]  # forward and transposed, both with the dot
