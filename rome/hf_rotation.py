@@ -17,9 +17,10 @@ import inspect
 
 import torch
 
-__all__ = ["modeling_module", "probe_axial", "probe_mode"]
+__all__ = ["PROBE_LENGTH", "modeling_module", "probe_axial", "probe_mode"]
 
 _POSITIONS = (0, 1, 5, 17, 63)
+PROBE_LENGTH = max(_POSITIONS) + 1  # the sequence length length-dependent layouts are built for
 
 
 def _cannot(kind: str, why: str) -> ValueError:

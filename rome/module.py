@@ -298,17 +298,18 @@ def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
             f"RoPE(rope_layout(frequencies_from_hf(config), mode=...)) yourself"
         )
     else:  # a model type rome's tables do not know: ask transformers' installed code
-        from .hf_rotation import probe_mode
+        from .hf_rotation import PROBE_LENGTH, probe_mode
 
-        layouts = {m: _HFLayouts(config, layer_type, None, False, m)() for m in ("half", "interleave")}
+        layouts = {m: _HFLayouts(config, layer_type, None, False, m)(PROBE_LENGTH) for m in ("half", "interleave")}
         return _HFLayouts(config, layer_type, None, False, probe_mode(config, kind, layouts, layer_type))
     build = _HFLayouts(config, layer_type, section, interleaved, mode)
     if section is None and kind not in INLINE_MODEL_TYPES and _transformers_installed():
-        layout = build()
+        from .hf_rotation import PROBE_LENGTH, probe_mode
+
+        layout = build(PROBE_LENGTH)  # the probe's positions (dynamic, longrope: their frequencies)
         if any(m == "none" for m, _ in layout.blocks):
             # partial rotary: a model type of the tables whose code ignores the config's
             # partial_rotary_factor (Llama's copies: Granite, EXAONE 4) rotates every column
-            from .hf_rotation import probe_mode
 
             probe_mode(config, kind, {mode: layout}, layer_type)
     return build
