@@ -79,6 +79,7 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
+from .matrices import check_mode
 from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
@@ -261,8 +262,9 @@ def _rope_params(config, layer_type) -> dict:
     return dict(params)
 
 
-def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
-    """``seq_len -> RopeLayout`` for a transformers config (checked once, up front)."""
+def _hf_layout_builder(config, layer_type, mode=None) -> Callable[..., RopeLayout]:
+    """``seq_len -> RopeLayout`` for a transformers config (checked once, up front); ``mode``:
+    the rotation where the caller knows it (else read from the model type)."""
     name = type(config).__name__
     kind = _model_type(config)
     params = _rope_params(config, layer_type)
@@ -287,7 +289,9 @@ def _hf_layout_builder(config, layer_type) -> Callable[..., RopeLayout]:
         from .hf_rotation import probe_axial  # ValueError unless the installed code is Qwen2-VL's
 
         probe_axial(config, kind, _HFLayouts(config, layer_type, None, False, "half")())
-    if kind in INTERLEAVE_MODEL_TYPES:
+    if mode is not None:
+        check_mode(mode)
+    elif kind in INTERLEAVE_MODEL_TYPES:
         mode = "interleave"
     elif kind in HALF_MODEL_TYPES or section is not None or _axial(config, layer_type):
         mode = "half"  # (axial: vision towers, one half rotation whatever the model type)
@@ -417,6 +421,7 @@ class RoPE(nn.Module):
         backend: Backend = "auto",
         angles: AngleSource = "cache",
         cache_positions: int | None = None,
+        mode: Mode | None = None,
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -431,6 +436,9 @@ class RoPE(nn.Module):
         ``cache_positions``: as the constructor's; None: what the config allows
         (``config_positions``: ``max_position_embeddings``, or the length a ``factor`` scales
         ``original_max_position_embeddings`` to where that is more).
+        ``mode``: ``"half"`` or ``"interleave"``, the rotation where the caller knows it (the
+        transformers integration, for model types whose code this cannot read: Llama 4's complex
+        pairs); None: read from the model type as above.
         ``device``: build the float32 cache for
         ``max_position_embeddings`` positions there now (8 * head_dim bytes per position).
         Raises ValueError naming the config class, its model type (and its text config's) and
@@ -439,7 +447,7 @@ class RoPE(nn.Module):
         try:  # reading the config: any refusal names the model type (_hf_refusal)
             text = _text_config(config)
             _check_heads(text)
-            build = _hf_layout_builder(text, layer_type)
+            build = _hf_layout_builder(text, layer_type, mode)
             layout = build()  # on the CPU (float64), whatever the default device
             dynamic = build if _rope_type(text, layer_type) in ("dynamic", "longrope") else None
             if cache_positions is None:
