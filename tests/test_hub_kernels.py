@@ -1,0 +1,173 @@
+"""Issue 19 item 3: rome as transformers' ``rotary_pos_emb`` kernel (rome/integrations/hub_kernels.py).
+
+Tiny random models of several families, each a copy of the unpatched one: logits and every
+parameter's gradient after a backward of the same loss, with rome in place of the standard
+``apply_rotary_pos_emb`` (``kernelize`` without the kernels package; ``register`` + transformers'
+``kernelize`` where a compatible kernels is installed). Tolerances: float32 models; rome rounds
+``q*cos + rotate_half(q)*sin`` once where torch rounds each product and the sum, so each rotated
+value differs by <= 2 ulp; through two layers and the LM head that stays below 1e-5 absolute
+(logits and gradients of order 1)."""
+
+import copy
+import pickle
+import warnings
+
+import pytest
+import torch
+
+from conftest import optional
+
+transformers, needs_transformers = optional("transformers")
+pytestmark = needs_transformers
+
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, vocab_size=64, max_position_embeddings=64)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma", "starcoder2")
+ATOL = 1e-5
+
+
+def _model(kind):
+    warnings.filterwarnings("ignore")
+    config = transformers.AutoConfig.for_model(kind, **TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).float().train()
+
+
+def _run(model, ids):
+    model.zero_grad()
+    logits = model(input_ids=ids).logits
+    (logits.square().mean() + logits[..., 0].sum()).backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare(kind, got, want):
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=ATOL, msg=lambda m: f"{kind} logits: {m}")
+    assert got[1].keys() == want[1].keys()
+    for name in want[1]:
+        torch.testing.assert_close(got[1][name], want[1][name], rtol=0, atol=ATOL,
+                                   msg=lambda m, n=name: f"{kind} grad {n}: {m}")
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts rome.apply_qk calls made through the hub-kernels layer."""
+    from rome.integrations import hub_kernels
+
+    count = [0]
+    original = hub_kernels.apply_qk
+
+    def counting(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hub_kernels, "apply_qk", counting)
+    return count
+
+
+def test_kernelize_families_output_and_gradients(calls):
+    """Six families in one test (~3 s): every attention layer runs rome (2 calls a forward), the
+    logits and all gradients match the unpatched copy, undo restores transformers' own."""
+    from rome.integrations import hub_kernels
+
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    for kind in FAMILIES:
+        model = _model(kind)
+        reference = copy.deepcopy(model)
+        handle = hub_kernels.kernelize(model, backend="torch")
+        assert handle is not None, kind
+        before = calls[0]
+        got = _run(model, ids)
+        assert calls[0] - before == TINY["num_hidden_layers"], kind
+        _compare(kind, got, _run(reference, ids))
+        handle.undo()
+        before = calls[0]
+        _compare(kind, _run(model, ids), _run(reference, ids))
+        assert calls[0] == before, f"{kind}: rome still called after undo"
+
+
+def test_kernelize_pickles_refuses_twice_and_skips_other_functions(calls):
+    from rome.integrations import hub_kernels, patch
+
+    model = _model("llama")
+    hub_kernels.kernelize(model, backend="torch")
+    with pytest.raises(ValueError, match="already patched by rome"):
+        hub_kernels.kernelize(model)
+    with pytest.raises(ValueError, match="already patched by rome"):
+        patch(model)
+    again = pickle.loads(pickle.dumps(model))
+    before = calls[0]
+    again(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    assert calls[0] - before == TINY["num_hidden_layers"], "an unpickled model runs rome"
+    # nanochat's rotate_half has the other sign, OLMo's apply casts: not the standard function
+    nanochat = pytest.importorskip("transformers.models.nanochat.modeling_nanochat")
+    olmo = pytest.importorskip("transformers.models.olmo.modeling_olmo")
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    assert hub_kernels.is_standard(llama.apply_rotary_pos_emb)
+    assert not hub_kernels.is_standard(nanochat.apply_rotary_pos_emb)
+    assert not hub_kernels.is_standard(olmo.apply_rotary_pos_emb)
+    assert hub_kernels.kernelize(_model("olmo")) is None
+
+
+def test_apply_rotary_transformers_is_the_standard_function():
+    """Against transformers' own function on random tables (float64: within 1e-12), both
+    backends; bad arguments are refused by name."""
+    from rome.integrations.hub_kernels import apply_rotary_transformers
+
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 5, 8, generator=g)
+    angles = torch.rand(2, 5, 4, generator=g) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    want = llama.apply_rotary_pos_emb(q.double(), k.double(), cos.double(), sin.double())
+    for backend in ("torch", "triton"):
+        got = apply_rotary_transformers(q, k, cos, sin, backend=backend)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.double(), b, rtol=0, atol=1e-6)
+    got = apply_rotary_transformers(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2, backend="torch")
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.transpose(1, 2).double(), b, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        apply_rotary_transformers(q, k, cos, sin, backend="cuda")
+    with pytest.raises(TypeError, match="cos must be a tensor"):
+        apply_rotary_transformers(q, k, [1.0], sin)
+
+
+def _kernels_active():
+    from transformers.utils.import_utils import is_kernels_available
+
+    return is_kernels_available()
+
+
+def test_register_without_kernels_says_what_is_missing():
+    from rome.integrations import hub_kernels
+
+    if _kernels_active():
+        pytest.skip("a compatible kernels is installed: test_register_and_transformers_kernelize runs instead")
+    with pytest.raises(RuntimeError, match=r"transformers needs kernels >= [0-9.]+, < [0-9.]+ .*kernelize\(model\)"):
+        hub_kernels.register()
+
+
+def test_register_and_transformers_kernelize(calls):
+    """The kernels route: rome registered for ``rotary_pos_emb``, transformers' ``kernelize``
+    (mode TRAINING on the CPU) on three families."""
+    if not _kernels_active():
+        pytest.skip("needs kernels in transformers' supported range (transformers 5.23: >= 0.18.2, < 0.19), "
+                    "not installed: the decorators are no-ops")
+    from kernels import Mode
+
+    from rome.integrations import hub_kernels
+    from transformers.integrations.hub_kernels import kernelize
+
+    hub_kernels.register(backend="torch")
+    ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    for kind in ("llama", "qwen3", "mistral"):
+        model = _model(kind)
+        # before kernelize: kernels swaps the forward of the modeling file's one function module,
+        # which every model of the family (a deep copy too) calls
+        want = _run(model, ids)
+        kernelize(model, mode=Mode.TRAINING)
+        before = calls[0]
+        got = _run(model, ids)
+        assert calls[0] - before == TINY["num_hidden_layers"], kind
+        _compare(kind, got, want)
