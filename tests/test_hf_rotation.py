@@ -213,10 +213,11 @@ def default_configs():
 
 
 def test_every_registered_config_rotates_as_transformers_or_is_refused_by_name():
-    """Issue 21: over every config class of the installed transformers (5.23: 468 configs and
-    the text configs of unregistered classes), from_hf_config either rotates as transformers' own code for
-    that model type or raises a ValueError naming it; never another exception (swin's per-stage
-    head counts were a TypeError), never a silently different rotation (Pixtral's axial)."""
+    """Issue 21: over every config class of the installed transformers, from_hf_config either
+    rotates as transformers' own code for that model type or raises a ValueError naming it; never
+    another exception (swin's per-stage head counts were a TypeError), never a silently different
+    rotation (Pixtral's axial). transformers 5.23: 804 model types, 802 built with defaults, 238
+    accepted and checked, 564 refused; about 22 s of CPU (most of it importing modeling files)."""
     warnings.filterwarnings("ignore")
     gen = torch.Generator().manual_seed(0)
     problems, outcomes = {}, collections.Counter()
