@@ -1241,11 +1241,32 @@ def configs(cc: int | None = None) -> list:
 
 def amd_ci_configs(cc=None) -> list:
     """The configurations CI compiles for gfx942 (the full list is the committed table): head_dim
-    256 (the largest tiles and register use) for every x dtype, pass, product and tables/positions
-    kind, without the autotuner's candidates; and bf16 at head_dim 64 with them (the candidates'
-    8-row and 8-warp tiles)."""
-    return [c for c in configs(cc) if (c.meta["head_dim"] == 256 and not c.meta.get("tuned_candidate"))
+    256 (the largest tiles and register use) for every pass, product and tables/positions kind in
+    bf16 and fp32, and the gather kernel's in fp16 (fp16's dot kernel compiles as bf16's does:
+    a third of the compile time, nothing new), without the autotuner's candidates; and bf16 at
+    head_dim 64 with them (the candidates' 8-row and 8-warp tiles)."""
+    return [c for c in configs(cc) if (c.meta["head_dim"] == 256 and not c.meta.get("tuned_candidate")
+                                       and (c.meta["x_dtype"] != "fp16" or c.meta["product"] == "gather"))
             or (c.meta["head_dim"] == 64 and c.meta["x_dtype"] == "bf16")]
+
+
+def wave64_gather_configs(cc=None) -> list:
+    """The gather kernel's chosen configs (fp32 tables or one-axis positions, bf16 and fp32, head_dim
+    64 and 128) each beside the same launch with twice the rows: ``choose_gather`` sizes a tile for
+    ``GATHER_ELEMENTS_PER_THREAD`` elements a thread of a 32-lane warp, so on 64-lane wavefronts a
+    lane holds half as many; the doubled tile holds as many as on CUDA (docs/amd.md compares them:
+    ``--arch gfx942 --configs profiling.kernels:wave64_gather_configs``)."""
+    out = []
+    for c in configs(cc):
+        m = c.meta
+        if (m["product"] == "gather" and not m.get("tuned_candidate") and m["head_dim"] in (64, 128)
+                and m["x_dtype"] in ("bf16", "fp32") and m["positions"] in (0, 1) and not m["angles"]
+                and m["table_dtype"] == "fp32"):
+            rows = 2 * c.constexprs["BLOCK_R"]
+            out += [c, dataclasses.replace(c, name=f"{c.name} rows x2 (BLOCK_R={rows})",
+                                           constexprs=c.constexprs | {"BLOCK_R": rows},
+                                           meta=dict(m, block_r=rows, elements_per_tile=rows * m["head_dim"]))]
+    return out
 
 
 def gate_configs(cc) -> list:
