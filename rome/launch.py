@@ -170,8 +170,9 @@ _product = threading.local()
 def product(name: str):
     """Evaluate ``x @ M`` of signed-permutation matrices (every rotation matrix) as ``name`` in
     this thread: ``"gather"`` (the default: the exact signed column gather, ``_rome_gather_kernel``)
-    or ``"dot"`` (the seed's matmul formulation on the tensor cores, ``_rome_kernel``); the bits
-    are the same. General matrices always take the dot. The report measures both."""
+    or ``"dot"`` (the seed's matmul formulation on the tensor cores: the same kernel's ``DOT``, or
+    ``_rome_kernel`` for D > 128); the bits are the same. General matrices always take the dot
+    (``_rome_kernel``). The report measures both."""
     if name not in PRODUCTS:
         raise ValueError(f"product must be one of {PRODUCTS}, got {name!r}")
     old = getattr(_product, "name", "gather")
@@ -186,6 +187,29 @@ def current_product() -> str:
     return getattr(_product, "name", "gather")
 
 
+_target = threading.local()
+
+
+@contextlib.contextmanager
+def target_warp_size(lanes: int):
+    """Choose launches in this thread for a GPU whose warps have ``lanes`` lanes (64 on AMD
+    Instinct, 32 on NVIDIA), e.g. to list an AMD arch's configurations on another machine."""
+    if lanes not in (32, 64):
+        raise ValueError(f"lanes must be 32 or 64, got {lanes!r}")
+    old = getattr(_target, "lanes", None)
+    _target.lanes = lanes
+    try:
+        yield
+    finally:
+        _target.lanes = old
+
+
+def warp_size() -> int:
+    """Lanes per warp of the GPU launches are chosen for: ``target_warp_size``'s, else the
+    runtime's (64 on a ROCm build, 32 otherwise)."""
+    return getattr(_target, "lanes", None) or (64 if runtime_backend() == "hip" else 32)
+
+
 # x elements a thread holds per tile in the gather kernel: 8 (bf16 fwd D=128, sm_90: 64 registers
 # and 8 resident CTAs with triton 3.9, 103 and 4 with 3.6) where 16 took 130 / 204 registers and
 # 3 / 2 CTAs for ~the same instructions per element: more resident warps, more loads in flight
@@ -194,7 +218,8 @@ GATHER_ELEMENTS_PER_THREAD = 8
 
 @functools.lru_cache(maxsize=1024)
 def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, interpret: bool = False,
-                  positions: int = 0, angles: bool = False, sin_dtype=None, product: str = "gather") -> Config:
+                  positions: int = 0, angles: bool = False, sin_dtype=None, product: str = "gather",
+                  lanes: int = 32) -> Config:
     """The gather kernel's specialisation: T rows per program so that a thread holds
     ``GATHER_ELEMENTS_PER_THREAD`` elements of a tile (x, its gathered copy, the prefetched next
     head's two, cos and sin: ~6 values each), 4 warps; with angles half the rows (the angle
@@ -206,7 +231,9 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     ``product="dot"``: the same kernel with ``x @ M`` as the seed's tensor-core dot, M read once
     per program (a [D, D] operand, D <= ``HEADS_DOT_MAX_D``): half-precision x is the operand as
     it is (exact: one ±x term per output), fp32 x three bf16 pieces (exact), the interpreter fp32
-    operands; 32 rows on 8 warps (16 for fp32 x's pieces)."""
+    operands; 32 rows on 256 threads (8 warps of 32 ``lanes``, 4 of 64: 8 64-lane waves spilled
+    on gfx942, where a SIMD then holds two of the workgroup's waves at <= 256 VGPRs each), 16 rows
+    for fp32 x's pieces."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
     block_r = min(64, max(1, GATHER_ELEMENTS_PER_THREAD * 32 * num_warps // block_d))
@@ -225,7 +252,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # halves from 16 rows; the model (bf16 D=128, sm_90): 16 rows x 4 warps 82% of copy, 32 x 8
         # 86% (triton 3.9 and 3.6), 32 x 4 at up to 255 registers 92-100% but at 249-255 of them.
         # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 117 registers, 77-79%
-        block_r, num_warps = (16 if x_dtype == torch.float32 else 32), 8
+        block_r, num_warps = (16 if x_dtype == torch.float32 else 32), 256 // lanes
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=transpose, split=split, op_dtype=op, fp32_dot=fp32_dot,
@@ -258,12 +285,13 @@ def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
            exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False,
-           product: str = "gather", sin_dtype=None) -> Config:
+           product: str = "gather", sin_dtype=None, lanes: int = 32) -> Config:
     """The kernel specialisation for these inputs (see the module docstring): the gather kernel
     for a signed permutation (unless ``product="dot"``), else the dot kernel's tiles."""
     if gather and (product == "gather" or triton.next_power_of_2(head_dim) <= HEADS_DOT_MAX_D):
         return choose_gather(x_dtype, table_dtype, head_dim, transpose=transpose, interpret=interpret,
-                             positions=positions, angles=angles, sin_dtype=sin_dtype, product=product)
+                             positions=positions, angles=angles, sin_dtype=sin_dtype, product=product,
+                             lanes=lanes)
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
     if half and exact_in_x and (not transpose or gather_sin):
@@ -400,7 +428,7 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
                  interpret=interpret, positions=positions, angles=angles, product=current_product(),
-                 sin_dtype=sin_dtype)
+                 sin_dtype=sin_dtype, lanes=warp_size())
     if cfg.product == "gather":
         src, sign = _signed_gather(info, transpose)
         return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)

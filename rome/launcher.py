@@ -384,7 +384,7 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
 
 # --- every configuration, for the ahead-of-time inspection (python -m profiling kernels) -------
 
-def kernel_configs(arch: int | None = None) -> list[launch.KernelConfig]:
+def kernel_configs(arch: int | str | None = None) -> list[launch.KernelConfig]:
     """Every specialisation ``rotate`` can launch on a GPU, as a real launch specialises it.
 
     The head-group kernel (signed permutations: every rotation matrix), its gather and (D <= 128,
@@ -393,11 +393,20 @@ def kernel_configs(arch: int | None = None) -> list[launch.KernelConfig]:
     the autotuner's other candidates (``launch.candidates``, named "tuned BLOCK_R=.. warps=.."),
     specialised from a captured launch of BNSD q ``[1, 4, 1024, D]`` and k ``[1, 2, 1024, D]``.
     The row-tile dot kernel (general matrices, and rotation matrices with D > 128 under
-    ``product("dot")``): x dtype × head_dim × pass × matrix kind × tables, every block of M nonzero. One tensor or q+k is the same kernel. ``arch`` does not change the
-    choice today."""
+    ``product("dot")``): x dtype × head_dim × pass × matrix kind × tables, every block of M
+    nonzero. One tensor or q+k is the same kernel. ``arch``: an NVIDIA compute capability (an int)
+    or an AMD arch name ("gfx942": 64-lane warps, which change the warps of the head-group
+    kernel's dot); None: the runtime's."""
     if INTERPRET:
         raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
                            "TRITON_INTERPRET=1 (the kernel is then a JITFunction)")
+    if arch is None:
+        return _kernel_configs()
+    with launch.target_warp_size(64 if str(arch).startswith("gfx") else 32):
+        return _kernel_configs()
+
+
+def _kernel_configs() -> list[launch.KernelConfig]:
     out = []
     for x_dtype in (torch.bfloat16, torch.float16, torch.float32):
         for d in launch.HEAD_DIMS:

@@ -189,3 +189,19 @@ def test_the_backward_takes_the_forwards_product(monkeypatch):
             y = rome.apply(x, cos, sin, m, backend="triton")
         y.backward(torch.randn_like(y))
         assert seen == [(fn, dot, False), (fn, dot, True)]  # forward and transposed, both with the dot
+
+
+def test_the_dots_threads_are_the_same_on_64_lane_warps():
+    """The head-group kernel's dot takes 256 threads: 8 warps of 32 lanes, 4 of 64 (8 waves of 64
+    spilled VGPRs on gfx942); target_warp_size chooses for another GPU than the runtime's."""
+    m = rome.rotation_matrix((64,), "half")
+    with launch.product("dot"):
+        cuda = launch.plan(m, BF16, FP32, transpose=False, interpret=False).config
+        with launch.target_warp_size(64):
+            amd = launch.plan(m, BF16, FP32, transpose=False, interpret=False).config
+    assert (cuda.num_warps, amd.num_warps) == (8, 4)
+    assert cuda.block_r == amd.block_r == 32 and cuda.heads and amd.heads
+    assert launch.warp_size() == 32  # restored (this CPU build is not ROCm)
+    with pytest.raises(ValueError, match="lanes must be 32 or 64"):
+        with launch.target_warp_size(48):
+            pass
