@@ -111,6 +111,25 @@ def test_wheel_installs_rome_only_with_licence_and_types(built):
     assert meta.get_all("License-File") == ["LICENSE"]
 
 
+def test_wheel_installs_offline_and_imports_from_the_install(built, tmp_path):
+    """The wheel installed as pip installs it (offline, no dependencies, into a fresh --target), and
+    ``import rome`` in a child with PYTHONPATH=that target only (the repo not on sys.path, cwd outside
+    it; torch from the environment's site-packages): rome comes from the install and the installed
+    metadata names rome.__version__."""
+    _, wheel, _ = built
+    target, cwd = tmp_path / "site", tmp_path / "cwd"
+    cwd.mkdir()
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "-q",
+          "--target", str(target), str(wheel)], cwd=cwd)
+    assert (target / "rome" / "__init__.py").is_file() and (target / f"{STEM}.dist-info" / "METADATA").is_file()
+    code = (f"import os, sys, rome, importlib.metadata as m; "
+            f"assert rome.__file__.startswith({str(target)!r}), rome.__file__; "
+            f"assert {str(ROOT)!r} not in [os.path.abspath(p) for p in sys.path], sys.path; "
+            f"print(m.version({NAME!r}))")
+    r = _run([sys.executable, "-c", code], cwd=cwd, PYTHONPATH=str(target))
+    assert r.stdout.strip().splitlines()[-1] == rome.__version__, r.stdout
+
+
 def test_licence_is_the_full_apache_text():
     text = (ROOT / "LICENSE").read_text()
     assert text.lstrip().startswith("Apache License\n") and "Version 2.0, January 2004" in text
