@@ -224,15 +224,18 @@ class _Work:
 
     def like(self, x: Tensor, i: int) -> Tensor:
         """Scratch ``i``, shaped like ``x`` (contiguous)."""
-        while len(self.buffers) <= i:
-            self.buffers.append(torch.empty(0, dtype=self.dt, device=self.device))
-        n = x.numel()
-        buf = self.buffers[i]
-        if buf.numel() < n:
-            buf = torch.empty(n, dtype=self.dt, device=self.device)
-            if n <= self.KEEP_ELEMENTS or self.device.type != "cpu":
-                self.buffers[i] = buf
-        return buf[:n].view(x.shape)
+        # built outside inference mode: a buffer kept from a call under torch.inference_mode()
+        # would be an inference tensor, which a later call outside it could not write
+        with torch.inference_mode(False):
+            while len(self.buffers) <= i:
+                self.buffers.append(torch.empty(0, dtype=self.dt, device=self.device))
+            n = x.numel()
+            buf = self.buffers[i]
+            if buf.numel() < n:
+                buf = torch.empty(n, dtype=self.dt, device=self.device)
+                if n <= self.KEEP_ELEMENTS or self.device.type != "cpu":
+                    self.buffers[i] = buf
+            return buf[:n].view(x.shape)
 
 
 def _gathered(x, out, c, signed, *, index, pairs, dt, work: _Work) -> None:
