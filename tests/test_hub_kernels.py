@@ -9,6 +9,7 @@ value differs by <= 2 ulp; through two layers and the LM head that stays below 1
 (logits and gradients of order 1)."""
 
 import copy
+import os
 import pickle
 import warnings
 
@@ -183,3 +184,108 @@ def test_register_and_transformers_kernelize(calls):
     before = calls[0]
     _compare("nanochat", _run(model, ids), want)
     assert calls[0] == before, "rome ran nanochat's rotation"
+    assert hub_kernels.unregister(), "register() left nothing to undo"
+
+
+STUB_CHILD = r'''
+import sys, warnings
+warnings.filterwarnings("ignore")
+import torch
+import kernels
+assert getattr(kernels, "STUB", False), kernels.__file__  # the stand-in, not a real kernels
+from kernels import Mode
+import transformers
+from transformers.integrations import hub_kernels as transformers_hub
+from transformers.integrations.hub_kernels import kernelize
+from transformers.utils.import_utils import is_kernels_available
+from rome.integrations import hub_kernels
+from test_hub_kernels import TINY, ATOL, _compare, _run
+
+assert is_kernels_available() and transformers_hub._kernels_enabled, "transformers' kernels branch is not taken"
+count = [0]
+apply_qk = hub_kernels.apply_qk
+def counting(*args, **kwargs):
+    count[0] += 1
+    return apply_qk(*args, **kwargs)
+hub_kernels.apply_qk = counting
+
+def model(kind):
+    config = transformers.AutoConfig.for_model(kind, **TINY)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).float().train()
+
+assert kernels._KERNEL_MAPPING.get().get("rotary_pos_emb") is None
+hub_kernels.register(backend="torch")
+assert kernels._KERNEL_MAPPING.get()["rotary_pos_emb"]["cpu"][Mode.TRAINING] == hub_kernels.RomeRepository("torch")
+rome_forward = hub_kernels.layer("torch").forward
+ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+kept = {}
+for kind in ("llama", "qwen2", "mistral", "nanochat"):
+    m = model(kind)
+    modeling = sys.modules[type(m).__module__]
+    fn = modeling.apply_rotary_pos_emb
+    # the decorator is active: the modeling file's function is kernels' function module, which
+    # every attention layer holds in its _kernel_funcs, and rome finds the function behind it
+    assert isinstance(fn, torch.nn.Module) and fn.kernel_layer_name == "rotary_pos_emb", (kind, fn)
+    attention = [a for a in m.modules() if any(f is fn for f in a.__dict__.get("_kernel_funcs", {}).values())]
+    assert len(attention) == TINY["num_hidden_layers"], (kind, len(attention))
+    original = hub_kernels._original(fn)
+    assert original is not None and original.__name__ == "apply_rotary_pos_emb", (kind, original)
+    assert hub_kernels.is_standard(fn) == (kind != "nanochat"), kind
+    want = _run(m, ids)  # before kernelize: it swaps the forward of the family's one function module
+    kernelize(m, mode=Mode.TRAINING)
+    assert fn.forward.__func__ is rome_forward, (kind, fn.forward)
+    before = count[0]
+    got = _run(m, ids)
+    # nanochat's function (rotate_half of the other sign) is decorated too: rome's layer runs its own code
+    assert count[0] - before == (0 if kind == "nanochat" else TINY["num_hidden_layers"]), (kind, count[0] - before)
+    _compare(kind, got, want)
+    kept[kind] = (m, fn, want)
+    print("rome via kernelize:", kind)
+
+assert hub_kernels.unregister() is True
+assert kernels._KERNEL_MAPPING.get().get("rotary_pos_emb") is None, kernels._KERNEL_MAPPING.get()
+assert hub_kernels.unregister() is False
+for kind, (m, fn, want) in kept.items():
+    kernelize(m, mode=Mode.TRAINING)  # no mapping now: kernels puts the function's own forward back
+    assert fn.forward.__func__ is type(fn).forward, (kind, fn.forward)
+    before = count[0]
+    _compare(kind, _run(m, ids), want)
+    assert count[0] == before, f"{kind}: rome still called after unregister + kernelize"
+print("unregistered")
+'''
+
+
+def test_register_and_transformers_kernelize_with_stub_kernels(tmp_path):
+    """The kernels route with tests/kernels_stub.py standing in for the kernels package (see its
+    doc for what it models, from kernels' own source): in a child python where transformers sees
+    kernels 0.18.2 installed, its modeling files' ``apply_rotary_pos_emb`` are kernels function
+    modules; ``register()`` + transformers' own ``kernelize(model, mode=TRAINING)`` swap rome's
+    layer in for Llama, Qwen2 and Mistral (logits and all gradients vs the same model before
+    kernelize, within ATOL), nanochat's non-standard function keeps its code; ``unregister()``
+    restores kernels' mapping and a second kernelize puts transformers' function back."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    stub = tmp_path / "kernels"
+    (stub / "layer").mkdir(parents=True)
+    shutil.copy(tests / "kernels_stub.py", stub / "__init__.py")
+    (stub / "layer" / "__init__.py").write_text("")
+    (stub / "layer" / "mode.py").write_text("from kernels import Mode\n")  # transformers' modeling_utils
+    info = tmp_path / "kernels-0.18.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kernels\nVersion: 0.18.2\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(tests.parent), str(tests)])
+    env.pop("USE_HUB_KERNELS", None)
+    r = subprocess.run([sys.executable, "-c", STUB_CHILD], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    for kind in ("llama", "qwen2", "mistral", "nanochat"):
+        assert f"rome via kernelize: {kind}" in r.stdout, out[-4000:]
+    assert "unregistered" in r.stdout, out[-4000:]

@@ -45,7 +45,7 @@ from ..ops import BACKENDS, apply_qk
 from . import Patch
 
 __all__ = ["LAYER_NAME", "RomeRepository", "apply_rotary_transformers", "is_standard", "kernelize",
-           "layer", "mapping", "register"]
+           "layer", "mapping", "register", "unregister"]
 
 LAYER_NAME = "rotary_pos_emb"
 FUNCTION = "apply_rotary_pos_emb"
@@ -221,17 +221,36 @@ def mapping(backend: str = "auto", devices=DEVICES) -> dict:
     return {LAYER_NAME: {device: dict(modes) for device in devices}}
 
 
+_REGISTERED: list = []  # the kernels.use_kernel_mapping contexts register() entered, newest last
+
+
 def register(backend: str = "auto", devices=DEVICES) -> None:
-    """Register rome as the ``rotary_pos_emb`` layer in kernels' global mapping (over whatever
-    was registered for it, transformers' hub default included, on ``devices``). Then
+    """Register rome as the ``rotary_pos_emb`` layer in kernels' mapping (over whatever was
+    registered for it, transformers' hub default included, on ``devices``). Then
     ``transformers.integrations.hub_kernels.kernelize(model)`` uses rome. Note that
     ``model.set_use_kernels(True)`` / ``from_pretrained(use_kernels=True)`` registers
     transformers' own default mapping again (its hub kernel for CUDA), so call ``register``
-    after those, or kernelize directly. RuntimeError where kernels support is not active."""
+    after those, or kernelize directly. RuntimeError where kernels support is not active.
+
+    The mapping is kernels' ``use_kernel_mapping(..., inherit_mapping=True)`` entered and left
+    open: the current mapping plus rome's, for this thread's context (kernels keeps its mapping
+    in a ContextVar), until ``unregister()`` puts the previous one back."""
     kernels, why = _kernels_or_why()
     if kernels is None:
         raise RuntimeError(why)
-    kernels.register_kernel_mapping(mapping(backend, devices), inherit_mapping=True)
+    context = kernels.use_kernel_mapping(mapping(backend, devices), inherit_mapping=True)
+    context.__enter__()
+    _REGISTERED.append(context)
+
+
+def unregister() -> bool:
+    """Undo the newest ``register()``: kernels' mapping is again the one before it (what was
+    registered after it, in this context, goes with it). Layers already kernelized keep rome
+    until ``kernelize`` runs again. False where there is no registration to undo."""
+    if not _REGISTERED:
+        return False
+    _REGISTERED.pop().__exit__(None, None, None)
+    return True
 
 
 # --- without kernels: the same replacement on the model's instances ---------------------------
