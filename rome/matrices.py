@@ -11,7 +11,8 @@ These are the seed ROME test's ``get_interleave_matrix``, ``get_half_matrix`` an
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Hashable, MutableMapping, Sequence
 
 import torch
 
@@ -80,3 +81,50 @@ def rotation_matrix(
     sections = check_sections(sections)
     build = _BUILDERS[check_mode(mode)]
     return torch.block_diag(*(build(d, dtype=dtype, device=device) for d in sections))
+
+
+KEPT_MATRICES = 256  # matrices the shared memo keeps (a D=128 float32 one is 64 KiB); the oldest go first
+_KEPT: dict = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def kept_matrix(key: Hashable, build: Callable[[], torch.Tensor], *,
+                memo: MutableMapping | None = None) -> torch.Tensor:
+    """``build()``, made once per ``key`` and kept: one tensor per key, so that rome reads its
+    structure once (``rome.structure`` caches by identity). ``key`` must name everything the
+    matrix depends on (its sizes, mode, dtype and device). ``memo``: a mapping of the caller's
+    own (a module's, dropped with it), else a process-wide one of ``KEPT_MATRICES`` entries.
+
+    Built outside inference mode: a matrix first asked for under ``torch.inference_mode()`` is
+    an ordinary tensor that a later training call can save for its backward. Neither read nor
+    kept while torch.compile traces (a memo filled during tracing fails the guard the trace put
+    on it, and the next call recompiles; the graph builds the matrix instead) or under a fake
+    tensor mode; a meta or fake result is never kept."""
+    if torch.compiler.is_compiling() or _fake_mode():
+        return build()
+    memo = _KEPT if memo is None else memo
+    m = memo.get(key)
+    if m is not None:
+        return m
+    with torch.inference_mode(False):
+        m = build()
+    if m.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(m):
+        return m
+    with _KEPT_LOCK:
+        if memo is _KEPT and key not in _KEPT:
+            while len(_KEPT) >= KEPT_MATRICES:
+                del _KEPT[next(iter(_KEPT))]
+        return memo.setdefault(key, m)  # another thread's, if it kept one first
+
+
+def kept_rotation_matrix(d: int, mode: Mode, *, dtype: torch.dtype, device) -> torch.Tensor:
+    """``rotation_matrix(d, mode, dtype=dtype, device=device)`` through ``kept_matrix``: one
+    tensor per (mode, D, dtype, device)."""
+    device = torch.device(device)
+    return kept_matrix(("rotation", mode, d, dtype, device),
+                       lambda: rotation_matrix(d, mode, dtype=dtype, device=device))
+
+
+def _fake_mode() -> bool:
+    """Whether a fake tensor mode is active (what it builds are fake tensors)."""
+    return torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None

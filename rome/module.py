@@ -79,7 +79,7 @@ from .layouts import (
     section_layout,
     tables_for_positions,
 )
-from .matrices import check_mode
+from .matrices import check_mode, kept_matrix
 from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
@@ -131,7 +131,10 @@ class _Cache:
             n = max(_MIN_ROWS, 1 << (rows - 1).bit_length())
             if cap is not None:
                 n = max(rows, min(n, cap))
-            cos, sin = cos_sin_cache(self.layout, n, dtype=self.dtype, device=self.device)
+            # kept tables are ordinary tensors: built under inference mode they could not be
+            # saved for a later training call's backward
+            with torch.inference_mode(False):
+                cos, sin = cos_sin_cache(self.layout, n, dtype=self.dtype, device=self.device)
             self.cos, self.sin, self.rows = cos, sin, n
 
     @property
@@ -565,12 +568,7 @@ class RoPE(nn.Module):
     def matrix(self, dtype=torch.float32, device=None) -> Tensor:
         """The layout's D×D matrix in ``dtype`` on ``device``, built once and kept."""
         device = _device("cpu" if device is None else device)
-        key = (dtype, device)
-        m = self._matrices.get(key)
-        if m is None:
-            m = self.layout.matrix(dtype, device)
-            _keep(self._matrices, key, m)
-        return m
+        return kept_matrix((dtype, device), lambda: self.layout.matrix(dtype, device), memo=self._matrices)
 
     def _axis(self, device: torch.device) -> Tensor | None:
         """``layout.axis`` on ``device``, kept (None for one axis: every column reads it)."""

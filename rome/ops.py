@@ -37,7 +37,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
-from .matrices import check_mode, check_size, rotation_matrix
+from .matrices import check_mode, check_size, kept_rotation_matrix
 from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
 from .types import BACKENDS, Backend, Mode
 
@@ -766,18 +766,7 @@ def _matrix_or_mode(matrix, mode, x, name: str):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     d = check_size(x.shape[-1] if x.ndim else 0, f"{name}'s head_dim (its last dim) for mode={mode!r}")
     dtype = x.dtype if x.dtype in DTYPES else torch.float32  # another dtype: _check_types names it
-    if torch.compiler.is_compiling() or x.device.type == "meta" or torch._subclasses.fake_tensor.is_fake(x):
-        return rotation_matrix(d, mode, dtype=dtype, device=x.device)  # traced: a constant, no cache
-    return _mode_matrix(mode, d, dtype, x.device)
-
-
-@functools.lru_cache(maxsize=64)
-def _mode_matrix(mode: str, d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """One matrix per (mode, D, dtype, device), so its structure is read once (``rome.structure``
-    caches by identity). Built outside inference mode: an inference tensor could not be saved
-    for a later backward."""
-    with torch.inference_mode(False):
-        return rotation_matrix(d, mode, dtype=dtype, device=device)
+    return kept_rotation_matrix(d, mode, dtype=dtype, device=x.device)
 
 
 def apply(

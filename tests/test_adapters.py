@@ -444,7 +444,7 @@ def test_mode_shortcut_is_the_matrix(backend):
 def test_mode_shortcut_gradients_and_inference_mode():
     """The cached matrix is built outside inference mode: a first call under inference_mode
     does not break a later training call (an inference tensor cannot be saved for backward)."""
-    rome.ops._mode_matrix.cache_clear()
+    rome.matrices._KEPT.clear()
     rome.torch_backend._Work._kept.__dict__.clear()  # the kept CPU scratch too: not by test order
     cos, sin = rome.rope_cos_sin(torch.arange(4), (8,), mode="interleave", device=DEVICE)
     x = rand(4, 8)

@@ -12,14 +12,12 @@ and widened after, so the work follows the tokens, not the table's length.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from einops import repeat
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from ..matrices import rotation_matrix
+from ..matrices import kept_matrix, rotation_matrix
 from ..positions import check_range, gather_rows
 
 # pair k -> its two columns (the einops patterns of rome.layouts' columns, with leading dims)
@@ -42,9 +40,9 @@ def matrix(mode: str, rotary_dim: int, head_dim: int, dtype: torch.dtype, device
     """The ``head_dim``² matrix rotating the first ``rotary_dim`` columns by ``mode`` (zero on
     the rest), or its transpose: one tensor per arguments (rome reads a matrix's structure once
     per tensor)."""
-    if torch.compiler.is_compiling() or torch.device(device).type == "meta":
-        return _build(mode, rotary_dim, head_dim, dtype, device, transposed)
-    return _cached(mode, rotary_dim, head_dim, dtype, torch.device(device), transposed)
+    device = torch.device(device)
+    return kept_matrix(("halfwidth", mode, rotary_dim, head_dim, dtype, device, transposed),
+                       lambda: _build(mode, rotary_dim, head_dim, dtype, device, transposed))
 
 
 def _build(mode, rotary_dim, head_dim, dtype, device, transposed) -> Tensor:
@@ -54,12 +52,6 @@ def _build(mode, rotary_dim, head_dim, dtype, device, transposed) -> Tensor:
     m = torch.block_diag(rotation_matrix(rotary_dim, mode, dtype=dtype, device=device),
                          torch.zeros(rest, rest, dtype=dtype, device=device))
     return m.mT.contiguous() if transposed else m
-
-
-@functools.lru_cache(maxsize=64)
-def _cached(mode, rotary_dim, head_dim, dtype, device, transposed) -> Tensor:
-    with torch.inference_mode(False):  # an inference tensor could not be saved for a backward
-        return _build(mode, rotary_dim, head_dim, dtype, device, transposed)
 
 
 def check_positions(positions: Tensor, rows: int, what: str) -> None:

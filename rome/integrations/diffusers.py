@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
-from ..matrices import half_matrix, interleave_matrix
+from ..matrices import kept_rotation_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..tables import grid_positions
 from ..types import Backend
@@ -83,22 +83,10 @@ class _Rotate:
 
     def __init__(self, backend: Backend = "auto"):
         self.backend = backend
-        self._matrices: dict = {}
 
-    def _matrix(self, x: Tensor, mode: str = "interleave") -> Tensor:
-        key = (mode, x.shape[-1], x.dtype, x.device)
-        m = self._matrices.get(key)
-        if m is None:
-            build = interleave_matrix if mode == "interleave" else half_matrix
-            m = build(x.shape[-1], dtype=x.dtype, device=x.device)
-            # not while torch.compile traces: a dict filled during tracing fails the guard that
-            # the trace put on it, and the second call would recompile (the graph builds M)
-            if not torch.compiler.is_compiling():
-                self._matrices[key] = m
-        return m
-
-    def __getstate__(self):
-        return {"backend": self.backend, "_matrices": {}}  # matrices are rebuilt on demand
+    @staticmethod
+    def _matrix(x: Tensor, mode: str = "interleave") -> Tensor:
+        return kept_rotation_matrix(x.shape[-1], mode, dtype=x.dtype, device=x.device)
 
     @staticmethod
     def _tables(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:

@@ -40,7 +40,7 @@ import weakref
 import torch
 from torch import Tensor, nn
 
-from ..matrices import half_matrix
+from ..matrices import kept_rotation_matrix
 from ..ops import BACKENDS, apply_qk
 from . import Patch
 
@@ -50,22 +50,9 @@ __all__ = ["LAYER_NAME", "RomeRepository", "apply_rotary_transformers", "is_stan
 LAYER_NAME = "rotary_pos_emb"
 FUNCTION = "apply_rotary_pos_emb"
 
-_MATRICES: dict[tuple[int, torch.dtype, torch.device], Tensor] = {}
-
-
 def _check_backend(backend) -> None:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-
-
-def _matrix(d: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    if torch.compiler.is_compiling():  # no memo filled while tracing (a guard would fail next call)
-        return half_matrix(d, dtype=dtype, device=device)
-    key = (d, dtype, device)
-    m = _MATRICES.get(key)
-    if m is None:
-        m = _MATRICES[key] = half_matrix(d, dtype=dtype, device=device)
-    return m
 
 
 def apply_rotary_transformers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1, *,
@@ -77,7 +64,7 @@ def apply_rotary_transformers(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, un
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
-    m = _matrix(q.shape[-1], q.dtype, q.device)
+    m = kept_rotation_matrix(q.shape[-1], "half", dtype=q.dtype, device=q.device)
     return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m, backend=backend)
 
 
