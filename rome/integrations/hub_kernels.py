@@ -50,6 +50,7 @@ __all__ = ["LAYER_NAME", "RomeRepository", "apply_rotary_transformers", "is_stan
 LAYER_NAME = "rotary_pos_emb"
 FUNCTION = "apply_rotary_pos_emb"
 
+
 def _check_backend(backend) -> None:
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
