@@ -364,8 +364,11 @@ def rope_frequencies(
         dim, turning = head_dim, int((partial or 1.0) * head_dim // 2)
     else:
         if rotary_dim is None:
-            rotary_dim = head_dim if partial is None else int(head_dim * partial)
-            name = f"int(head_dim * partial_rotary_factor) = int({head_dim} * {partial})"
+            if partial is None:
+                rotary_dim, name = head_dim, "head_dim (no rotary_dim or partial_rotary_factor given)"
+            else:
+                rotary_dim = int(head_dim * partial)
+                name = f"int(head_dim * partial_rotary_factor) = int({head_dim} * {partial})"
         else:
             rotary_dim = _positive_int(rotary_dim, "rotary_dim")
             name = "rotary_dim"

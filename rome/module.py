@@ -447,6 +447,12 @@ class RoPE(nn.Module):
         Raises ValueError naming the config class, its model type (and its text config's) and
         the setting rome cannot express or the reason it cannot tell the rotation.
         """
+        # the caller's own arguments first: a bad one is not the config's refusal
+        if mode is not None:
+            check_mode(mode)
+        if layer_type is not None and not isinstance(layer_type, str):
+            raise TypeError(f"layer_type must be a str (a config's layer type) or None, got "
+                            f"{type(layer_type).__name__} {layer_type!r}")
         try:  # reading the config: any refusal names the model type (_hf_refusal)
             text = _text_config(config)
             _check_heads(text)

@@ -532,3 +532,26 @@ I64 = dict(dtype=torch.int64)
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_from_hf_config_checks_its_own_arguments_first():
+    """A bad ``mode=``/``layer_type=`` is the caller's error, named as such (not a refusal of the
+    config: no model type in the message); a layer type the config lacks stays the config's."""
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1)
+    with pytest.raises(ValueError, match=r"^mode must be one of \('interleave', 'half'\), got 'neox'$"):
+        RoPE.from_hf_config(config, mode="neox")
+    with pytest.raises(TypeError, match=r"^layer_type must be a str \(a config's layer type\) or None, got int 3$"):
+        RoPE.from_hf_config(config, layer_type=3)
+    with pytest.raises(ValueError, match=r"model_type 'llama'.*layer_type='sliding'"):
+        RoPE.from_hf_config(config, layer_type="sliding")
+
+
+def test_rotary_dim_error_without_partial_rotary_factor():
+    """An odd head_dim with neither rotary_dim nor partial_rotary_factor names head_dim (the
+    message once printed ``int(7 * None)``); with a factor it shows the product."""
+    with pytest.raises(ValueError, match=r"^head_dim \(no rotary_dim or partial_rotary_factor given\) must be "
+                                         r"a positive even int <= head_dim=7, got 7$"):
+        rope_frequencies(7)
+    with pytest.raises(ValueError, match=r"^int\(head_dim \* partial_rotary_factor\) = int\(8 \* 0\.1\) must be "
+                                         r"a positive even int <= head_dim=8, got 0$"):
+        rope_frequencies(8, partial_rotary_factor=0.1)
