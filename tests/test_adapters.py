@@ -490,3 +490,17 @@ def test_compile_fullgraph():
     c, s = rome.rope_cos_sin(torch.arange(3), (16,), mode="half", device=DEVICE)
     shortcut = torch.compile(lambda x, c, s: rome.apply(x, c, s, mode="interleave", backend="torch"), fullgraph=True, backend="eager")
     assert_bitwise(shortcut(x, c[:, None], s[:, None]), rome.apply(x, c[:, None], s[:, None], mode="interleave", backend="torch"))
+
+
+def test_vllm_rotary_embedding_checks_its_arguments():
+    """``RotaryEmbedding`` refuses a non-float cache dtype and a non-bool ``inplace`` when built
+    (not at the first forward, naming "cos"); mixed query/key dtypes are named as such."""
+    with pytest.raises(TypeError, match=r"^dtype \(the cos_sin_cache's\) must be a floating torch.dtype, got torch.int32$"):
+        RotaryEmbedding(8, 8, 16, dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"^dtype \(the cos_sin_cache's\) must be a floating torch.dtype, got 'float32'$"):
+        RotaryEmbedding(8, 8, 16, dtype="float32")
+    with pytest.raises(TypeError, match=r"^inplace must be a bool, got 1$"):
+        RotaryEmbedding(8, 8, 16, inplace=1)
+    rope = RotaryEmbedding(8, 8, 16, backend="torch")
+    with pytest.raises(TypeError, match=r"^query and key must have one dtype, got torch.float32 and torch.float16$"):
+        rope(torch.arange(4, device=DEVICE), rand(4, 16), rand(4, 8).half())

@@ -101,6 +101,8 @@ def rotary_embedding(
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     head_size = _int(head_size, "head_size")
+    if key is not None and key.dtype != query.dtype:
+        raise TypeError(f"query and key must have one dtype, got {query.dtype} and {key.dtype}")
     if positions.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"positions must be an int32/int64 tensor, got {positions.dtype}")
     if cos_sin_cache.ndim != 2 or cos_sin_cache.shape[1] == 0 or cos_sin_cache.shape[1] % 2:
@@ -180,8 +182,11 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = _int(rotary_dim, "rotary_dim")
         self.max_position_embeddings = _int(max_position_embeddings, "max_position_embeddings")
         self.base = float(base)
-        if not isinstance(is_neox_style, bool):
-            raise TypeError(f"is_neox_style must be a bool, got {is_neox_style!r}")
+        for name, flag in (("is_neox_style", is_neox_style), ("inplace", inplace)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.is_complex:
+            raise TypeError(f"dtype (the cos_sin_cache's) must be a floating torch.dtype, got {dtype!r}")
         self.is_neox_style, self.inplace, self.backend = is_neox_style, inplace, backend
         freqs = rope_frequencies(self.head_size, theta=self.base, rotary_dim=self.rotary_dim)
         cos, sin = cos_sin_cache(rope_layout(freqs, mode="half"), self.max_position_embeddings,
