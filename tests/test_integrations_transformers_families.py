@@ -342,6 +342,45 @@ def test_qwen3_vl_text_and_vision(kind, monkeypatch):
     assert _rel(out, ref) <= FP32_REL, _rel(out, ref)
 
 
+@pytest.mark.parametrize("kind", ["qwen3_vl", "qwen3_vl_moe"])
+def test_qwen3_vl_gradients_and_generation(kind, monkeypatch):
+    """With the image input: every parameter's gradient (the vision tower's included) as the
+    unpatched model's (rtol 1e-4, atol 1e-5 x the largest), and greedy generation with a KV cache
+    (prefill with the image: 2 text + 2 vision launches; then one launch per text layer and step,
+    positions continuing from the mRoPE deltas): the same tokens, each step's logits within FP32_REL."""
+    model, inputs = _qwen3_vl(kind)
+    labels = inputs["input_ids"]
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        model(**inputs, labels=labels).loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    model.train()
+    want = grads()
+    with patch(model, backend="torch"):
+        got = grads()
+    assert want.keys() == got.keys() and any(n.startswith("model.visual.") for n in want), sorted(want)[:5]
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=1e-4, atol=1e-5 * want[n].abs().max().item() + 1e-12,
+                                   msg=n)
+
+    model.eval()
+    kw = dict(max_new_tokens=3, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None,
+              output_logits=True, return_dict_in_generate=True)
+    ref = model.generate(**inputs, **kw)
+    count = _Count(monkeypatch)
+    with patch(model, backend="torch"):
+        out = model.generate(**inputs, **kw)
+    text_layers = model.config.text_config.num_hidden_layers
+    vision_layers = model.config.vision_config.depth
+    assert count.calls == vision_layers + text_layers * 3, count.calls  # the vision tower once, the text layers each step
+    assert out.sequences.shape[1] == labels.shape[1] + 3
+    assert torch.equal(out.sequences, ref.sequences)
+    for a, b in zip(out.logits, ref.logits, strict=True):
+        assert _rel(a, b) <= FP32_REL, _rel(a, b)
+
+
 def test_qwen3_vl_tables():
     """Qwen3-VL's text rotary (interleaved mRoPE on [3, B, S] positions) and vision rotary
     (rows, columns): the patched rotation equals the modeling file's on the module's own tables."""
