@@ -107,12 +107,15 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
 
 def _rotate(fn, q, k, cos, sin):
     """``apply_rotary_pos_emb`` as the attention layers call it: on the whole head where the
-    tables fit it (GPT-OSS's half-width tables too), else on the first ``cos.shape[-1]``
-    columns, the rest passed through (partial rotary: Phi, GPT-NeoX, StableLM)."""
+    tables fit it (GPT-OSS's half-width tables too), else, tables narrower than the head only, on
+    the first ``cos.shape[-1]`` columns, the rest passed through (partial rotary: Phi, GPT-NeoX,
+    StableLM). A failure with tables as wide as the head is the function's own: raised."""
     try:
         return fn(q, k, cos, sin)[:2]
     except RuntimeError:
         r = cos.shape[-1]
+        if r >= q.shape[-1]:
+            raise
         qr, kr = fn(q[..., :r], k[..., :r], cos, sin)[:2]
         return torch.cat([qr, q[..., r:]], -1), torch.cat([kr, k[..., r:]], -1)
 

@@ -751,9 +751,10 @@ def hf_configs(draw):
 def test_unknown_hf_model_types(drawn):
     """``RoPE.from_hf_config`` on configs drawn from transformers' registry and perturbed: a RoPE
     that rotates as transformers' own code for that config, or a ValueError naming the model
-    type; never another exception, never a silently different rotation (issue 21 item 4). Where
-    transformers' own rotary code raises on the perturbed config there is no rotation to compare:
-    counted as an event."""
+    type; never another exception, never a silently different rotation (issue 21 item 4). Only
+    where transformers' own rotary module raises on the perturbed config is there no rotation to
+    compare ("unchecked", counted as an event); any other failure of the check against
+    transformers' code fails (tests/test_hf_rotation.py: check_hf_config)."""
     import warnings
 
     from test_hf_rotation import check_hf_config

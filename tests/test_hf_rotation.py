@@ -2,8 +2,10 @@
 model type it accepts, and refuses (ValueError naming the model type) those it cannot read.
 
 Each model type: a tiny config (``AutoConfig.for_model``, no hub), transformers' rotary module
-and its modeling file's ``apply_rotary_pos_emb`` (on the rotated columns, the rest passed through,
-as the partial-rotary attention layers do) against rome's module at positions up to 63."""
+and its modeling file's ``apply_rotary_pos_emb`` against rome's module at positions up to 63. The
+oracle (``_hf_rotation``) decides partial rotary from the config's declared
+``partial_rotary_factor`` (the first int(head_dim * f) columns rotated, the rest passed through),
+not, as rome's own probe does, from whether a whole-head call fails."""
 
 import collections
 import importlib
@@ -24,15 +26,7 @@ POS = torch.tensor([[0, 1, 5, 17, 40, 63]])
 
 def _transformers_rotation(kind, config, q, k):
     module = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
-    rotary = [v for n, v in vars(module).items() if isinstance(v, type) and n.endswith("RotaryEmbedding")
-              and "Vision" not in n and v.__module__ == module.__name__]
-    fn = module.apply_rotary_pos_emb
-    assert len(rotary) == 1, rotary
-    with torch.no_grad():
-        cos, sin = rotary[0](config)(q, POS)
-        r = cos.shape[-1]  # partial rotary: the attention layer rotates the first r columns
-        qr, kr = fn(q[..., :r], k[..., :r], cos, sin)[:2]
-    return torch.cat([qr, q[..., r:]], -1), torch.cat([kr, k[..., r:]], -1)
+    return _hf_rotation(module, config, q, k, POS)
 
 
 # GPT-J and CodeGen rotate inside their attention's forward (no apply_rotary_pos_emb taking
@@ -101,25 +95,66 @@ def _modeling(config):
     return importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
 
 
-def _reference_text(config, rope, gen):
-    """transformers' own rotary module and apply_rotary_pos_emb (as _transformers_rotation) vs
-    rome's module at POS; the max difference."""
-    module = _modeling(config)
+class TransformersRaised(Exception):
+    """transformers' own rotary module could not be built or run on the config."""
+
+
+def _as_config(config):
+    """A config.json dict as transformers reads it (``AutoConfig.for_model``), else ``config``;
+    TransformersRaised where transformers cannot build it."""
+    if not isinstance(config, dict):
+        return config
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        return transformers.AutoConfig.for_model(config.get("model_type"), **fields)
+    except Exception as e:  # noqa: BLE001
+        raise TransformersRaised(f"AutoConfig.for_model({config.get('model_type')!r}): {type(e).__name__}: {e}") from e
+
+
+def _partial_factor(config) -> float:
+    """The rotated fraction of the head that the config declares in transformers' standardized
+    ``rope_parameters`` (``partial_rotary_factor``, default 1; per layer type: the first type's)."""
+    params = getattr(config, "rope_parameters", None) or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = next(iter(params.values()))
+    return float(params.get("partial_rotary_factor", 1.0))
+
+
+def _hf_rotation(module, config, q, k, pos):
+    """The oracle: transformers' own rotary module's tables for ``pos`` and its modeling file's
+    ``apply_rotary_pos_emb``, applied as transformers documents ``partial_rotary_factor``: where
+    the config declares f < 1, the first int(head_dim * f) columns are rotated (the tables must be
+    that wide) and the rest passed through (Phi, GPT-NeoX, StableLM, GLM slice them so);
+    otherwise the function gets the whole head, whatever the tables' width (GPT-OSS's half-width
+    tables). Decided from the config, not from whether a call fails; TransformersRaised where the
+    rotary module itself raises."""
     rotary = [v for n, v in vars(module).items() if isinstance(v, type) and n.endswith("RotaryEmbedding")
               and "Vision" not in n and v.__module__ == module.__name__]
     assert len(rotary) == 1 and callable(getattr(module, "apply_rotary_pos_emb", None)), \
         f"{module.__name__}: no single text rotary module and apply_rotary_pos_emb to check against"
+    try:
+        with torch.no_grad():
+            cos, sin = rotary[0](config).to(q.dtype)(q, pos)
+    except Exception as e:  # noqa: BLE001
+        raise TransformersRaised(f"{rotary[0].__name__}: {type(e).__name__}: {e}") from e
+    d, factor = q.shape[-1], _partial_factor(config)
+    with torch.no_grad():
+        if factor >= 1:
+            return module.apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype))[:2]
+        r = int(d * factor)
+        assert cos.shape[-1] == r, (f"{rotary[0].__name__}: tables {cos.shape[-1]} wide, the config's "
+                                    f"partial_rotary_factor {factor} of head_dim {d} is {r}")
+        qr, kr = module.apply_rotary_pos_emb(q[..., :r], k[..., :r], cos.to(q.dtype), sin.to(q.dtype))[:2]
+    return torch.cat([qr, q[..., r:]], -1), torch.cat([kr, k[..., r:]], -1)
+
+
+def _reference_text(config, rope, gen):
+    """transformers' own rotation (``_hf_rotation``) vs rome's module at POS; the max difference."""
+    config = _as_config(config)
     d = rope.head_dim
     q = torch.randn(1, 2, POS.shape[1], d, generator=gen, dtype=torch.float64)
     k = torch.randn(1, 1, POS.shape[1], d, generator=gen, dtype=torch.float64)
-    with torch.no_grad():
-        cos, sin = rotary[0](config).double()(q, POS)
-        r = cos.shape[-1]
-        try:  # GPT-OSS: half-width tables for the whole head (its apply splits the head itself)
-            want = module.apply_rotary_pos_emb(q, k, cos, sin)[:2]
-        except RuntimeError:  # partial rotary: the attention layer rotates the first r columns
-            qr, kr = module.apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin)[:2]
-            want = torch.cat([qr, q[..., r:]], -1), torch.cat([kr, k[..., r:]], -1)
+    want = _hf_rotation(_modeling(config), config, q, k, POS)
     got = rope(q, k, POS)
     return max((a - b).abs().max().item() for a, b in zip(got, want))
 
@@ -133,14 +168,19 @@ def _reference_axial(config, rope, gen):
     from rome import apply_qk
     from rome.layouts import cos_sin_for_positions
 
+    config = _as_config(config)
     module = _modeling(config)
     rotary = [v for n, v in vars(module).items() if isinstance(v, type) and n.endswith("VisionRotaryEmbedding")
               and v.__module__ == module.__name__]
     assert len(rotary) == 1, rotary
     d = rope.head_dim
     q = torch.randn(len(GRID), 2, d, generator=gen, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            cos, sin = rotary[0](config).double()(q, GRID)
+    except Exception as e:  # noqa: BLE001
+        raise TransformersRaised(f"{rotary[0].__name__}: {type(e).__name__}: {e}") from e
     with torch.no_grad():
-        cos, sin = rotary[0](config).double()(q, GRID)
         want = module.apply_rotary_pos_emb_vision(q, q, cos, sin)[0]
     rc, rs = cos_sin_for_positions(rope.layout, GRID, axes_dim=-1, dtype=torch.float64)
     got = apply_qk(q, q, rc.unsqueeze(-2), rs.unsqueeze(-2), rope.matrix(torch.float64), backend="torch")[0]
@@ -169,8 +209,10 @@ def check_hf_config(config, gen, strict=True) -> tuple[str, str | None]:
     a ValueError, which must name the model type(s); problem: None, or what is wrong. 2e-5:
     rome's float64 angles vs transformers' float32 inv_freq at positions < 64. ``strict=False``
     (perturbed configs, tests/test_fuzz.py): where transformers' own rotary code raises on the
-    config there is no rotation to compare with, outcome "unchecked" (an accepted RoPE whose
-    rotation transformers computes must still match it)."""
+    config there is no rotation to compare with, outcome "unchecked"; any other failure of the
+    check (transformers' apply function, the tables' width against the config's
+    partial_rotary_factor) is a problem in either mode, and an accepted RoPE whose rotation
+    transformers computes must still match it."""
     kinds, text = _model_types(config)
     try:
         rope = RoPE.from_hf_config(config, backend="torch")
@@ -182,17 +224,58 @@ def check_hf_config(config, gen, strict=True) -> tuple[str, str | None]:
     if kinds[-1] in INLINE:
         return "accepted", None  # tests/test_module.py: test_gptj_interleave
     try:
-        if rope.n_axes == 2 and getattr(text, "rope_parameters", {}).get("rope_type") == "axial":
+        params = (text.get("rope_parameters") if isinstance(text, dict) else getattr(text, "rope_parameters", None))
+        if rope.n_axes == 2 and (params or {}).get("rope_type") == "axial":
             error = _reference_axial(text, rope, gen)
         else:
             error = _reference_text(text, rope, gen)
-    except Exception as e:  # noqa: BLE001
+    except TransformersRaised as e:
         if not strict:
             return "unchecked", None
-        return "accepted", (f"accepted ({rope.layout.blocks}) but transformers' code could not check it: "
+        return "accepted", f"accepted ({rope.layout.blocks}) but transformers' rotary module raised: {e}"
+    except Exception as e:  # noqa: BLE001 - the oracle itself failed: a problem in either mode
+        return "accepted", (f"accepted ({rope.layout.blocks}) but the check against transformers' code failed: "
                             f"{type(e).__name__}: {e}")
     ok = error <= 2e-5
     return "accepted", None if ok else f"accepted ({rope.layout.blocks}), max difference {error:.3g} from transformers"
+
+
+def test_check_hf_config_unchecked_only_where_transformers_rotary_raises(monkeypatch):
+    """The oracle's own outcomes, on Llama (rome reads it from its tables, not from transformers'
+    code, so only the oracle sees these changes): "unchecked" (strict=False) only where
+    transformers' rotary module raises; its apply function raising, or tables narrower than the
+    head with no partial_rotary_factor declared (where running the whole head and, on failure,
+    the first columns would have passed), are problems in either mode."""
+    warnings.filterwarnings("ignore")
+    llama = importlib.import_module("transformers.models.llama.modeling_llama")
+    config = transformers.AutoConfig.for_model("llama", **TINY)
+    gen = torch.Generator().manual_seed(0)
+    for strict in (True, False):
+        assert check_hf_config(config, gen, strict=strict) == ("accepted", None)
+    real_forward, real_apply = llama.LlamaRotaryEmbedding.forward, llama.apply_rotary_pos_emb
+
+    def raising(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(llama.LlamaRotaryEmbedding, "forward", raising)
+    assert check_hf_config(config, gen, strict=False) == ("unchecked", None)
+    outcome, problem = check_hf_config(config, gen, strict=True)
+    assert outcome == "accepted" and "rotary module raised" in problem and "boom" in problem, problem
+
+    monkeypatch.setattr(llama.LlamaRotaryEmbedding, "forward", real_forward)
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", raising)
+    for strict in (True, False):
+        outcome, problem = check_hf_config(config, gen, strict=strict)
+        assert outcome == "accepted" and "check against transformers' code failed" in problem, problem
+
+    def half_width(self, x, position_ids):  # the rotation of the first 8 columns' frequencies
+        cos, sin = real_forward(self, x, position_ids)
+        return cos[..., : cos.shape[-1] // 2], sin[..., : sin.shape[-1] // 2]
+
+    monkeypatch.setattr(llama, "apply_rotary_pos_emb", real_apply)
+    monkeypatch.setattr(llama.LlamaRotaryEmbedding, "forward", half_width)
+    outcome, problem = check_hf_config(config, gen, strict=False)
+    assert outcome == "accepted" and problem is not None, (outcome, problem)
 
 
 def default_configs():
