@@ -242,7 +242,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         if x_dtype == torch.float32 or block_d > 128:
             num_warps = 8
     sin_dtype = None if sin_dtype in (None, table_dtype) else sin_dtype
-    split, op, fp32_dot = 1, TL_DTYPE[x_dtype], False
+    split, op, fp32_dot, maxnreg = 1, TL_DTYPE[x_dtype], False, 128
     if product == "dot":
         if x_dtype == torch.float32:
             split, op = 3, tl.bfloat16
@@ -251,8 +251,12 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # slice of M from shared memory once per 16 rows it owns, so M's traffic per element
         # halves from 16 rows; the model (bf16 D=128, sm_90): 16 rows x 4 warps 82% of copy, 32 x 8
         # 86% (triton 3.9 and 3.6), 32 x 4 at up to 255 registers 92-100% but at 249-255 of them.
-        # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 117 registers, 77-79%
-        block_r, num_warps = (16 if x_dtype == torch.float32 else 32), 256 // lanes
+        # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 117 registers, 77-79%. Angles:
+        # the backward's two angle tables spilled 104-184 B at 32 rows (triton 3.9, sm_80/sm_90)
+        # and at 16 on sm_100 under the 128-register cap: 16 rows, no cap
+        block_r, num_warps = (16 if x_dtype == torch.float32 or angles else 32), 256 // lanes
+        if angles:
+            maxnreg = 255
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=transpose, split=split, op_dtype=op, fp32_dot=fp32_dot,
@@ -263,7 +267,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # 3.9) by issuing the next head's loads after the arithmetic (in flight a quarter of the
         # loop; the model's mean 8.2 KB/SM); allowed 128 it issues them first (13.5 KB/SM). 72
         # spilled 32-88 B under triton 3.6
-        num_warps=num_warps, positions=positions, angles=angles, maxnreg=128, permutation=True,
+        num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=True,
         product=product, heads=True,
     )
 
