@@ -79,24 +79,26 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
                             f"module (found {[c.__name__ for c in rotary_classes]})")
     config = _config_object(config, kind)
     head_dim = next(iter(layouts.values())).head_dim
-    pos = torch.tensor([_POSITIONS])
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(1, 2, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
-    k = torch.randn(1, 1, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
-    try:
-        with torch.device("cpu"), torch.no_grad():
+    # the probe on the CPU whatever the default device (a model built under torch.device("meta")
+    # is patched before its weights exist)
+    with torch.device("cpu"), torch.no_grad():
+        pos = torch.tensor([_POSITIONS])
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 2, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
+        k = torch.randn(1, 1, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
+        try:
             rotary = rotary_classes[0](config).double()
             params = inspect.signature(rotary.forward).parameters
             extra = (layer_type,) if "layer_type" in params and layer_type is not None else ()
             cos, sin = rotary(q, pos, *extra)
             theirs = _rotate(fn, q, k, cos.double(), sin.double())
-    except Exception as e:  # noqa: BLE001
-        raise _cannot(kind, f"its rotary code did not run on a probe: {type(e).__name__}: {e}") from None
-    errors = {}
-    for mode, layout in layouts.items():
-        rc, rs = cos_sin_for_positions(layout, pos[0], dtype=torch.float64)
-        ours = apply_qk(q, k, rc, rs, layout.matrix(torch.float64), backend="torch")
-        errors[mode] = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+        except Exception as e:  # noqa: BLE001
+            raise _cannot(kind, f"its rotary code did not run on a probe: {type(e).__name__}: {e}") from None
+        errors = {}
+        for mode, layout in layouts.items():
+            rc, rs = cos_sin_for_positions(layout, pos[0], dtype=torch.float64)
+            ours = apply_qk(q, k, rc, rs, layout.matrix(torch.float64), backend="torch")
+            errors[mode] = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
     mode = min(errors, key=errors.get)
     if not errors[mode] <= 1e-3:  # the other mode, or another rotation, is off by O(1)
         raise _cannot(kind, f"transformers' code rotates as none of rome's {' or '.join(errors)} rotation of "
@@ -144,19 +146,19 @@ def probe_axial(config, kind: str, layout) -> None:
     if not callable(fn) or len(rotary_classes) != 1:
         raise _cannot(kind, f"{module.__name__} does not define both apply_rotary_pos_emb_vision and one vision "
                             f"rotary module (found {[c.__name__ for c in rotary_classes]})")
-    pos = torch.tensor(_GRID)
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(len(_GRID), 2, layout.head_dim, generator=gen, dtype=torch.float64)
-    k = torch.randn(len(_GRID), 1, layout.head_dim, generator=gen, dtype=torch.float64)
-    try:
-        with torch.device("cpu"), torch.no_grad():
+    with torch.device("cpu"), torch.no_grad():  # (whatever the default device: see probe_mode)
+        pos = torch.tensor(_GRID)
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randn(len(_GRID), 2, layout.head_dim, generator=gen, dtype=torch.float64)
+        k = torch.randn(len(_GRID), 1, layout.head_dim, generator=gen, dtype=torch.float64)
+        try:
             cos, sin = rotary_classes[0](_config_object(config, kind)).double()(q, pos)
             theirs = fn(q, k, cos.double(), sin.double())[:2]
-    except Exception as e:  # noqa: BLE001
-        raise _cannot(kind, f"its vision rotary code did not run on a probe: {type(e).__name__}: {e}") from None
-    rc, rs = cos_sin_for_positions(layout, pos, axes_dim=-1, dtype=torch.float64)
-    ours = apply_qk(q, k, rc.unsqueeze(-2), rs.unsqueeze(-2), layout.matrix(torch.float64), backend="torch")
-    error = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
+        except Exception as e:  # noqa: BLE001
+            raise _cannot(kind, f"its vision rotary code did not run on a probe: {type(e).__name__}: {e}") from None
+        rc, rs = cos_sin_for_positions(layout, pos, axes_dim=-1, dtype=torch.float64)
+        ours = apply_qk(q, k, rc.unsqueeze(-2), rs.unsqueeze(-2), layout.matrix(torch.float64), backend="torch")
+        error = max((a - b).abs().max().item() for a, b in zip(ours, theirs))
     if not error <= 1e-3:
         raise _cannot(kind, f"transformers' vision code lays its rope_type 'axial' out otherwise than rome's "
                             f"axial layout (rows then columns, one half rotation; max difference {error:.3g})")
