@@ -70,11 +70,10 @@ _HAS_MAXNREG = _has_maxnreg()
 # --- AMD (HIP): the archs the kernel is compiled and checked for, and the options a launch passes ---
 
 # AMD Instinct archs whose every configuration is compiled and read (python -m profiling kernels
-# --arch gfx942: profiling/results/cpu/kernels-amd/; CI compiles a gfx942 subset): no memory spill,
-# LDS within the CU's, no SGPR spill in the gather kernel (docs/amd.md). backend="auto" takes the
-# kernel on these only (rome.ops), the torch backend on any other ROCm device. Never run on one.
-# gfx90a and gfx950 compile (a test kernel) but their full tables are not committed yet.
-HIP_ARCHS = ("gfx942",)
+# --arch gfx942,gfx90a,gfx950: profiling/results/cpu/kernels-amd/; CI compiles a gfx942 subset): no
+# memory spill, LDS within the CU's, no SGPR spill in the gather (docs/amd.md). backend="auto" takes
+# the kernel on these only (rome.ops), the torch backend on any other ROCm device. Never run on one.
+HIP_ARCHS = ("gfx90a", "gfx942", "gfx950")
 
 
 def runtime_backend() -> str:

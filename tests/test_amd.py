@@ -49,7 +49,7 @@ class _RocmTensor(torch.Tensor):
 
 
 def test_auto_backend_decision_on_rocm(rocm):
-    """``_check``'s choice for a ROCm tensor: the kernel on launch.HIP_ARCHS (gfx942), the torch
+    """``_check``'s choice for a ROCm tensor: the kernel on launch.HIP_ARCHS, the torch
     backend on others; an explicit backend="triton" is kept (the user asked for it); float64 and D > 256
     take the torch backend on any arch."""
     x = torch.Tensor._make_subclass(_RocmTensor, torch.zeros(2, 8, 64))
@@ -99,3 +99,21 @@ def test_runtime_backend_follows_torch(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", None, raising=False)
     assert launch.runtime_backend() == "cuda"
     assert launch.target_options(cfg.options) == cfg.options
+
+
+def test_hip_archs_are_the_archs_of_the_committed_clean_table():
+    """backend="auto" takes the kernel on an AMD arch only where the committed table
+    (profiling/results/cpu/kernels-amd, docs/amd.md) compiled every configuration for it with no
+    memory spill and within the LDS: the table's archs are launch.HIP_ARCHS, each clean."""
+    import json
+    from pathlib import Path
+
+    table = Path(__file__).resolve().parents[1] / "profiling/results/cpu/kernels-amd/kernels.json"
+    rows = json.loads(table.read_text())["rows"]
+    assert {r["arch"] for r in rows} == set(launch.HIP_ARCHS)
+    per_arch = {a: [r for r in rows if r["arch"] == a] for a in launch.HIP_ARCHS}
+    assert len({len(v) for v in per_arch.values()}) == 1  # the same configurations for each
+    for arch, rs in per_arch.items():
+        bad = [r["config"] for r in rs if not r["ok"] or r["vgpr_spill_count"] or r["scratch_bytes"]
+               or not r["fits_lds"]]
+        assert not bad, (arch, bad[:5])
