@@ -325,6 +325,34 @@ class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProce
         return hidden_states, encoder_hidden_states
 
 
+def _flux_attention(proc, lib, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
+    """Flux's and FLUX.2's double-stream attention up to the output projections (the two
+    processors' shared body; ``lib`` the diffusers module whose helpers it calls): q, k, v of the
+    text and image tokens, normed, q and k rotated by one ``rome.apply_qk``, attention, heads
+    flattened."""
+    query, key, value, encoder_query, encoder_key, encoder_value = lib._get_qkv_projections(
+        attn, hidden_states, encoder_hidden_states
+    )
+    query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
+    key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
+    value = value.unflatten(-1, (-1, attn.head_dim))
+    if attn.added_kv_proj_dim is not None:
+        encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
+        encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
+        encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+        query = torch.cat([encoder_query, query], dim=1)
+        key = torch.cat([encoder_key, key], dim=1)
+        value = torch.cat([encoder_value, value], dim=1)
+    cos, sin = image_rotary_emb  # [S_txt + S_img, D]
+    query, key = proc._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+    hidden_states = lib.dispatch_attention_fn(
+        query, key, value, attn_mask=attention_mask, backend=proc._attention_backend,
+        parallel_config=proc._parallel_config,
+    )
+    hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+    return hidden_states
+
+
 class RomeFluxAttnProcessor(_RomeProcessor, _base(_flux, "FluxAttnProcessor")):
     """``FluxAttnProcessor`` with q and k (text and image tokens) rotated by one
     ``rome.apply_qk``."""
@@ -334,26 +362,8 @@ class RomeFluxAttnProcessor(_RomeProcessor, _base(_flux, "FluxAttnProcessor")):
         if image_rotary_emb is None:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                     image_rotary_emb)
-        query, key, value, encoder_query, encoder_key, encoder_value = _flux._get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states
-        )
-        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-        value = value.unflatten(-1, (-1, attn.head_dim))
-        if attn.added_kv_proj_dim is not None:
-            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
-            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
-            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
-            query = torch.cat([encoder_query, query], dim=1)
-            key = torch.cat([encoder_key, key], dim=1)
-            value = torch.cat([encoder_value, value], dim=1)
-        cos, sin = image_rotary_emb  # [S_txt + S_img, D]
-        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
-        hidden_states = _flux.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config,
-        )
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        hidden_states = _flux_attention(self, _flux, attn, hidden_states, encoder_hidden_states,
+                                        attention_mask, image_rotary_emb)
         if encoder_hidden_states is None:
             return hidden_states
         n = encoder_hidden_states.shape[1]
@@ -425,26 +435,8 @@ class RomeFlux2AttnProcessor(_RomeProcessor, _base(_flux2, "Flux2AttnProcessor")
         if image_rotary_emb is None:
             return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask,
                                     image_rotary_emb)
-        query, key, value, encoder_query, encoder_key, encoder_value = _flux2._get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states
-        )
-        query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-        key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-        value = value.unflatten(-1, (-1, attn.head_dim))
-        if attn.added_kv_proj_dim is not None:
-            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
-            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
-            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
-            query = torch.cat([encoder_query, query], dim=1)
-            key = torch.cat([encoder_key, key], dim=1)
-            value = torch.cat([encoder_value, value], dim=1)
-        cos, sin = image_rotary_emb  # [S_txt + S_img, D]
-        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
-        hidden_states = _flux2.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config,
-        )
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        hidden_states = _flux_attention(self, _flux2, attn, hidden_states, encoder_hidden_states,
+                                        attention_mask, image_rotary_emb)
         if encoder_hidden_states is not None:
             n = encoder_hidden_states.shape[1]
             encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
