@@ -32,3 +32,30 @@ def assert_rope_close(actual, x, cos, sin, sections, mode):
         f"{int(bad.sum())}/{err.numel()} elements out of tolerance; worst error "
         f"{err.max().item():.3g}, e.g. got {actual[bad][:4].tolist()} want {expected[bad][:4].tolist()}"
     )
+
+
+def token_ids(b=2, s=12, vocab=97):
+    """Token ids of a tiny language-model test, the same for every run."""
+    return torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
+
+
+def max_rel(a, b):
+    """max |a - b| / max |b| in float64."""
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+class RomeCalls:
+    """Counts the calls a patched model makes to ``apply_qk`` / ``apply`` through ``module`` (the
+    integration module's globals, replaced by spies): ``.n``."""
+
+    def __init__(self, monkeypatch, module):
+        self.n = 0
+        for name in ("apply_qk", "apply"):
+            if hasattr(module, name):
+                orig = getattr(module, name)
+
+                def counted(*a, _orig=orig, **k):
+                    self.n += 1
+                    return _orig(*a, **k)
+
+                monkeypatch.setattr(module, name, counted)

@@ -13,23 +13,8 @@ import torch
 import rome
 import rome.integrations
 
+from helpers import RomeCalls  # noqa: E402
 from test_integrations_diffusers import CASES, NAMES, build, run  # noqa: E402
-
-
-class _Count:
-    """Counts calls of rome.ops.apply_qk / rome.apply (what the patches call)."""
-
-    def __init__(self, monkeypatch, module):
-        self.n = 0
-        for name in ("apply_qk", "apply"):
-            if hasattr(module, name):
-                orig = getattr(module, name)
-
-                def counted(*a, _orig=orig, **k):
-                    self.n += 1
-                    return _orig(*a, **k)
-
-                monkeypatch.setattr(module, name, counted)
 
 
 def _roundtrips(model):
@@ -53,7 +38,7 @@ def test_diffusers_patched_model_pickles_and_keeps_rome(name, monkeypatch):
     rome.integrations.patch(model, backend="torch")
     ref = run(model, inp)
     for how, clone in _roundtrips(model).items():
-        count = _Count(monkeypatch, rd)
+        count = RomeCalls(monkeypatch, rd)
         out = run(clone, inp)
         assert count.n > 0, f"{how}: the copy no longer runs rome"
         monkeypatch.undo()
@@ -71,7 +56,7 @@ def test_diffusers_processor_rebuilt_by_type_works(name, monkeypatch):
     for _, m in model.named_modules():
         if hasattr(m, "processor") and type(m.processor).__name__.startswith("Rome"):
             m.set_processor(type(m.processor)())
-    count = _Count(monkeypatch, rd)
+    count = RomeCalls(monkeypatch, rd)
     out = run(model, inp)
     assert count.n > 0
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
@@ -148,27 +133,13 @@ def _tf_run(model):
     return out.logits if hasattr(out, "logits") else out.last_hidden_state
 
 
-class _TFCount:
-    def __init__(self, monkeypatch):
-        from rome.integrations import transformers as rt
-
-        self.n = 0
-        real = rt.apply_qk
-
-        def spy(*a, **k):
-            self.n += 1
-            return real(*a, **k)
-
-        monkeypatch.setattr(rt, "apply_qk", spy)
-
-
 @pytest.mark.parametrize("name", TF_MODELS)
 def test_transformers_patched_model_pickles_and_keeps_rome(name, monkeypatch):
     model = _tf_model(name)
     rome.integrations.patch(model, backend="torch")
     ref = _tf_run(model)
     for how, clone in _roundtrips(model).items():
-        count = _TFCount(monkeypatch)
+        count = RomeCalls(monkeypatch, rome.integrations.transformers)
         out = _tf_run(clone)
         assert count.n == 2, f"{how}: the copy ran rome {count.n} times, not once per layer"
         monkeypatch.undo()

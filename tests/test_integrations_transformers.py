@@ -19,6 +19,7 @@ from transformers.models.llama import modeling_llama  # noqa: E402
 import rome  # noqa: E402
 from rome.integrations import patch  # noqa: E402
 from rome.integrations import transformers as rome_tf  # noqa: E402
+from helpers import RomeCalls, max_rel, token_ids  # noqa: E402
 
 FP32_REL = 1e-5  # the brief's bound for fp32 outputs, relative to the output's largest value
 
@@ -34,26 +35,6 @@ def _llama(rope=None, *, cls=transformers.LlamaForCausalLM, config=transformers.
     return cls(config(**args)).eval()
 
 
-def _ids(b=2, s=12, vocab=97):
-    return torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
-class _Count:
-    """Counts the ``rome.apply_qk`` calls the patched layers make (a spy on the module global)."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        real = rome_tf.apply_qk
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(rome_tf, "apply_qk", spy)
 
 
 def _n_attention(model):
@@ -63,22 +44,22 @@ def _n_attention(model):
 def _check_patch(model, inputs, monkeypatch, *, backend="torch", rel=FP32_REL):
     """Unpatched vs patched vs undone: patched within ``rel`` with one rome launch per attention
     layer, undone bitwise equal."""
-    count = _Count(monkeypatch)
+    count = RomeCalls(monkeypatch, rome_tf)
     with torch.no_grad():
         ref = model(**inputs).logits
-    assert count.calls == 0
+    assert count.n == 0
     handle = patch(model, backend=backend)
     try:
         with torch.no_grad():
             out = model(**inputs).logits
     finally:
         handle.undo()
-    assert count.calls == _n_attention(model)
+    assert count.n == _n_attention(model)
     with torch.no_grad():
         back = model(**inputs).logits
-    assert count.calls == _n_attention(model)
+    assert count.n == _n_attention(model)
     assert torch.equal(back, ref)
-    assert _rel(out, ref) <= rel, _rel(out, ref)
+    assert max_rel(out, ref) <= rel, max_rel(out, ref)
     return out, ref
 
 
@@ -97,13 +78,13 @@ FAMILIES = {
 def test_llama_family_fp32(family, monkeypatch):
     cls, config = FAMILIES[family]
     model = _llama(cls=cls, config=config)
-    _check_patch(model, {"input_ids": _ids()}, monkeypatch)
+    _check_patch(model, {"input_ids": token_ids()}, monkeypatch)
 
 
 def test_llama_triton_backend(monkeypatch):
     """The Triton kernel (under the interpreter without a GPU) in a patched model."""
     model = _llama(num_hidden_layers=1)
-    _check_patch(model, {"input_ids": _ids(1, 8)}, monkeypatch, backend="triton")
+    _check_patch(model, {"input_ids": token_ids(1, 8)}, monkeypatch, backend="triton")
 
 
 SCALINGS = {
@@ -127,7 +108,7 @@ def test_llama_rope_scaling(scaling, monkeypatch):
     dynamic NTK and LongRoPE use their long-sequence frequencies."""
     params = SCALINGS[scaling]
     model = _llama(dict(params), max_position_embeddings=64)
-    _check_patch(model, {"input_ids": _ids(1, 80)}, monkeypatch)
+    _check_patch(model, {"input_ids": token_ids(1, 80)}, monkeypatch)
 
 
 def test_gpt_neox_partial_rotary(monkeypatch):
@@ -137,7 +118,7 @@ def test_gpt_neox_partial_rotary(monkeypatch):
                                      max_position_embeddings=64)
     model = transformers.GPTNeoXForCausalLM(cfg).eval()
     assert model.gpt_neox.layers[0].attention.rotary_ndims == 8  # of head_dim 32
-    _check_patch(model, {"input_ids": _ids()}, monkeypatch)
+    _check_patch(model, {"input_ids": token_ids()}, monkeypatch)
 
 
 def test_patched_attention_takes_transformers_tables():
@@ -235,7 +216,7 @@ def test_bf16_within_bf16_tolerance(how, monkeypatch):
     dominate: measured 0.0071 vs 0.0062 relative). ``default_dtype``: built as from_pretrained
     with a bf16 dtype builds it (fp32 inv_freq); ``to``: ``model.to(bf16)`` also rounds the
     rotary module's inv_freq to bf16, which transformers then uses and rome does not."""
-    ids = {"input_ids": _ids(2, 40)}
+    ids = {"input_ids": token_ids(2, 40)}
     with torch.no_grad():
         ref32 = _llama()(**ids).logits
     if how == "to":
@@ -250,7 +231,7 @@ def test_bf16_within_bf16_tolerance(how, monkeypatch):
     assert model.lm_head.weight.dtype == torch.bfloat16
     out, ref = _check_patch(model, ids, monkeypatch, rel=1.6e-2)
     assert out.dtype == torch.bfloat16
-    assert _rel(out, ref32) <= 2 * _rel(ref, ref32)
+    assert max_rel(out, ref32) <= 2 * max_rel(ref, ref32)
 
 
 # --- autograd, compile, generation -----------------------------------------------------------
@@ -259,7 +240,7 @@ def test_bf16_within_bf16_tolerance(how, monkeypatch):
 def test_backward_grads_close():
     model = _llama()
     model.train()
-    ids = _ids()
+    ids = token_ids()
 
     def grads():
         model.zero_grad(set_to_none=True)
@@ -322,15 +303,15 @@ def test_compile_patched_rotary_tables():
 def test_greedy_generation_same_tokens(monkeypatch):
     """Greedy decoding with a KV cache: prefill then 9 single-token steps, each through rome."""
     model = _llama(max_position_embeddings=64)
-    ids = _ids(1, 6)
+    ids = token_ids(1, 6)
     kw = dict(max_new_tokens=10, do_sample=False, use_cache=True, pad_token_id=0)
     ref = model.generate(ids, **kw)
-    count = _Count(monkeypatch)
+    count = RomeCalls(monkeypatch, rome_tf)
     with patch(model, backend="torch"):
         got = model.generate(ids, **kw)
     assert torch.equal(got, ref)
     assert ref.shape[1] == 16
-    assert count.calls == 10 * TEXT["num_hidden_layers"]
+    assert count.n == 10 * TEXT["num_hidden_layers"]
 
 
 # --- undo, isolation, errors -----------------------------------------------------------------
@@ -341,7 +322,7 @@ def test_undo_restores_attributes_and_leaves_other_models_alone():
     rotary = model.model.rotary_emb
     attn = model.model.layers[0].self_attn
     original_fn = modeling_llama.apply_rotary_pos_emb
-    ids = {"input_ids": _ids()}
+    ids = {"input_ids": token_ids()}
     with torch.no_grad():
         ref_other = other(**ids).logits
     handle = rome.integrations.patch(model)

@@ -28,6 +28,7 @@ import transformers  # noqa: E402
 
 from rome.integrations import patch  # noqa: E402
 from rome.integrations import transformers as rome_tf  # noqa: E402
+from helpers import RomeCalls, max_rel, token_ids  # noqa: E402
 
 FP32_REL = 1e-5
 TEXT = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
@@ -101,26 +102,6 @@ def _build(family, **extra):
     return cls(config(**{**TEXT, **kw, **extra})).eval()
 
 
-def _ids(b=2, s=12, vocab=97):
-    return torch.randint(0, vocab, (b, s), generator=torch.Generator().manual_seed(1))
-
-
-def _rel(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
-class _Count:
-    """Counts the ``rome.apply_qk`` calls the patched layers make (a spy on the module global)."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        real = rome_tf.apply_qk
-
-        def spy(*args, **kwargs):
-            self.calls += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(rome_tf, "apply_qk", spy)
 
 
 def _rope_layers(model) -> int:
@@ -141,8 +122,8 @@ def _patched(model):
 def test_family_matches_unpatched(family, monkeypatch):
     """Logits (one rome launch per RoPE layer; undo bitwise) and every parameter's gradient."""
     model = _build(family)
-    ids = _ids()
-    count = _Count(monkeypatch)
+    ids = token_ids()
+    count = RomeCalls(monkeypatch, rome_tf)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
     handle = patch(model, backend="torch")
@@ -154,10 +135,10 @@ def test_family_matches_unpatched(family, monkeypatch):
         handle.undo()
     assert _patched(model) == []
     n = _rope_layers(model)
-    assert n >= 1 and count.calls == n
+    assert n >= 1 and count.n == n
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, ref)
-    assert _rel(out, ref) <= FP32_REL, _rel(out, ref)
+    assert max_rel(out, ref) <= FP32_REL, max_rel(out, ref)
 
     model.train()
 
@@ -181,17 +162,17 @@ def test_family_greedy_generation(family, monkeypatch):
     same tokens, each step's logits within FP32_REL (Phi-3: positions pass the original 16, so
     the decode steps switch to LongRoPE's long factors, as transformers does)."""
     model = _build(family)
-    ids = _ids(1, 14 if family == "phi3" else 6)
+    ids = token_ids(1, 14 if family == "phi3" else 6)
     kw = dict(max_new_tokens=4, do_sample=False, use_cache=True, pad_token_id=0,
               output_logits=True, return_dict_in_generate=True)
     ref = model.generate(ids, **kw)
-    count = _Count(monkeypatch)
+    count = RomeCalls(monkeypatch, rome_tf)
     with patch(model, backend="torch"):
         got = model.generate(ids, **kw)
-    assert count.calls == 4 * _rope_layers(model)
+    assert count.n == 4 * _rope_layers(model)
     assert torch.equal(got.sequences, ref.sequences)
     for a, b in zip(got.logits, ref.logits):
-        assert _rel(a, b) <= FP32_REL
+        assert max_rel(a, b) <= FP32_REL
 
 
 # --- the rotation against the model's own tables -----------------------------------------------
@@ -330,7 +311,7 @@ def test_qwen3_vl_text_and_vision(kind, monkeypatch):
     """Interleaved mRoPE text positions (t, h, w of the image tokens) and the 2D axial vision
     tower, both patched: logits within FP32_REL, one rome launch per attention layer."""
     model, inputs = _qwen3_vl(kind)
-    count = _Count(monkeypatch)
+    count = RomeCalls(monkeypatch, rome_tf)
     with torch.no_grad():
         ref = model(**inputs).logits
     with patch(model, backend="torch"):
@@ -338,8 +319,8 @@ def test_qwen3_vl_text_and_vision(kind, monkeypatch):
         with torch.no_grad():
             out = model(**inputs).logits
     assert sum("RotaryEmbedding" in n for n in patched) == 2 and sum("Attention" in n for n in patched) == 2
-    assert count.calls == _rope_layers(model) == 4
-    assert _rel(out, ref) <= FP32_REL, _rel(out, ref)
+    assert count.n == _rope_layers(model) == 4
+    assert max_rel(out, ref) <= FP32_REL, max_rel(out, ref)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_vl", "qwen3_vl_moe"])
@@ -369,16 +350,16 @@ def test_qwen3_vl_gradients_and_generation(kind, monkeypatch):
     kw = dict(max_new_tokens=3, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None,
               output_logits=True, return_dict_in_generate=True)
     ref = model.generate(**inputs, **kw)
-    count = _Count(monkeypatch)
+    count = RomeCalls(monkeypatch, rome_tf)
     with patch(model, backend="torch"):
         out = model.generate(**inputs, **kw)
     text_layers = model.config.text_config.num_hidden_layers
     vision_layers = model.config.vision_config.depth
-    assert count.calls == vision_layers + text_layers * 3, count.calls  # the vision tower once, the text layers each step
+    assert count.n == vision_layers + text_layers * 3, count.n  # the vision tower once, the text layers each step
     assert out.sequences.shape[1] == labels.shape[1] + 3
     assert torch.equal(out.sequences, ref.sequences)
     for a, b in zip(out.logits, ref.logits, strict=True):
-        assert _rel(a, b) <= FP32_REL, _rel(a, b)
+        assert max_rel(a, b) <= FP32_REL, max_rel(a, b)
 
 
 def test_qwen3_vl_tables():
@@ -413,14 +394,14 @@ def test_family_triton_backend(family, monkeypatch):
     rotation kind: per-layer-type bases, LongRoPE + partial, MLA pairs, complex, half-width
     tables, GLM's pairs + partial, interleaved mRoPE + partial."""
     model = _build(family)
-    ids = _ids(1, 20 if family == "phi3" else 6)
-    count = _Count(monkeypatch)
+    ids = token_ids(1, 20 if family == "phi3" else 6)
+    count = RomeCalls(monkeypatch, rome_tf)
     with torch.no_grad():
         ref = model(input_ids=ids).logits
         with patch(model, backend="triton"):
             out = model(input_ids=ids).logits
-    assert count.calls == _rope_layers(model) >= 1
-    assert _rel(out, ref) <= FP32_REL, _rel(out, ref)
+    assert count.n == _rope_layers(model) >= 1
+    assert max_rel(out, ref) <= FP32_REL, max_rel(out, ref)
 
 
 # --- refusals, the supported list ------------------------------------------------------------
