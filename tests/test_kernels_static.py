@@ -180,15 +180,9 @@ _TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
           "i64": torch.int64, "u8": torch.uint8, "i8": torch.int8, "i1": torch.bool}
 
 
-def _launch_hash(job) -> tuple[str, str]:
-    """(the tool's Triton hash, the hash a warm-up launch with matching arguments compiles).
-
-    Runs in a compiler_pool worker. The launch goes through the JIT's own binder: CPU tensors
-    stand in for pointers (a 1-element offset makes one unaligned), ints are 32 (divisible by 16)
-    or 17, and a stand-in driver names the target.
-    """
-    from triton.runtime import driver
-
+def _launch_args(job):
+    """The job's JIT function and arguments a real launch would pass for its specialisation: CPU
+    tensors for pointers (a 1-element offset makes one unaligned), ints 32 (divisible by 16) or 17."""
     fn = kernels.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
     sig, const = dict(job.signature), dict(job.constexprs)
     args = []
@@ -202,6 +196,19 @@ def _launch_hash(job) -> tuple[str, str]:
             args.append(0.5)
         else:
             args.append((32 if n in job.divisible_by_16 else 17) + (2**33 if sig[n] == "i64" else 0))
+    return fn, args
+
+
+def _launch_hash(job) -> tuple[str, str]:
+    """(the tool's Triton hash, the hash a warm-up launch with matching arguments compiles).
+
+    Runs in a compiler_pool worker. The launch goes through the JIT's own binder: CPU tensors
+    stand in for pointers (a 1-element offset makes one unaligned), ints are 32 (divisible by 16)
+    or 17, and a stand-in driver names the target.
+    """
+    from triton.runtime import driver
+
+    fn, args = _launch_args(job)
     tool = job.run()["triton_hash"]
     driver.set_active(_StandInDriver(job.cc))  # this worker process launches nothing for real
     launch = fn.warmup(*args, grid=(1,), num_warps=job.num_warps, num_stages=job.num_stages, **dict(job.options))
@@ -452,19 +459,7 @@ def _hip_launch_hash(job) -> tuple[str, str, str]:
 
     from rome.launch import target_options
 
-    fn = kernels.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
-    sig, const = dict(job.signature), dict(job.constexprs)
-    args = []
-    for n in fn.arg_names:
-        if n in const:
-            args.append(const[n])
-        elif sig[n].startswith("*"):
-            t = torch.zeros(64, dtype=_TORCH[sig[n][1:]])
-            args.append(t if n in job.divisible_by_16 else t[1:])
-        elif sig[n].startswith("fp"):
-            args.append(0.5)
-        else:
-            args.append((32 if n in job.divisible_by_16 else 17) + (2**33 if sig[n] == "i64" else 0))
+    fn, args = _launch_args(job)
     tool = job.run()["triton_hash"]
     driver.set_active(_StandInHipDriver(job.cc))
     launch = fn.warmup(*args, grid=(1,), num_warps=job.num_warps, num_stages=job.num_stages,
