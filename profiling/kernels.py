@@ -1218,13 +1218,19 @@ def amd_markdown(name: str, limits: dict, rows: list[dict], heading: str = "##")
              f"{max((r['lds_bytes'] for r in ok), default=0):,} B, fewest waves per SIMD "
              f"{min((r['waves_per_simd'] for r in ok), default=0):g}.", "",
              "| " + " | ".join(h for h, _, _ in AMD_COLUMNS) + " |", "|" + "---|" * len(AMD_COLUMNS)]
+    return lines + _table_rows(rows, AMD_COLUMNS) + [""]
+
+
+def _table_rows(rows, columns) -> list[str]:
+    """The markdown rows of a per-config table; a failed compile's row says why."""
+    out = []
     for r in rows:
         if not r["ok"]:
             error = " ".join(r["error"].split()).replace("|", "/")[:300]
-            lines.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(AMD_COLUMNS) - 2))
+            out.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(columns) - 2))
             continue
-        lines.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in AMD_COLUMNS) + " |")
-    return lines + [""]
+        out.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in columns) + " |")
+    return out
 
 
 # --- every configuration ------------------------------------------------------------------
@@ -1771,13 +1777,7 @@ def markdown(section: dict, heading: str = "##") -> str:
                   f"memory per SM ({limits['smem_per_block'] // 1024} KB per block), {limits['max_warps']} warps, "
                   f"{limits['max_ctas']} blocks per SM.", "",
                   "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        for r in rows:
-            if not r["ok"]:
-                error = " ".join(r["error"].split()).replace("|", "/")[:300]
-                lines.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(COLUMNS) - 2))
-                continue
-            lines.append("| " + " | ".join(_cell(r.get(k), f) for _, k, f in COLUMNS) + " |")
-        lines.append("")
+        lines += _table_rows(rows, COLUMNS) + [""]
     return "\n".join(lines)
 
 
