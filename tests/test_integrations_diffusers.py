@@ -169,24 +169,29 @@ def test_bf16(name, monkeypatch):
     _close(out, ref, BF16_RTOL)
 
 
-@pytest.mark.parametrize("name", ["wan", "hunyuan"])
-def test_backward(name):
-    model, inp = build(name)
+def assert_patched_gradients_match(model, inp):
+    """Every parameter's gradient of sum(out**2) with the model patched (torch backend) against
+    unpatched: within 1e-4 relative; parameters whose gradient is rounding noise (~1e-10, e.g. a
+    bias before a norm) against 1e-6 of the largest gradient."""
 
     def grads():
         model.zero_grad()
-        model(**inp, return_dict=False)[0].square().sum().backward()
+        out = model(**inp, return_dict=False)[0]
+        sum(t.square().sum() for t in (out if isinstance(out, list) else [out])).backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     ref = grads()
     with rome.integrations.patch(model, backend="torch"):
         got = grads()
     assert got.keys() == ref.keys() and len(ref) > 10
-    # per parameter within 1e-4 relative; parameters whose gradient is rounding noise (~1e-10,
-    # e.g. a bias before a norm) against 1e-6 of the largest gradient
     floor = 1e-6 * max(g.abs().max().item() for g in ref.values())
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], rtol=1e-4, atol=floor, msg=lambda m: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("name", ["wan", "hunyuan"])
+def test_backward(name):
+    assert_patched_gradients_match(*build(name))
 
 
 def _block_call(model, path, inp):

@@ -41,6 +41,7 @@ pytestmark = needs_diffusers
 
 import rome  # noqa: E402
 import rome.integrations  # noqa: E402
+from test_integrations_diffusers import assert_patched_gradients_match  # noqa: E402
 
 if diffusers is not None:
     from rome.integrations import diffusers as rd
@@ -274,21 +275,7 @@ def test_bf16(name, monkeypatch):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_backward(name):
-    model, inp = build(name)
-
-    def grads():
-        model.zero_grad()
-        out = model(**inp, return_dict=False)[0]
-        sum(t.square().sum() for t in (out if isinstance(out, list) else [out])).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-    ref = grads()
-    with rome.integrations.patch(model, backend="torch"):
-        got = grads()
-    assert got.keys() == ref.keys() and len(ref) > 10
-    floor = 1e-6 * max(g.abs().max().item() for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], rtol=1e-4, atol=floor, msg=lambda m: f"{n}: {m}")
+    assert_patched_gradients_match(*build(name))
 
 
 @pytest.mark.parametrize("name", ["qwenimage", "cosmos", "mochi", "hidream"])
