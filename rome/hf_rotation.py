@@ -57,6 +57,28 @@ def _config_object(config, kind: str):
         raise _cannot(kind, f"transformers cannot build its config: {type(e).__name__}: {e}") from None
 
 
+def _installed_rotary(config, kind: str, *, vision: bool):
+    """The installed transformers modeling module's rotary function and its one rotary module class
+    for ``config`` (text: ``apply_rotary_pos_emb`` and ``...RotaryEmbedding``; vision:
+    ``apply_rotary_pos_emb_vision`` and ``...VisionRotaryEmbedding``); ValueError naming ``kind``
+    where it has not exactly those."""
+    try:
+        module = importlib.import_module(modeling_module(config, kind))
+    except Exception as e:  # noqa: BLE001
+        raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
+    name = "apply_rotary_pos_emb_vision" if vision else "apply_rotary_pos_emb"
+    fn = getattr(module, name, None)
+    rotary_classes = [
+        v for n, v in vars(module).items()
+        if isinstance(v, type) and v.__module__ == module.__name__
+        and (n.endswith("VisionRotaryEmbedding") if vision else n.endswith("RotaryEmbedding") and "Vision" not in n)
+    ]
+    if not callable(fn) or len(rotary_classes) != 1:
+        raise _cannot(kind, f"{module.__name__} does not define both {name} and one {'vision' if vision else 'text'} "
+                            f"rotary module (found {[c.__name__ for c in rotary_classes]})")
+    return fn, rotary_classes[0]
+
+
 def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
     """The mode among ``layouts`` (``{"half": RopeLayout, "interleave": RopeLayout}``, rome's
     reading of ``config`` in each mode) whose rotation equals what transformers' installed code
@@ -64,19 +86,7 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
     from .layouts import cos_sin_for_positions
     from .ops import apply_qk
 
-    try:
-        module = importlib.import_module(modeling_module(config, kind))
-    except Exception as e:  # noqa: BLE001
-        raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
-    fn = getattr(module, "apply_rotary_pos_emb", None)
-    rotary_classes = [
-        v for n, v in vars(module).items()
-        if isinstance(v, type) and n.endswith("RotaryEmbedding") and "Vision" not in n
-        and v.__module__ == module.__name__
-    ]
-    if not callable(fn) or len(rotary_classes) != 1:
-        raise _cannot(kind, f"{module.__name__} does not define both apply_rotary_pos_emb and one text rotary "
-                            f"module (found {[c.__name__ for c in rotary_classes]})")
+    fn, rotary_cls = _installed_rotary(config, kind, vision=False)
     config = _config_object(config, kind)
     head_dim = next(iter(layouts.values())).head_dim
     # the probe on the CPU whatever the default device (a model built under torch.device("meta")
@@ -87,7 +97,7 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
         q = torch.randn(1, 2, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
         k = torch.randn(1, 1, len(_POSITIONS), head_dim, generator=gen, dtype=torch.float64)
         try:
-            rotary = rotary_classes[0](config).double()
+            rotary = rotary_cls(config).double()
             params = inspect.signature(rotary.forward).parameters
             extra = (layer_type,) if "layer_type" in params and layer_type is not None else ()
             cos, sin = rotary(q, pos, *extra)
@@ -134,25 +144,14 @@ def probe_axial(config, kind: str, layout) -> None:
     from .layouts import cos_sin_for_positions
     from .ops import apply_qk
 
-    try:
-        module = importlib.import_module(modeling_module(config, kind))
-    except Exception as e:  # noqa: BLE001
-        raise _cannot(kind, f"no transformers modeling module to read: {type(e).__name__}: {e}") from None
-    fn = getattr(module, "apply_rotary_pos_emb_vision", None)
-    rotary_classes = [
-        v for n, v in vars(module).items()
-        if isinstance(v, type) and n.endswith("VisionRotaryEmbedding") and v.__module__ == module.__name__
-    ]
-    if not callable(fn) or len(rotary_classes) != 1:
-        raise _cannot(kind, f"{module.__name__} does not define both apply_rotary_pos_emb_vision and one vision "
-                            f"rotary module (found {[c.__name__ for c in rotary_classes]})")
+    fn, rotary_cls = _installed_rotary(config, kind, vision=True)
     with torch.device("cpu"), torch.no_grad():  # (whatever the default device: see probe_mode)
         pos = torch.tensor(_GRID)
         gen = torch.Generator().manual_seed(0)
         q = torch.randn(len(_GRID), 2, layout.head_dim, generator=gen, dtype=torch.float64)
         k = torch.randn(len(_GRID), 1, layout.head_dim, generator=gen, dtype=torch.float64)
         try:
-            cos, sin = rotary_classes[0](_config_object(config, kind)).double()(q, pos)
+            cos, sin = rotary_cls(_config_object(config, kind)).double()(q, pos)
             theirs = fn(q, k, cos.double(), sin.double())[:2]
         except Exception as e:  # noqa: BLE001
             raise _cannot(kind, f"its vision rotary code did not run on a probe: {type(e).__name__}: {e}") from None
