@@ -519,3 +519,29 @@ def test_kernels_workload_writes_the_launch_contract(tmp_path):
         assert section["liger"]["status"] == "not installed" and "Liger-Kernel: not installed" in md
     else:
         assert section["liger_launches"] and all(r["ok"] for r in section["liger_launches"])
+
+
+def test_kernels_workload_dtype_reaches_the_capture(monkeypatch, tmp_path):
+    """``--dtype fp32`` puts the workload's q and k in fp32 (the override the capture gets, and
+    the workload it builds); an unknown dtype is refused by the parser."""
+    import torch
+
+    from profiling import kernels
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def collect(name, archs, out, *, overrides=None, **kw):
+        seen.update(name=name, overrides=overrides)
+        raise Stop
+
+    monkeypatch.setattr(kernels, "collect_workload", collect)
+    with pytest.raises(Stop):
+        main(["kernels", "--workload", "decode", "--dtype", "fp32", "--out", str(tmp_path / "k")])
+    assert seen == {"name": "decode", "overrides": {"dtype": "fp32"}}
+    assert kernels._workload("decode", seen["overrides"]).dtype == torch.float32
+    assert kernels._workload("decode").dtype != torch.float32
+    with pytest.raises(SystemExit):
+        main(["kernels", "--workload", "decode", "--dtype", "fp64", "--out", str(tmp_path / "k")])
