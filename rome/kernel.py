@@ -170,26 +170,27 @@ def _add2(x, c, a, F64: tl.constexpr):
 
 
 @triton.jit
-def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-         RAW: tl.constexpr):
-    # acc += v @ w, fp32 v fed as SPLIT pieces in OP_DTYPE whose sum is v (exact for SPLIT=3 bf16
-    # down to bf16's smallest subnormal, 2**-133: the last piece rounds below it, <= 2**-134).
-    # RAW (interpreter): the bf16 pieces rounded by hand, as the GPU rounds them
+def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
+    # acc += v @ w, fp32 v fed as SPLIT bf16 pieces whose sum is v: each piece the top 16 bits of
+    # what is left (a bf16 by truncation: exact, integer ops only, no conversion unit and so no
+    # scoreboard a load must share), the rest exact in fp32 (8 + 8 + 8 bits of the significand;
+    # below bf16's smallest subnormal, 2**-133, the last piece drops what is left: < 2**-133)
+    # (one return: Triton generates the code after a constexpr branch's return too)
     if SPLIT == 1:  # v is exact in OP_DTYPE (or the dot is fp32): no rounding to do
         if FP32_DOT:
-            return tl.dot(v, w, acc, input_precision="ieee")
-        return tl.dot(v.to(OP_DTYPE), w, acc)
-    rem = v
-    for _ in tl.static_range(SPLIT):
-        if RAW and OP_DTYPE == tl.bfloat16:
-            piece = (_bf16_bits(rem) << 16).to(tl.float32, bitcast=True)
+            acc = tl.dot(v, w, acc, input_precision="ieee")
         else:
-            piece = rem.to(OP_DTYPE)
-        rem = rem - piece.to(tl.float32)
-        if FP32_DOT:
-            acc = tl.dot(piece.to(tl.float32), w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(piece, w, acc)
+            acc = tl.dot(v.to(OP_DTYPE), w, acc)
+    else:
+        rem = v
+        for _ in tl.static_range(SPLIT):
+            bits = rem.to(tl.int32, bitcast=True) & -65536
+            piece = bits.to(tl.float32, bitcast=True)
+            rem = rem - piece
+            if FP32_DOT:
+                acc = tl.dot(piece, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot((bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True), w, acc)
     return acc
 
 
@@ -394,7 +395,7 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
                 w = tl.load(w_ptr + kcols[:, None] * stride_wk + cols[None, :] * stride_wn,
                             mask=wmask, other=0.0)
                 w = w.to(tl.float32) if FP32_DOT else w.to(OP_DTYPE)
-                acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT, F64)
+                acc = _dot(v, w, acc, SPLIT, OP_DTYPE, FP32_DOT)
         if TRANSPOSE and not GATHER_SIN:
             y = _add2(x, c, acc, F64)  # acc already holds (x*sin) @ Wᵀ
         else:
@@ -516,7 +517,7 @@ def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, 
                 v = xw
             else:  # x as loaded is the operand (bf16/fp16 on a GPU)
                 v = x
-            r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT, RAW_X)
+            r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT)
             y = _dot2(xw, c, r, s, F64)
         else:
             g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
