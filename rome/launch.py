@@ -250,7 +250,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # slice of M from shared memory once per 16 rows it owns, so M's traffic per element
         # halves from 16 rows; the model (bf16 D=128, sm_90): 16 rows x 4 warps 82% of copy, 32 x 8
         # 86% (triton 3.9 and 3.6), 32 x 4 at up to 255 registers 92-100% but at 249-255 of them.
-        # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 117 registers, 77-79%. Angles:
+        # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 112-114 registers, 78-83%. Angles:
         # the backward's two angle tables spilled 104-184 B at 32 rows (triton 3.9, sm_80/sm_90)
         # and at 16 on sm_100 under the 128-register cap: 16 rows, no cap
         block_r, num_warps = (16 if x_dtype == torch.float32 or angles else 32), 256 // lanes
