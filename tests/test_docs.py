@@ -105,7 +105,11 @@ def _torchrun(block: Block, tmp_path: Path) -> None:
     (one torch import less on a 2-core machine)."""
     nproc = int(TORCHRUN.match(block.code.lstrip()).group(1))
     script = tmp_path / f"{block.page.stem}_{block.line}.py"
-    script.write_text("\n" * (block.line - 1) + _on_cpu(block.code))  # the page's line numbers
+    # the page's line numbers; after the block, leave without C++ static destructors: under load
+    # gloo's worker threads can still be joinable at exit and abort a rank ("terminate called
+    # without an active exception") once the block has run (tests/test_distributed.py does the same)
+    script.write_text("\n" * (block.line - 1) + _on_cpu(block.code)
+                      + "\nimport os as _os, sys as _sys\n_sys.stdout.flush(); _sys.stderr.flush(); _os._exit(0)\n")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     common = dict(os.environ, PYTHONPATH=path, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
                   WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), GROUP_RANK="0", OMP_NUM_THREADS="1")
