@@ -171,10 +171,11 @@ def _add2(x, c, a, F64: tl.constexpr):
 
 @triton.jit
 def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr):
-    # acc += v @ w, fp32 v fed as SPLIT bf16 pieces whose sum is v: each piece the top 16 bits of
-    # what is left (a bf16 by truncation: exact, integer ops only, no conversion unit and so no
-    # scoreboard a load must share), the rest exact in fp32 (8 + 8 + 8 bits of the significand;
-    # below bf16's smallest subnormal, 2**-133, the last piece drops what is left: < 2**-133)
+    # acc += v @ w, fp32 v fed as SPLIT bf16 pieces whose sum is v, cut by integer ops on the bits
+    # (no conversion unit, so no scoreboard a load must share): each piece the top 16 bits of what
+    # is left (a truncation: exact, the rest exact in fp32; 8 + 8 + 8 bits of the significand),
+    # the last one rounded to nearest (exact above bf16's smallest subnormal, 2**-133; below it
+    # what is left past it is <= 2**-134; it is <= 2**-16 of v, so the rounding cannot carry to inf)
     # (one return: Triton generates the code after a constexpr branch's return too)
     if SPLIT == 1:  # v is exact in OP_DTYPE (or the dot is fp32): no rounding to do
         if FP32_DOT:
@@ -183,8 +184,11 @@ def _dot(v, w, acc, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.co
             acc = tl.dot(v.to(OP_DTYPE), w, acc)
     else:
         rem = v
-        for _ in tl.static_range(SPLIT):
-            bits = rem.to(tl.int32, bitcast=True) & -65536
+        for i in tl.static_range(SPLIT):
+            bits = rem.to(tl.int32, bitcast=True)
+            if i == SPLIT - 1:
+                bits = bits + 0x8000  # half of the last kept bit: round half away from zero
+            bits = bits & -65536
             piece = bits.to(tl.float32, bitcast=True)
             rem = rem - piece
             if FP32_DOT:

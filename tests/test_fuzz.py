@@ -41,10 +41,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated
 
 HALF = (torch.float16, torch.bfloat16)
 # The kernel feeds fp32 operands to the tensor cores as three bf16 pieces (fp32 x with a
-# bf16-exact matrix; bf16 x's dy*sin with a general one), each the truncation of what is left.
-# They are exact down to bf16's smallest subnormal, 2**-133: below it the last piece drops what
-# is left, < 2**-133 per operand (kernel doc).
-SPLIT_FLUSH = 2.0**-133
+# bf16-exact matrix; bf16 x's dy*sin with a general one). The pieces are exact down to bf16's
+# smallest subnormal, 2**-133: below it the last piece rounds, <= 2**-134 per operand (kernel doc).
+SPLIT_FLUSH = 2.0**-134
 ANGLE_REL = 2.0**-24  # the kernel's cos/sin, and the fp32 table's, are each within ~half an ulp of float64
 # each fp32 (fp64) operation on subnormal values rounds to the subnormal grid: half its spacing
 SUBNORMAL_STEP = {torch.float64: 2.0**-1074}

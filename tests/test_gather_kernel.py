@@ -106,6 +106,34 @@ def test_overflow_and_infinite_tables_give_the_exact_infinity(backend, dtype):
     assert torch.equal(got, want), (got[got != want][:4], want[got != want][:4])
 
 
+@pytest.mark.parametrize("scale", ["tiny", "normal", "largest"])
+def test_the_dots_fp32_split_at_the_ends_of_the_range(scale):
+    """Under product("dot") fp32 x reaches the tensor cores as three bf16 pieces cut from its bits
+    (kernel.py ``_dot``). With cos = 0 and sin = 1 the output is x @ M itself, each element one
+    signed element of x: bitwise that in the normal range and next to fp32's largest value (a
+    first piece rounded up there would be inf, and the row NaN); below bf16's smallest subnormal
+    (2**-133) within 2**-134 of it (the last piece rounded to nearest; truncated, up to 2**-133)."""
+    d = 64
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    g = torch.Generator().manual_seed(7)
+    mantissa = 1 + torch.rand(2, 3, 16, d, generator=g, dtype=torch.float64)
+    exponent = {"tiny": torch.randint(-127, -112, mantissa.shape, generator=g),
+                "normal": torch.randint(-20, 20, mantissa.shape, generator=g),
+                "largest": torch.full(mantissa.shape, 127)}[scale]
+    sign = torch.where(torch.rand(mantissa.shape, generator=g) < 0.5, -1.0, 1.0).double()
+    x = (sign * mantissa * 2.0 ** exponent.double()).float().to(DEVICE)  # rounded once to fp32
+    cos, sin = torch.zeros(16, d, device=DEVICE), torch.ones(16, d, device=DEVICE)
+    want = _oracle(x, cos, sin, m)  # x @ M: exact in float64, and each element an fp32 value
+    with launch.product("dot"):
+        got = rome.apply(x, cos, sin, m, backend="triton")
+    assert got.isfinite().all()
+    if scale == "tiny":
+        err = (got.double() - want).abs().max().item()
+        assert err <= 2.0**-134, err
+    else:
+        assert torch.equal(got.double(), want)
+
+
 @pytest.mark.parametrize("product", ["gather", "dot"])
 @pytest.mark.parametrize("layout", ["bnsd", "bsnd", "per-batch", "gqa-bsnd", "3d"])
 def test_launch_layouts_bitwise_the_torch_backend(layout, product):
