@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from dataclasses import dataclass, replace
 
 import torch
@@ -43,6 +42,7 @@ import triton
 import triton.language as tl
 
 from . import kernel
+from .settings import ThreadSetting
 from .structure import describe
 
 MAX_HEAD_DIM = 256
@@ -162,7 +162,7 @@ def _exact_in(m: torch.Tensor, dtype: torch.dtype) -> bool:
 
 
 PRODUCTS = ("gather", "dot")
-_product = threading.local()
+_product = ThreadSetting("gather")
 
 
 @contextlib.contextmanager
@@ -174,19 +174,15 @@ def product(name: str):
     (``_rome_kernel``). The report measures both."""
     if name not in PRODUCTS:
         raise ValueError(f"product must be one of {PRODUCTS}, got {name!r}")
-    old = getattr(_product, "name", "gather")
-    _product.name = name
-    try:
+    with _product.scoped(name):
         yield
-    finally:
-        _product.name = old
 
 
 def current_product() -> str:
-    return getattr(_product, "name", "gather")
+    return _product.get()
 
 
-_target = threading.local()
+_lanes: ThreadSetting[int | None] = ThreadSetting(None)
 
 
 @contextlib.contextmanager
@@ -195,18 +191,14 @@ def target_warp_size(lanes: int):
     Instinct, 32 on NVIDIA), e.g. to list an AMD arch's configurations on another machine."""
     if lanes not in (32, 64):
         raise ValueError(f"lanes must be 32 or 64, got {lanes!r}")
-    old = getattr(_target, "lanes", None)
-    _target.lanes = lanes
-    try:
+    with _lanes.scoped(lanes):
         yield
-    finally:
-        _target.lanes = old
 
 
 def warp_size() -> int:
     """Lanes per warp of the GPU launches are chosen for: ``target_warp_size``'s, else the
     runtime's (64 on a ROCm build, 32 otherwise)."""
-    return getattr(_target, "lanes", None) or (64 if runtime_backend() == "hip" else 32)
+    return _lanes.get() or (64 if runtime_backend() == "hip" else 32)
 
 
 # x elements a thread holds per tile in the gather kernel: 8 (bf16 fwd D=128, sm_90: 64 registers

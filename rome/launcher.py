@@ -19,13 +19,13 @@ every table that broadcasts to both.
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from . import kernel, launch, tuning
+from .settings import ThreadSetting
 
 INTERPRET = kernel.INTERPRET
 MAX_HEAD_DIM = launch.MAX_HEAD_DIM
@@ -51,7 +51,8 @@ class Launch:
     consts: dict | None = None  # the constexprs but BLOCK_R
 
 
-_capture = threading.local()
+# (the launches recorded, the SMs planned for) inside ``capture``; None outside
+_capture: ThreadSetting[tuple[list, int] | None] = ThreadSetting(None)
 
 
 @contextlib.contextmanager
@@ -59,22 +60,17 @@ def capture(num_sms: int = 132):
     """Within the block, launches are recorded (a list of ``Launch``, yielded) and not run; tensors
     may live on the CPU (a process without TRITON_INTERPRET=1 plans them as for a GPU with
     ``num_sms`` SMs). The outputs are left as they were allocated."""
-    old = getattr(_capture, "launches", None), getattr(_capture, "num_sms", None)
-    _capture.launches, _capture.num_sms = [], num_sms
-    try:
-        yield _capture.launches
-    finally:
-        _capture.launches, _capture.num_sms = old
+    with _capture.scoped(([], num_sms)) as (launches, _):
+        yield launches
 
 
 def capturing() -> bool:
-    return getattr(_capture, "launches", None) is not None
+    return _capture.get() is not None
 
 
 def _num_sms(device) -> int:
-    if capturing():
-        return _capture.num_sms
-    return launch.num_sms(device)
+    captured = _capture.get()
+    return captured[1] if captured is not None else launch.num_sms(device)
 
 
 # --- the dot kernel's arguments (rows collapsed to three dims) -----------------------------
@@ -284,7 +280,7 @@ def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
         kc = launch.specialise(fn, args, consts | {"BLOCK_R": cfg.block_r}, cfg, meta=meta)
         programs = grid({"BLOCK_R": cfg.block_r})
         n = programs[0] * (programs[1] if len(programs) > 1 else 1)
-        _capture.launches.append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
+        _capture.get()[0].append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
         return
     # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter takes
     # no compile options)
@@ -359,7 +355,7 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     if transpose:
         swk, swn = swn, swk
     max_programs = launch.max_programs(x0.device, interpret=INTERPRET, num_sms=None if not capturing()
-                                       else _capture.num_sms)
+                                       else _num_sms(x0.device))
     groups = []  # (args, rows of a, rows of b): one launch each
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a = group[0]

@@ -39,6 +39,7 @@ from torch import Tensor
 from . import torch_backend
 from .matrices import check_mode, check_size, kept_rotation_matrix
 from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
+from .settings import ThreadSetting
 from .types import BACKENDS, Backend, Mode
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -281,22 +282,18 @@ def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> 
 # The host check of positions costs a sync; a caller that has checked them (rome.RoPE, the ops'
 # own backward) runs the op inside ``positions_checked()`` to skip it. Under CUDA graph capture
 # the check cannot run either: there the kernel writes NaN for a position outside the cache.
-_CHECKED = threading.local()
+_CHECKED = ThreadSetting(False)
 
 
 @contextlib.contextmanager
 def positions_checked():
     """Inside: the ops trust that positions lie in ``[0, P)`` and axis in ``[0, A)``."""
-    before = getattr(_CHECKED, "on", False)
-    _CHECKED.on = True
-    try:
+    with _CHECKED.scoped(True):
         yield
-    finally:
-        _CHECKED.on = before
 
 
 def _needs_value_check(positions: Tensor) -> bool:
-    if getattr(_CHECKED, "on", False):
+    if _CHECKED.get():
         return False
     return not (positions.is_cuda and torch.cuda.is_current_stream_capturing())
 
