@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -51,8 +52,12 @@ class Launch:
     consts: dict | None = None  # the constexprs but BLOCK_R
 
 
-# (the launches recorded, the SMs planned for) inside ``capture``; None outside
-_capture: ThreadSetting[tuple[list, int] | None] = ThreadSetting(None)
+class _Capture(NamedTuple):
+    launches: list  # the ``Launch`` of every launch made inside ``capture``, in order
+    num_sms: int  # the SMs its launches are planned for
+
+
+_capture: ThreadSetting[_Capture | None] = ThreadSetting(None)  # None outside ``capture``
 
 
 @contextlib.contextmanager
@@ -60,8 +65,8 @@ def capture(num_sms: int = 132):
     """Within the block, launches are recorded (a list of ``Launch``, yielded) and not run; tensors
     may live on the CPU (a process without TRITON_INTERPRET=1 plans them as for a GPU with
     ``num_sms`` SMs). The outputs are left as they were allocated."""
-    with _capture.scoped(([], num_sms)) as (launches, _):
-        yield launches
+    with _capture.scoped(_Capture([], num_sms)) as captured:
+        yield captured.launches
 
 
 def capturing() -> bool:
@@ -70,7 +75,7 @@ def capturing() -> bool:
 
 def _num_sms(device) -> int:
     captured = _capture.get()
-    return captured[1] if captured is not None else launch.num_sms(device)
+    return captured.num_sms if captured is not None else launch.num_sms(device)
 
 
 # --- the dot kernel's arguments (rows collapsed to three dims) -----------------------------
@@ -280,7 +285,7 @@ def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
         kc = launch.specialise(fn, args, consts | {"BLOCK_R": cfg.block_r}, cfg, meta=meta)
         programs = grid({"BLOCK_R": cfg.block_r})
         n = programs[0] * (programs[1] if len(programs) > 1 else 1)
-        _capture.get()[0].append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
+        _capture.get().launches.append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
         return
     # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter takes
     # no compile options)
@@ -354,8 +359,9 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     swk, swn = w.stride()
     if transpose:
         swk, swn = swn, swk
-    max_programs = launch.max_programs(x0.device, interpret=INTERPRET, num_sms=None if not capturing()
-                                       else _num_sms(x0.device))
+    captured = _capture.get()
+    max_programs = launch.max_programs(x0.device, interpret=INTERPRET,
+                                       num_sms=None if captured is None else captured.num_sms)
     groups = []  # (args, rows of a, rows of b): one launch each
     for group in (blocks[i : i + 2] for i in range(0, len(blocks), 2)):
         a = group[0]
