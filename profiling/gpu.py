@@ -418,7 +418,8 @@ def _env(path: str) -> None:
         info["driver"] = driver.strip()
         info.setdefault("device", name.strip())
     info.setdefault("device", None)
-    info["commit"] = _quiet(["git", "rev-parse", "HEAD"]) or "unknown"
+    # a copy of the tree without .git (a lent GPU machine) names its commit in ROME_COMMIT
+    info["commit"] = _quiet(["git", "rev-parse", "HEAD"]) or os.environ.get("ROME_COMMIT") or "unknown"
     info["dirty"] = bool(_quiet(["git", "status", "--porcelain", "--untracked-files=no"]))
     for tool in ("ncu", "compute-sanitizer"):
         text = _quiet([tool, "--version"])
