@@ -366,7 +366,10 @@ def _register(spec: Spec):
         with torch._C._AutoDispatchBelowAutograd():
             return overload.redispatch(keyset & torch._C._after_autograd_keyset, *args)
 
-    _LIB.impl(spec.name, autograd, "Autograd", with_keyset=True)
+    # custom_op registered its own Autograd kernel just above; torch < 2.13 refuses a second
+    # registration for the same key unless told this one replaces it (2.11 defaults allow_override
+    # to False; 2.13 to True)
+    _LIB.impl(spec.name, autograd, "Autograd", with_keyset=True, allow_override=True)
     return op
 
 

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from ..matrices import kept_rotation_matrix
 from ..ops import BACKENDS, apply_qk
 from . import Patch
+from ._code import calls, innermost
 
 __all__ = ["LAYER_NAME", "RomeRepository", "apply_rotary_transformers", "is_standard", "kernelize",
            "layer", "mapping", "register", "unregister"]
@@ -269,10 +270,9 @@ def kernelize(model: nn.Module, *, backend: str = "auto") -> Patch | None:
     for module in model.modules():
         cls = type(module)
         forward = cls.__dict__.get("forward") or getattr(cls, "forward", None)
-        code = getattr(forward, "__code__", None)
-        if code is None or FUNCTION not in code.co_names:
+        if forward is None or not calls(forward, FUNCTION):  # through its decorators
             continue
-        fn = forward.__globals__.get(FUNCTION)  # the modeling file's function the forward calls
+        fn = innermost(forward).__globals__.get(FUNCTION)  # the modeling file's function it calls
         if fn is None or not is_standard(fn):
             continue
         if module in _PATCHED:

@@ -52,7 +52,6 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
-import types
 import weakref
 from dataclasses import dataclass
 
@@ -64,6 +63,7 @@ from ..module import RoPE
 from ..ops import BACKENDS, apply_qk
 from ..types import Backend
 from . import Patch
+from ._code import calls, rebound
 
 __all__ = ["SUPPORTED", "patch"]
 
@@ -363,28 +363,13 @@ class _RotateVision(_RotateText):
         return apply_qk(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2), m, backend=self.backend)
 
 
-def _rebound(fn, name: str, value):
-    """``fn`` with the global ``name`` bound to ``value`` (same code, defaults and closure).
-
-    The new globals dict has no ``__name__``: torch.compile then guards on the dict itself
-    rather than on the modeling module's attribute of that name (transformers' own function)."""
-    scope = dict(fn.__globals__)
-    scope.pop("__name__", None)
-    scope[name] = value
-    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
-    new.__dict__.update(fn.__dict__)
-    new.__wrapped__ = fn
-    return new
-
-
 class _Forward:
     """A patched instance's ``forward``: ``function(module, *args, **kwargs)``. It pickles (and
     deep-copies) as the recipe it was made from, so an unpickled model runs rome again and counts
     as patched (``patch`` refuses it; it has no handle to undo). ``how``: ``(_RotaryForward,)``,
     or ``(attention class, function name, _RotateText)``: the class's own forward with that
-    global bound to rome's rotation (``_rebound``; one function per class and rotation)."""
+    global bound to rome's rotation (``_code.rebound``, through the forward's decorators; one
+    function per class and rotation)."""
 
     def __init__(self, module: nn.Module, how: tuple, owner: str):
         self.module, self.how, self.owner = module, how, owner
@@ -394,7 +379,7 @@ class _Forward:
             cls, name, rotate = how
             functions = rotate.__dict__.setdefault("_functions", {})
             if cls not in functions:
-                functions[cls] = _rebound(cls.forward, name, rotate)
+                functions[cls] = rebound(cls.forward, name, rotate)
             self.function = functions[cls]
         _PATCHED[module] = owner  # not the handle: it would keep the model alive
 
@@ -563,7 +548,7 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
             rotate = rotate_cls(one, backend, convention)
             for layer in layers:
                 cls = type(layer)
-                if function not in cls.forward.__code__.co_names:
+                if not calls(cls.forward, function):
                     raise ValueError(
                         f"{cls.__name__}.forward does not call {function} (a "
                         f"transformers version rome's patch does not know); not patched"
