@@ -18,6 +18,7 @@ tables, on random q and k (``test_rotation_against_model_tables``).
 from __future__ import annotations
 
 import importlib
+import inspect
 
 import pytest
 import torch
@@ -211,7 +212,7 @@ def _rotations(family, layer_type=None, length=12):
     hf_tables = rotary(*args)
     hf_tables = hf_tables if isinstance(hf_tables, tuple) else (hf_tables,)
     with patch(model, backend="torch"):
-        ours = layer.forward.__func__.__globals__[function]
+        ours = inspect.unwrap(layer.forward.__func__).__globals__[function]
         assert ours is not theirs
         rome_tables = rotary(*args)
         rome_tables = rome_tables if isinstance(rome_tables, tuple) else (rome_tables,)
@@ -378,8 +379,8 @@ def test_qwen3_vl_tables():
     want = mod.apply_rotary_pos_emb(q, k, *text_rotary(q, pos))
     want_v = mod.apply_rotary_pos_emb_vision(vq, vk, *vision_rotary(vq, grid))
     with patch(model, backend="torch"):
-        got = text_layer.forward.__func__.__globals__["apply_rotary_pos_emb"](q, k, *text_rotary(q, pos))
-        got_v = vision_layer.forward.__func__.__globals__["apply_rotary_pos_emb_vision"](
+        got = inspect.unwrap(text_layer.forward.__func__).__globals__["apply_rotary_pos_emb"](q, k, *text_rotary(q, pos))
+        got_v = inspect.unwrap(vision_layer.forward.__func__).__globals__["apply_rotary_pos_emb_vision"](
             vq, vk, *vision_rotary(vq, grid))
     _close(got, want)
     _close(got_v, want_v)

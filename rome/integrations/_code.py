@@ -46,8 +46,8 @@ def _copy(fn, scope: dict, closure) -> types.FunctionType:
 
 def rebound(fn, name: str, value):
     """``fn`` with the global ``name`` of its innermost function bound to ``value``: same code,
-    defaults and closure at every level of the decorator chain; ``__wrapped__`` of the result is
-    ``fn``. The innermost function's new globals dict has no ``__name__``: torch.compile then
+    defaults and closure at every level of the decorator chain, each wrapper's ``__wrapped__`` the
+    new function it wraps (``inspect.unwrap`` of the result is the rebound function). The innermost function's new globals dict has no ``__name__``: torch.compile then
     guards on that dict rather than on the modeling module's attribute of that name.
 
     ValueError where a wrapper does not hold the function it wraps in its closure (a decorator
@@ -71,5 +71,5 @@ def rebound(fn, name: str, value):
         replaced = rebound(inner, name, value)
         closure = tuple(types.CellType(replaced) if _holds(c, inner) else c for c in cells)
         new = _copy(fn, fn.__globals__, closure)
-    new.__wrapped__ = fn
+        new.__wrapped__ = replaced  # as functools.wraps would set it: unwrap finds the new function
     return new
