@@ -418,9 +418,11 @@ def _env(path: str) -> None:
         info["driver"] = driver.strip()
         info.setdefault("device", name.strip())
     info.setdefault("device", None)
-    # a copy of the tree without .git (a lent GPU machine) names its commit in ROME_COMMIT
-    info["commit"] = _quiet(["git", "rev-parse", "HEAD"]) or os.environ.get("ROME_COMMIT") or "unknown"
-    info["dirty"] = bool(_quiet(["git", "status", "--porcelain", "--untracked-files=no"]))
+    # a copy of the tree sent to a lent GPU machine names its commit in ROME_COMMIT: the .git that
+    # travels with it can be the session's first clone, not the tree's commit (seen on the H200)
+    named = os.environ.get("ROME_COMMIT")
+    info["commit"] = named or _quiet(["git", "rev-parse", "HEAD"]) or "unknown"
+    info["dirty"] = False if named else bool(_quiet(["git", "status", "--porcelain", "--untracked-files=no"]))
     for tool in ("ncu", "compute-sanitizer"):
         text = _quiet([tool, "--version"])
         info[tool] = text.splitlines()[-1] if text else None
