@@ -18,8 +18,10 @@
 PYTHON ?= python3
 VENV   ?= .venv
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
-TORCH  ?= $(if $(HAS_GPU),torch>=2.6,torch==2.13.0)
+TORCH  ?= $(if $(HAS_GPU),torch>=2.11,torch==2.13.0)
 ARGS   ?=
+# the exact versions of everything but torch/triton that the suite was last made green with
+CONSTRAINTS ?= constraints/ci.txt
 
 # find_spec: whether the module is there, without importing it (torch takes seconds to import)
 READY_PYTHON := $(shell $(PYTHON) -c "import importlib.util as u, sys; \
@@ -41,18 +43,19 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: test fuzz report gpu clean python-ready report-ready
+.PHONY: test test-ends fuzz report gpu clean python-ready report-ready
 
 # venv mode. --system-site-packages shows the venv the base interpreter's packages only: when
 # $(PYTHON) is itself a virtual environment, a .pth file adds that environment's site-packages too
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+	@echo "building $(VENV): torch ($(TORCH)), then rome with its test and report extras at the versions of $(CONSTRAINTS) (a minute or two)"
 	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 ifneq ($(findstring --system-site-packages,$(VENV_FLAGS)),)
 	$(PYTHON) -c "import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep='\n')" \
 		> "$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_rome_outer_site.pth"
 endif
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,report]"
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e ".[test,report]"
 	touch $@
 
 # python mode: say which python runs and which optional packages it lacks (their tests are skipped)
@@ -70,6 +73,11 @@ report-ready: $(READY)
 test: $(READY)
 	$(PY) -m pytest -q $(ARGS)
 
+# the integration tests again at both ends of the transformers/diffusers range pyproject claims:
+# the newest the package index serves, and constraints/oldest.txt (.ci/run runs it after make test)
+test-ends: $(READY)
+	PY=$(PY) bash .ci/ends $(ARGS)
+
 # thousands of hypothesis examples per property (tests/conftest.py, profile "fuzz"); long
 fuzz: $(READY)
 	$(PY) -m pytest -q tests/test_fuzz.py --hypothesis-profile=fuzz $(ARGS)
@@ -82,4 +90,4 @@ gpu: report-ready
 	$(PY) -m profiling.gpu $(ARGS)
 
 clean:
-	rm -rf $(VENV) reports .pytest_cache
+	rm -rf $(VENV) .venv-newest .venv-oldest reports .pytest_cache

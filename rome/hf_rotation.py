@@ -100,7 +100,10 @@ def probe_mode(config, kind: str, layouts: dict, layer_type=None) -> str:
             rotary = rotary_cls(config).double()
             params = inspect.signature(rotary.forward).parameters
             extra = (layer_type,) if "layer_type" in params and layer_type is not None else ()
-            cos, sin = rotary(q, pos, *extra)
+            try:
+                cos, sin = rotary(q, pos, *extra)
+            except IndexError:  # an mRoPE module that wants [3, B, S] (transformers < 5.24):
+                cos, sin = rotary(q, pos.expand(3, -1, -1), *extra)  # text tokens, equal on each axis
             theirs = _rotate(fn, q, k, cos.double(), sin.double())
         except Exception as e:  # noqa: BLE001
             raise _cannot(kind, f"its rotary code did not run on a probe: {type(e).__name__}: {e}") from None

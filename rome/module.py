@@ -102,8 +102,8 @@ def _is_dtensor(*tensors: Tensor) -> bool:
 def _layout_key(layout: RopeLayout) -> tuple:
     """Equal for layouts with equal values (two configs that build the same RoPE)."""
     return (
-        layout.inv_freq.numpy().tobytes(),
-        layout.axis.numpy().tobytes(),
+        tuple(layout.inv_freq.tolist()),  # float64 -> Python floats: exact, and no numpy needed
+        tuple(layout.axis.tolist()),
         layout.n_axes,
         layout.blocks,
         layout.attention_scaling,

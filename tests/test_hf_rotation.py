@@ -55,11 +55,22 @@ def test_unknown_model_type_read_from_transformers_code(kind, mode):
     warnings.filterwarnings("ignore")
     assert kind not in HALF_MODEL_TYPES | INTERLEAVE_MODEL_TYPES
     config = transformers.AutoConfig.for_model(kind, **TINY)
-    rope = RoPE.from_hf_config(config, backend="torch")
+    text = config.get_text_config()
+    try:
+        rope = RoPE.from_hf_config(config, backend="torch")
+    except ValueError as e:
+        # refused because transformers' own code does not run on this tiny config (glm_ocr's
+        # mrope_section outgrows head_dim on transformers < 5.24): right only if it really does not
+        assert "did not run on a probe" in str(e) and f"'{kind}" in str(e), e
+        d = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        q = torch.randn(1, 2, POS.shape[1], d, generator=torch.Generator().manual_seed(0))
+        with pytest.raises(Exception):  # noqa: B017 - whatever transformers raises
+            _transformers_rotation(kind, text, q, q)
+        return
     assert {m for m, _ in rope.layout.blocks} - {"none"} == {mode}
     d = rope.head_dim
     q = torch.randn(1, 2, POS.shape[1], d, generator=torch.Generator().manual_seed(0))
-    want = _transformers_rotation(kind, config.get_text_config(), q, q)
+    want = _transformers_rotation(kind, text, q, q)
     for a, b in zip(rope(q, q, POS), want):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
 
@@ -134,7 +145,11 @@ def _hf_rotation(module, config, q, k, pos):
         f"{module.__name__}: no single text rotary module and apply_rotary_pos_emb to check against"
     try:
         with torch.no_grad():
-            cos, sin = rotary[0](config).to(q.dtype)(q, pos)
+            module_ = rotary[0](config).to(q.dtype)
+            try:
+                cos, sin = module_(q, pos)
+            except IndexError:  # mRoPE text modules of transformers < 5.24 want [3, B, S] positions
+                cos, sin = module_(q, pos.expand(3, -1, -1))
     except Exception as e:  # noqa: BLE001
         raise TransformersRaised(f"{rotary[0].__name__}: {type(e).__name__}: {e}") from e
     d, factor = q.shape[-1], _partial_factor(config)

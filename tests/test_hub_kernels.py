@@ -280,6 +280,13 @@ def test_register_and_transformers_kernelize_with_stub_kernels(tmp_path):
     import sys
     from pathlib import Path
 
+    from packaging.version import Version
+    from transformers.utils import import_utils
+
+    low, high = (Version(getattr(import_utils, n, "0")) for n in ("KERNELS_MIN_VERSION", "KERNELS_MAX_VERSION"))
+    if not low <= Version("0.18.2") < high:  # the stub models kernels 0.18.2's API only
+        pytest.skip(f"this transformers wants kernels >= {low}, < {high}; tests/kernels_stub.py models 0.18.2")
+
     tests = Path(__file__).resolve().parent
     stub = tmp_path / "kernels"
     (stub / "layer").mkdir(parents=True)

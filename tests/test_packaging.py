@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(
 
 # what a source tree holds that an sdist build must not see: VCS, environments, build outputs
 # (.gitignore's entries); profiling/results is MANIFEST.in's to leave out, so it is copied
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "*.egg-info", "__pycache__",
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", ".venv-*", "venv", "build", "dist", "*.egg-info", "__pycache__",
                                     ".hypothesis", ".pytest_cache", "reports", ".whl", "*.py[cod]", "shared")
 
 
@@ -233,3 +233,70 @@ def test_import_and_torch_backend_without_triton(tmp_path):
     assert "auto on a GPU tensor: torch" in r.stdout, r.stdout + r.stderr
     assert "refused: backend='triton' needs triton, which failed to import" in r.stdout, r.stdout
     assert "rome-rope[triton]" in r.stdout and "backend='torch'" in r.stdout, r.stdout
+
+
+def _distribution_closure(names) -> list:
+    """The installed distributions ``names`` require, transitively (extras left out)."""
+    import importlib.metadata as md
+
+    seen, todo, out = set(), list(names), []
+    while todo:
+        name = Requirement(todo.pop()).name.lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue  # an optional or platform-only requirement this environment lacks
+        out.append(dist)
+        for r in dist.requires or ():
+            req = Requirement(r)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(str(req.name))
+    return out
+
+
+def _readme_quickstart_on_cpu() -> str:
+    """The README's Quickstart python blocks, as one script, on the CPU."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2, section[:500]
+    return "\n".join(blocks).replace('device="cuda"', 'device="cpu"')
+
+
+def test_wheel_user_runs_the_readme_with_torch_and_declared_dependencies_only(built, tmp_path):
+    """Issue 26 item 4: the wheel installed into an environment holding torch and the wheel's
+    declared dependencies (with theirs) and nothing else — no numpy, no triton, no repository on
+    sys.path (``python -I -S``: no site-packages, sys.path set by hand to the wheel's --target and a
+    folder of links to those distributions' files) — runs the README's Quickstart on the CPU."""
+    _, wheel, _ = built
+    target, deps, cwd = tmp_path / "site", tmp_path / "deps", tmp_path / "cwd"
+    deps.mkdir(), cwd.mkdir()
+    _run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "-q",
+          "--target", str(target), str(wheel)], cwd=cwd)
+    meta = _metadata((target / f"{STEM}.dist-info" / "METADATA").read_text())
+    declared = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    linked = set()
+    for dist in _distribution_closure(declared):
+        assert dist.metadata["Name"].lower() not in {"numpy", "triton"}, dist.metadata["Name"]
+        for f in dist.files or ():
+            top = f.parts[0]
+            if top in linked or top.startswith("..") or top in {"bin", "__pycache__"}:
+                continue
+            src = Path(dist.locate_file(top))
+            if src.exists():
+                (deps / top).symlink_to(src, target_is_directory=src.is_dir())
+                linked.add(top)
+    script = cwd / "quickstart.py"
+    script.write_text(
+        f"import sys\nsys.path[:0] = [{str(target)!r}, {str(deps)!r}]\n"
+        "import importlib.util as u\n"
+        "assert u.find_spec('numpy') is None and u.find_spec('triton') is None, 'not a torch-only env'\n"
+        + _readme_quickstart_on_cpu()
+        + "\nassert rome.__file__.startswith(sys.path[0]), rome.__file__\n"
+          "assert q_out.shape == q.shape and k_out.shape == k.shape and torch.isfinite(q_out).all()\n"
+          "print('quickstart ok', q_out.dtype)\n")
+    r = _run([sys.executable, "-I", "-S", str(script)], cwd=cwd, timeout=300)
+    assert "quickstart ok torch.bfloat16" in r.stdout, r.stdout + r.stderr
