@@ -95,6 +95,19 @@ def _library_of(model) -> str | None:
     return None
 
 
+def _outermost_models(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of the transformers/diffusers modules inside a user's ``model`` that no
+    other such module holds: the models a wrapper carries (a text encoder and a transformer, say)."""
+    found: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if m is model or _library_of(m) is None:
+            continue
+        if any(name.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        found.append((name, m))
+    return found
+
+
 def supported() -> dict[str, tuple[str, ...]]:
     """The class names each library module patches (imports those that import)."""
     out = {}
@@ -107,7 +120,8 @@ def supported() -> dict[str, tuple[str, ...]]:
 
 
 def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch:
-    """Patch ``model`` (a transformers or diffusers model) in place to compute its RoPE with
+    """Patch ``model`` (a transformers or diffusers model, or a module of the user's holding such
+    models: each is patched, and one ``undo()`` reverts them all) in place to compute its RoPE with
     rome; returns a ``Patch`` whose ``undo()`` restores the model exactly.
 
     Raises TypeError for a model of neither library and ValueError for a model (or a RoPE
@@ -117,10 +131,20 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch:
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     lib = _library_of(model)
     if lib is None:
-        raise TypeError(
-            f"model must be a transformers or diffusers model, got {type(model).__module__}."
-            f"{type(model).__qualname__}"
-        )
+        inner = _outermost_models(model)
+        if not inner:
+            raise TypeError(
+                f"model must be a transformers or diffusers model, or a module holding one, got "
+                f"{type(model).__module__}.{type(model).__qualname__} (it holds none)"
+            )
+        handle = Patch(model, family="+".join(sorted({_library_of(m) for _, m in inner})))
+        try:
+            for _, m in inner:
+                handle.on_undo(patch(m, backend=backend).undo)
+        except BaseException:
+            handle.undo()
+            raise
+        return handle
     module = importlib.import_module(f"{__name__}.{lib}")
     handle = module.patch(model, backend=backend)
     if handle is None:

@@ -63,7 +63,7 @@ from ..module import RoPE
 from ..ops import BACKENDS, apply_qk
 from ..types import Backend
 from . import Patch
-from ._code import calls, rebound
+from ._code import calls, innermost, rebound
 
 __all__ = ["SUPPORTED", "patch"]
 
@@ -465,6 +465,70 @@ def _layer_types(rotary: nn.Module) -> list | None:
 # --- patch -----------------------------------------------------------------------------------
 
 
+def _table_convention(fn) -> str | None:
+    """How ``fn(q, k, cos, sin)`` (``unsqueeze_dim=1``) reads its tables, where it rotates as one
+    of rome's modes: "half" when it takes rome's own layout for its rotation (Llama's halves on
+    ``cat(f, f)``; Cohere's adjacent pairs on ``f`` repeat-interleaved), "pairs" when it rotates
+    adjacent pairs on ``cat(f, f)`` tables it repeat-interleaves itself (GLM, Ernie 4.5, Helium);
+    None otherwise. Probed on float64 values against rome's torch backend, so a modeling file's own
+    copy (OLMo 2's casts, a renamed helper) counts by what it does, not by its code; the mode
+    itself is the config's (``RoPE.from_hf_config``). 1e-5: a file that computes in float32
+    (Cohere's casts) is off by ~1e-7; another rotation by O(1)."""
+    from ..matrices import rotation_matrix
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.device("cpu"), torch.no_grad():
+        q = torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64)
+        k = torch.randn(1, 1, 5, 8, generator=gen, dtype=torch.float64)
+        f = torch.rand(1, 5, 4, generator=gen, dtype=torch.float64) * 6
+        cat, pairs = torch.cat([f, f], -1), f.repeat_interleave(2, -1)
+        # (convention, mode, the tables fn is given, the angles rome rotates by)
+        for convention, mode, given, angles in (("half", "half", cat, cat), ("half", "interleave", pairs, pairs),
+                                                ("pairs", "interleave", cat, pairs)):
+            try:
+                theirs = fn(q, k, given.cos(), given.sin())[:2]
+            except Exception:  # noqa: BLE001 - another signature: not such a function
+                return None
+            m = rotation_matrix((8,), mode, dtype=torch.float64)
+            ours = apply_qk(q, k, angles.cos()[:, None], angles.sin()[:, None], m, backend="torch")
+            if all(isinstance(t, Tensor) and t.shape == o.shape
+                   and torch.allclose(t.double(), o, rtol=0, atol=1e-5) for t, o in zip(theirs, ours)):
+                return convention
+    return None
+
+
+def _discovered(model: nn.Module) -> tuple[_Family, ...]:
+    """Families of a model whose type has no entry in ``_FAMILIES``, read from its modeling files:
+    each ``transformers.models.<m>.modeling_<m>`` among the model's modules' classes whose text
+    rotary module (one ``...RotaryEmbedding`` class, not a vision one) feeds attention classes
+    whose forward (through its decorators) calls that file's ``apply_rotary_pos_emb``, which
+    rotates as one of rome's modes on the tables it reads (``_table_convention``). ~105 of transformers' model types are of this kind."""
+    attention: dict[str, set[str]] = {}
+    for m in model.modules():
+        cls = type(m)
+        mod = importlib.import_module(cls.__module__) if cls.__module__.startswith("transformers.models.") else None
+        if mod is None or "apply_rotary_pos_emb" not in vars(mod):
+            continue
+        forward = cls.__dict__.get("forward")
+        # only apply_rotary_pos_emb: a forward that may call another rotary function (MLA's
+        # apply_rotary_pos_emb_interleave under a config flag) would meet rome's tables unpatched
+        code = getattr(innermost(forward), "__code__", None) if forward is not None else None
+        rotary_calls = {n for n in code.co_names if n.startswith("apply_rotary")} if code is not None else set()
+        if rotary_calls == {"apply_rotary_pos_emb"} and innermost(forward).__globals__ is vars(mod):
+            attention.setdefault(cls.__module__, set()).add(cls.__name__)
+    out = []
+    for name, classes in attention.items():
+        mod = importlib.import_module(name)
+        rotary = [n for n, v in vars(mod).items() if isinstance(v, type) and n.endswith("RotaryEmbedding")
+                  and "Vision" not in n and v.__module__ == name]
+        parts = name.split(".")
+        convention = _table_convention(mod.apply_rotary_pos_emb)
+        if len(rotary) != 1 or parts[-1] != f"modeling_{parts[-2]}" or convention is None:
+            continue
+        out.append(_Family(parts[-2], rotary[0], tuple(sorted(classes)), tables=convention))
+    return tuple(out)
+
+
 def _model_type(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None) or ""
@@ -490,8 +554,19 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
         raise ValueError(f"rome.integrations.patch({name}): model_type {kind!r} is not patched: "
                          f"{_REFUSED[kind]}")
     if kind is not None and kind not in _FAMILIES:
-        return None
-    candidates = _FAMILIES[kind] if kind is not None else sum(_FAMILIES.values(), ())
+        candidates = _discovered(model)
+        if not candidates:
+            rotary = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")})
+            if rotary:  # a model with RoPE that rome cannot patch: said, never "not supported" silently
+                raise ValueError(
+                    f"rome.integrations.patch({name}): model_type {kind!r} has {', '.join(rotary)} but no "
+                    f"attention class calling an apply_rotary_pos_emb of its modeling file that rotates as "
+                    f"rome's half or interleave rotation on rome's tables; "
+                    f"not patched"
+                )
+            return None
+    else:
+        candidates = _FAMILIES[kind] if kind is not None else sum(_FAMILIES.values(), ())
     found = []  # (family, rotary instance, its attention instances)
     for family in candidates:
         classes = _classes(family)
