@@ -112,7 +112,10 @@ def test_kernelize_pickles_refuses_twice_and_skips_other_functions(calls):
     assert hub_kernels.is_standard(llama.apply_rotary_pos_emb)
     assert not hub_kernels.is_standard(nanochat.apply_rotary_pos_emb)
     assert not hub_kernels.is_standard(olmo.apply_rotary_pos_emb)
-    assert hub_kernels.kernelize(_model("olmo")) is None
+    # OLMo has RoPE this route cannot swap: refused by name, not a silent None (patch takes it)
+    with pytest.raises(ValueError, match=r"kernelize\(OlmoForCausalLM\): it has OlmoRotaryEmbedding"):
+        hub_kernels.kernelize(_model("olmo"))
+    assert hub_kernels.kernelize(torch.nn.Linear(2, 2)) is None  # no RoPE at all
 
 
 def test_apply_rotary_transformers_is_the_standard_function():

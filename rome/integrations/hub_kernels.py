@@ -260,8 +260,9 @@ class _Rotate:
 
 def kernelize(model: nn.Module, *, backend: str = "auto") -> Patch | None:
     """Replace the standard ``apply_rotary_pos_emb`` by rome's in every layer of ``model`` that
-    calls it (see the module doc), without the kernels package; None where no layer does.
-    ValueError for a model (or a layer of it) already patched by rome."""
+    calls it (see the module doc), without the kernels package. None for a model without RoPE;
+    ValueError for a model with a rotary module but no layer calling the standard function (never
+    a silent no-op), and for a model (or a layer of it) already patched by rome."""
     from .transformers import _PATCHED, _Forward
 
     _check_backend(backend)
@@ -282,6 +283,12 @@ def kernelize(model: nn.Module, *, backend: str = "auto") -> Patch | None:
             )
         layers.append(module)
     if not layers:
+        rotary = sorted({type(m).__name__ for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")})
+        if rotary:  # RoPE that this route cannot swap: said, never a silent None
+            raise ValueError(
+                f"rome.integrations.hub_kernels.kernelize({name}): it has {', '.join(rotary)} but no layer "
+                f"calls the standard {FUNCTION} (rome.integrations.patch handles other rotations)"
+            )
         return None
     handle = Patch(model, family=LAYER_NAME)
     rotate = _Rotate(backend)
