@@ -271,12 +271,26 @@ def _hf_layout_builder(config, layer_type, mode=None) -> Callable[..., RopeLayou
     name = type(config).__name__
     kind = _model_type(config)
     params = _rope_params(config, layer_type)
-    if _get(config, "rope_interleave"):
-        raise ValueError(
-            f"{name}: rope_interleave=True (transformers de-interleaves q and k before its "
-            f"rotate_half, so the output columns come out permuted) cannot be expressed as "
-            f"x*cos + (x@M)*sin in x's column order"
-        )
+    if _get(config, "rope_interleave") and mode is None:
+        # MLA (DeepSeek-V2/V3, GLM-4.7-Flash): transformers rotates the adjacent pairs of the rope
+        # block and writes them de-interleaved; rome rotates the same pairs in x's column order.
+        # The two differ by one column permutation of q and k alike, which q.k does not see
+        # (docs/families.md); the patch relies on the same reading. Only where the installed
+        # modeling file has that function: rome does not guess another file's meaning of the flag
+        import importlib
+
+        from .hf_rotation import modeling_module
+
+        try:
+            known = hasattr(importlib.import_module(modeling_module(config, kind)), "apply_rotary_pos_emb_interleave")
+        except ImportError:
+            known = False
+        if not known:
+            raise ValueError(
+                f"{name} (model_type {kind!r}): rope_interleave=True, and transformers' installed code for "
+                f"it has no apply_rotary_pos_emb_interleave to say what the flag means; pass mode= yourself"
+            )
+        mode = "interleave"
     section = params.get("mrope_section")
     if kind in MROPE_MODEL_TYPES:
         interleaved, default = MROPE_MODEL_TYPES[kind]

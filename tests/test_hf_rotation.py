@@ -154,6 +154,11 @@ def _hf_rotation(module, config, q, k, pos):
         raise TransformersRaised(f"{rotary[0].__name__}: {type(e).__name__}: {e}") from e
     d, factor = q.shape[-1], _partial_factor(config)
     with torch.no_grad():
+        if getattr(config, "rope_interleave", False):
+            # MLA: the pairs rotated and written de-interleaved; back to x's column order (rome's)
+            qi, ki = module.apply_rotary_pos_emb_interleave(q, k, cos.to(q.dtype), sin.to(q.dtype))[:2]
+            back = torch.argsort(torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)]))
+            return qi[..., back], ki[..., back]
         if factor >= 1:
             return module.apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype))[:2]
         r = int(d * factor)
@@ -333,7 +338,6 @@ def test_every_registered_config_rotates_as_transformers_or_is_refused_by_name()
     ("pixtral", "does not define both apply_rotary_pos_emb_vision"),  # its own 2D rotary
     ("kimi_k25_vision", "lays its rope_type 'axial' out otherwise"),
     ("gemma4", "AmbiguousGlobalPerLayerAttributeError"),
-    ("deepseek_v3", "rope_interleave=True"),
 ])
 def test_refusals_name_the_model_type(kind, why):
     warnings.filterwarnings("ignore")

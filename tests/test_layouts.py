@@ -360,8 +360,6 @@ def _layout(**kw):
          r"must sum to rotary_dim/2 = 32 \(sum is 64\)"),
         (lambda: mrope_axes([4, -1, 1]), ValueError, r"mrope_section\[1\] must be a non-negative int, got -1"),
         (lambda: mrope_axes([]), ValueError, r"mrope_section must be a non-empty sequence"),
-        (lambda: mrope_axes([1, 3, 0], interleaved=True), ValueError,
-         r"interleaved mrope_section=\[1, 3, 0\] cannot be laid out over 4 frequencies.*counts \[3, 1, 0\]"),
         (lambda: mrope_layout(torch.ones(4), [2]), TypeError, r"freqs must be rome.frequencies.Frequencies"),
         (lambda: section_layout([44, 43, 41], mode="half"), ValueError, r"sections\[1\] must be a positive even integer, got 43"),
         (lambda: section_layout([8, 8], mode="rotate"), ValueError, r"mode must be one of"),
@@ -417,3 +415,15 @@ def test_bad_positions():
             tables_for_positions(layout, cache, pos, axes_dim=axes_dim)
     with pytest.raises(TypeError, match="positions must be integer or floating, got torch.bool"):
         angles_for_positions(three, torch.zeros(5, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("section", [[1, 3, 0], [2, 3, 3], [24, 20, 20], [16, 24, 24], [4, 2, 2]])
+def test_interleaved_mrope_axes_follow_transformers_rule_for_any_sections(section):
+    """Issue 26 item 5: transformers' interleaved mRoPE (Qwen3-VL) overwrites the t frequencies at
+    slice(offset, 3 * section[axis], 3) with that axis's, whatever the sections' counts come to
+    ([2, 3, 3] over 8 frequencies gives the axes 3, 3, 2); rome lays them out the same way."""
+    n = sum(section)
+    want = torch.zeros(n, dtype=torch.int64)
+    for axis in range(1, len(section)):  # the rule written as transformers writes it: slices
+        want[axis: len(section) * section[axis]: len(section)] = axis
+    assert torch.equal(mrope_axes(section, interleaved=True), want)

@@ -211,7 +211,6 @@ def test_glm_partial_interleave():
 @pytest.mark.parametrize(
     "config,match",
     [
-        (DeepseekV3Config(), r"DeepseekV3Config: rope_interleave=True .* cannot be expressed"),
         ({"model_type": "glm4v_text", "head_dim": 16,
           "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3]}},
          r"dict \(model_type 'glm4v_text'\): rope_parameters\['mrope_section'\]=\[2, 3, 3\] of a model type rome does not know"),
@@ -555,3 +554,52 @@ def test_rotary_dim_error_without_partial_rotary_factor():
     with pytest.raises(ValueError, match=r"^int\(head_dim \* partial_rotary_factor\) = int\(8 \* 0\.1\) must be "
                                          r"a positive even int <= head_dim=8, got 0$"):
         rope_frequencies(8, partial_rotary_factor=0.1)
+
+
+def test_from_hf_config_deepseek_v3_rope_interleave_rotates_its_pairs():
+    """Issue 26 item 5: DeepSeek-V3's MLA with ``rope_interleave=True`` (its default) reads as an
+    interleave rotation of the rope block: transformers' ``apply_rotary_pos_emb_interleave`` gives
+    the same rotated pairs de-interleaved (one column permutation of q and k alike, which q.k does
+    not see). 2e-5: transformers' float32 inv_freq at positions < 16."""
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as ds
+
+    config = DeepseekV3Config(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, qk_rope_head_dim=8,
+                              qk_nope_head_dim=8, v_head_dim=8, kv_lora_rank=16, q_lora_rank=16, vocab_size=64,
+                              num_hidden_layers=1, intermediate_size=64, moe_intermediate_size=32)
+    assert config.rope_interleave
+    rope = RoPE.from_hf_config(config, backend="torch")
+    assert rope.layout.blocks == (("interleave", 8),)
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.arange(16)
+    q = torch.randn(1, 2, 16, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 2, 16, 8, generator=gen, dtype=torch.float64)
+    cos, sin = ds.DeepseekV3RotaryEmbedding(config).double()(q, pos[None])
+    want = ds.apply_rotary_pos_emb_interleave(q, k, cos, sin)
+    perm = torch.cat([torch.arange(0, 8, 2), torch.arange(1, 8, 2)])  # transformers' de-interleaving
+    for got, ref in zip(rope(q, k, pos), want):
+        torch.testing.assert_close(got[..., perm], ref, rtol=0, atol=2e-5)
+        assert (got - ref).abs().max() > 1e-2  # in x's own column order, not transformers'
+
+
+def test_from_hf_config_qwen3_vl_any_interleaved_sections_transformers_accepts():
+    """Issue 26 item 5: a Qwen3-VL text config with mrope_section=[2, 3, 3] (8 frequencies:
+    transformers' interleaving gives the axes 3, 3, 2 of them) rotates as transformers' rotary
+    module and apply_rotary_pos_emb on (t, h, w) positions. 2e-5: float32 inv_freq."""
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as qv
+
+    text = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 3, 3],
+                                "mrope_interleaved": True}}
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("qwen3_vl", text_config=text)
+    rope = RoPE.from_hf_config(config, backend="torch")
+    gen = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 30, (3, 1, 12), generator=gen)  # (t, h, w) per token
+    q = torch.randn(1, 4, 12, 16, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, 2, 12, 16, generator=gen, dtype=torch.float64)
+    cos, sin = qv.Qwen3VLTextRotaryEmbedding(config.get_text_config()).double()(q, pos)
+    want = qv.apply_rotary_pos_emb(q, k, cos, sin)
+    got = rope(q, k, pos[:, 0].T)  # rome: positions [S, A]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
