@@ -168,6 +168,27 @@ CASES = {
                 lambda: dict(hidden_states=R(1, 4, 4, 6), encoder_hidden_states_t5=R(1, 5, 8),
                              encoder_hidden_states_llama3=R(2, 1, 5, 4), pooled_embeds=R(1, 8),
                              timesteps=torch.tensor([3]))),
+    # issue 26: FramePack (HunyuanVideo's blocks; clean latents and 2x/4x histories packed before
+    # the noisy ones, each with its own tables) and ConsisID (CogVideoX's attention)
+    "framepack": ("HunyuanVideoFramepackTransformer3DModel",
+                  dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=1,
+                       num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
+                       guidance_embeds=False, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(4, 6, 6),
+                       image_proj_dim=8, has_image_proj=True, has_clean_x_embedder=True),
+                  lambda: dict(hidden_states=R(1, 4, 2, 8, 8), timestep=torch.tensor([3]),
+                               encoder_hidden_states=R(1, 4, 16), encoder_attention_mask=torch.ones(1, 4),
+                               pooled_projections=R(1, 8), image_embeds=R(1, 3, 8), indices_latents=torch.arange(2),
+                               latents_clean=R(1, 4, 1, 8, 8), indices_latents_clean=torch.arange(2, 3),
+                               latents_history_2x=R(1, 4, 2, 8, 8), indices_latents_history_2x=torch.arange(3, 5),
+                               latents_history_4x=R(1, 4, 4, 8, 8), indices_latents_history_4x=torch.arange(5, 9))),
+    "consisid": ("ConsisIDTransformer3DModel",
+                 dict(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,
+                      text_embed_dim=16, num_layers=1, sample_width=8, sample_height=8, sample_frames=5, patch_size=2,
+                      temporal_compression_ratio=4, max_text_seq_length=4, use_rotary_positional_embeddings=True,
+                      is_train_face=False),
+                 lambda: dict(hidden_states=R(1, 2, 4, 8, 8), encoder_hidden_states=R(1, 4, 16),
+                              timestep=torch.tensor([3]),
+                              image_rotary_emb=embeddings.get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 2))),
 }
 NAMES = tuple(CASES)
 

@@ -1,7 +1,7 @@
 """diffusers video/image transformers with rome's RoPE: ``patch(model, backend=...)``.
 
 Families (``SUPPORTED``): Wan, WanVACE, WanAnimate, ChronoEdit, SkyReels-V2, HunyuanVideo,
-HunyuanVideo 1.5, HunyuanImage, CogVideoX, Flux, Chroma, FLUX.2, Qwen-Image, LTX-Video, LTX-2,
+HunyuanVideo FramePack, HunyuanVideo 1.5, HunyuanImage, CogVideoX, ConsisID, Flux, Chroma, FLUX.2, Qwen-Image, LTX-Video, LTX-2,
 Z-Image, Cosmos, Mochi, Lumina2, CogView4, HiDream. Every one rotates each head's q and k by
 ``x*cos + rot(x)*sin``, with ``rot`` one of two signed permutations:
 
@@ -945,6 +945,12 @@ _FAMILIES = {
     "CogVideoXTransformer3DModel": _Family(
         (("diffusers.models.attention_processor", "CogVideoXAttnProcessor2_0", RomeCogVideoXAttnProcessor, ()),),
         (("transformer_blocks", "attn1"),)),
+    # issue 26: ConsisID's blocks are CogVideoX's attention with its processor; FramePack's are
+    # HunyuanVideo's (its rotary module, which builds the tables of several latent histories, is kept)
+    "ConsisIDTransformer3DModel": _Family(
+        (("diffusers.models.attention_processor", "CogVideoXAttnProcessor2_0", RomeCogVideoXAttnProcessor, ()),),
+        (("transformer_blocks", "attn1"),)),
+    "HunyuanVideoFramepackTransformer3DModel": _Family((_HUNYUAN_PROC,), _DOUBLE_SINGLE),
     "FluxTransformer2DModel": _Family((_FLUX_PROC,), _DOUBLE_SINGLE),
     "LTXVideoTransformer3DModel": _Family(
         ((_T + "transformer_ltx", "LTXVideoAttnProcessor", RomeLTXVideoAttnProcessor, ("dispatch_attention_fn",)),),
@@ -1049,7 +1055,10 @@ def _check_config(model, family: str) -> None:
         _check_axes(name, "axes_dims_rope", model.pos_embed.axes_dim, config.attention_head_dim)
     if family == "HiDreamImageTransformer2DModel":
         _check_axes(name, "axes_dims_rope", config.axes_dims_rope, config.attention_head_dim, halves=True)
-    if family == "CogVideoXTransformer3DModel" and not config.use_rotary_positional_embeddings:
+    if family == "HunyuanVideoFramepackTransformer3DModel":
+        _check_axes(name, "rope_axes_dim", config.rope_axes_dim, config.attention_head_dim)
+    if family in ("CogVideoXTransformer3DModel", "ConsisIDTransformer3DModel") \
+            and not config.use_rotary_positional_embeddings:
         raise ValueError(
             f"{name}: use_rotary_positional_embeddings=False (learned or sincos positional "
             f"embeddings, no RoPE): nothing for rome to patch"
