@@ -4,7 +4,9 @@
 static bandwidth model (kernels.json, kernels.md)."""
 
 import argparse
+import json
 import os
+import sys
 
 import torch
 
@@ -40,7 +42,10 @@ def main(argv=None):
     kernels.add_arguments(k)
     args = parser.parse_args(argv)
     if args.command == "report":
-        report(args)
+        out = report(args)
+        failed = json.loads((out / "results.json").read_text()).get("failed")
+        if failed:
+            sys.exit(f"make report: {len(failed)} part(s) failed (listed at the top of {out / 'report.md'})")
     elif args.command == "kernels":
         kernels.main(args)
 

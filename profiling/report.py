@@ -272,6 +272,21 @@ def models_section(r: dict) -> str:
     return "\n".join(lines)
 
 
+def failures(results: dict) -> list[str]:
+    """What of the run failed, one line each: a variant or model that raised (not one that is
+    unsupported or not installed), and a rome precision row past its bound. The report says them
+    first and the command exits non-zero (``results["failed"]``)."""
+    out = [f"speed: {s['variant']}: {s['reason']}" for s in results.get("variants", []) if s.get("status") == "error"]
+    out += [f"precision: {s['variant']} ({s.get('dtype')}, {s.get('mode')}, tables {s.get('table_dtype')}): "
+            f"{s['reason']}" for s in results.get("precision_skipped", []) if s.get("status") == "error"]
+    out += [f"precision: {p['variant']} ({p.get('dtype')}, {p.get('mode')}, tables {p.get('table_dtype')}): "
+            f"max {p.get('max_ulp')} ulp, past its bound" for p in results.get("precision", [])
+            if p.get("ok") is False and str(p.get("variant", "")).startswith("rome")]
+    models_ = results.get("models") or {}
+    out += [f"models: {s['model']}: {s['reason']}" for s in models_.get("skipped", []) if s.get("status") == "error"]
+    return out
+
+
 def write_report(out: Path, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
@@ -287,6 +302,9 @@ def markdown(r: dict) -> str:
     env, w = r["environment"], r["workload"]
     cpu = env["driver"] is None
     lines = [f"# rome report: {w['name']}", ""]
+    if r.get("failed"):
+        lines += ["**FAILED: parts of this run raised or missed their bound (the command exited 1):**", ""]
+        lines += [f"- {f}" for f in r["failed"]] + [""]
     if cpu:
         lines += [f"**{GPU_LINE}**", ""]
     lines += [
@@ -468,6 +486,7 @@ def report(args) -> Path:
     }
     if not getattr(args, "skip_kernels", False):
         results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console, workload=w)
+    results["failed"] = failures(results)
     write_report(out, results)
 
     summary = Table(title=f"rome report: {w.name} on {results['environment']['device']}")
@@ -498,5 +517,7 @@ def report(args) -> Path:
         console.print(mtab)
     if device.type == "cpu":
         console.print(f"[bold yellow]{GPU_LINE}[/]")
+    for f in results["failed"]:
+        console.print(f"[bold red]FAILED[/] {f}")
     console.print(f"report: {out / 'report.md'}")
     return out

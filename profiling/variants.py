@@ -84,18 +84,22 @@ def _v1_pair(q, k, cos, sin, sections, mode):
 
 
 def _compiled_per_setup(fn):
-    """``torch.compile`` of a copy of ``fn`` with a code object of its own, and every call of it
-    with recompiles made errors. dynamo keeps its compiled graphs per code object: one
-    ``torch.compile(fn)`` per set-up still shared them, so the report's dtype and layout set-ups
-    piled recompiles onto one code object until ``recompile_limit`` (8), after which dynamo ran the
-    function eagerly and the "compiled" rows timed (and measured the precision of) eager code."""
-    _compiled_per_setup.count += 1
-    code = fn.__code__.replace(co_name=f"{fn.__name__}_setup{_compiled_per_setup.count}")
-    f = torch.compile(types.FunctionType(code, fn.__globals__, code.co_name), dynamic=False)
+    """``torch.compile`` of a copy of ``fn`` with a code object of its own (one per grad mode: the
+    fwd and fwd+bwd passes need a graph each), every call with recompiles made errors. dynamo
+    keeps its compiled graphs per code object: one ``torch.compile(fn)`` per set-up still shared
+    them, so the report's dtype and layout set-ups piled recompiles onto one code object until
+    ``recompile_limit`` (8), after which dynamo ran the function eagerly and the "compiled" rows
+    timed (and measured the precision of) eager code."""
+    compiled = {}
 
     def call(*args):
+        grad = torch.is_grad_enabled()
+        if grad not in compiled:
+            _compiled_per_setup.count += 1
+            code = fn.__code__.replace(co_name=f"{fn.__name__}_setup{_compiled_per_setup.count}")
+            compiled[grad] = torch.compile(types.FunctionType(code, fn.__globals__, code.co_name), dynamic=False)
         with torch._dynamo.config.patch(error_on_recompile=True):
-            return f(*args)
+            return compiled[grad](*args)
 
     return call
 

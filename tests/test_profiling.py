@@ -453,6 +453,13 @@ def test_models_section_reports_what_it_could_not_measure(monkeypatch):
 
     text = models_section({"models": m})
     assert "a: not measured (unavailable)" in text and "| model |" not in text
+    # an error fails the run (said first in report.md, non-zero exit); an unavailable library does not
+    from profiling.report import failures
+
+    failed = failures({"models": m, "variants": [{"variant": "v", "status": "unsupported", "reason": "1D only"}],
+                       "precision": [{"variant": "rome.apply", "ok": False, "max_ulp": 3, "dtype": "bf16"},
+                                     {"variant": "v1 torch.compile", "ok": False, "max_ulp": 9}]})
+    assert len(failed) == 2 and failed[0].startswith("precision: rome.apply") and "CUDA out of memory" in failed[1]
 
 
 def test_bench_interleaved_visits_every_callable_each_round(monkeypatch):
