@@ -43,7 +43,16 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: test test-ends fuzz report gpu clean python-ready report-ready
+.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready
+
+help:
+	@echo "make report      the main job: speed + precision report (reports/<workload>-<timestamp>/)"
+	@echo "make test        the test suite (without a GPU the kernel runs under TRITON_INTERPRET=1)"
+	@echo "make test-ends   the integration tests with the newest and the oldest transformers/diffusers"
+	@echo "make fuzz        thousands of hypothesis examples per property (long)"
+	@echo "make gpu         on a GPU machine: everything a first GPU run should measure (profiling/results/<gpu>/)"
+	@echo "make clean       remove the venvs and reports"
+	@echo "SETUP=$(SETUP) (python: $(PYTHON) as it is; venv: $(VENV) built on first use); ARGS=... goes to the command"
 
 # venv mode. --system-site-packages shows the venv the base interpreter's packages only: when
 # $(PYTHON) is itself a virtual environment, a .pth file adds that environment's site-packages too

@@ -413,7 +413,7 @@ VARIANTS = {
         Variant("v2 per-section matrix", "seed v2: one matrix per section, then concat", "reference", _v2),
         Variant("v3 merged matrix", "seed v3: x*cos + (x@M)*sin with one matrix, eager torch", "reference", _v3),
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
-        Variant("rome.apply", "rome.apply on q, then on k", "rome", _rome_apply),
+        Variant("rome.apply", "seed v5 (its fused op, rope_matrix, once per tensor): rome.apply on q, then on k", "rome", _rome_apply),
         Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch (x @ M as the signed column gather)", "rome", _rome_apply_qk),
         Variant("rome.apply_qk (dot)", "rome.apply_qk with x @ M on the tensor cores: the seed's matmul formulation, same bits", "rome", _rome_apply_qk_dot),
         Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
