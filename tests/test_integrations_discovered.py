@@ -23,7 +23,8 @@ TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
             num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=64, pad_token_id=0)
 # Llama's rotation in their own files (OLMo 2 and Cohere compute in fp32, Cohere rotates pairs on
 # rome's interleave tables, Ernie 4.5 and Helium repeat-interleave cat(f, f) tables: "pairs")
-DISCOVERED = ("olmo2", "cohere", "granite", "starcoder2", "smollm3", "ernie4_5", "helium", "olmo")
+DISCOVERED = ("olmo2", "cohere", "granite", "starcoder2", "smollm3", "ernie4_5", "helium", "olmo",
+              "phi", "persimmon", "stablelm")  # the last three: partial rotary, q sliced by the forward
 
 
 def _model(kind):

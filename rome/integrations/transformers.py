@@ -83,7 +83,8 @@ class _Family:
     # transformers' own tables as the modeling file reads them (a patched layer reads them the
     # same way; see _to_rome): "half" cat(f, f) over the rotated width, "freqs" [..., D/2] one
     # column per frequency (GPT-OSS), "pairs" cat(f, f) of which the file repeat-interleaves the
-    # first half to rotate adjacent pairs (GLM, DeepSeek's rope_interleave), "complex" (Llama 4)
+    # first half to rotate adjacent pairs (GLM, DeepSeek's rope_interleave), "complex" (Llama 4),
+    # "narrow" rome's tables cut to the rotated width, as transformers' module returns them
     tables: str = "half"
     mode: str | None = None  # the rotation, where from_hf_config cannot read it (Llama 4)
     # MLA (DeepSeek-V3, GLM-4.7-Flash): the function the layer calls when config.rope_interleave
@@ -290,6 +291,8 @@ def _from_rome(cos: Tensor, sin: Tensor, convention: str, r: int):
         return torch.cat([c, c], -1), torch.cat([s, s], -1)
     if convention == "complex":
         return torch.complex(cos[..., 0:r:2], sin[..., 0:r:2])
+    if convention == "narrow":  # the r rotated columns only, as transformers' own module returns them
+        return cos[..., :r], sin[..., :r]
     return cos, sin
 
 
@@ -330,6 +333,8 @@ class _RotateText:
     def __call__(self, q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = _to_rome(cos, sin, q.shape[-1], self.convention)
         m = self.rope.matrix(q.dtype, q.device)
+        if q.shape[-1] < m.shape[-1]:  # a forward that slices q to the rotated columns itself
+            m = m[: q.shape[-1], : q.shape[-1]].contiguous()  # (they come first: _rotary_width)
         return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m,
                         backend=self.backend)
 
@@ -525,7 +530,10 @@ def _discovered(model: nn.Module) -> tuple[_Family, ...]:
         convention = _table_convention(mod.apply_rotary_pos_emb)
         if len(rotary) != 1 or parts[-1] != f"modeling_{parts[-2]}" or convention is None:
             continue
-        out.append(_Family(parts[-2], rotary[0], tuple(sorted(classes)), tables=convention))
+        # "narrow": the patched rotary module returns tables as wide as transformers' own (a
+        # partial-rotary forward slices q to them itself: Phi, Persimmon, StableLM)
+        out.append(_Family(parts[-2], rotary[0], tuple(sorted(classes)),
+                           tables="narrow" if convention == "half" else convention))
     return tuple(out)
 
 
