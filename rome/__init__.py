@@ -24,6 +24,7 @@ from .layouts import (
 from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
 from .module import RoPE, registry_bytes
 from .ops import BACKENDS, apply, apply_at, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
+from .qknorm import apply_qk_norm
 from .tables import grid_positions, rope_angles, rope_cos_sin
 from .types import AngleSource, Backend, Mode, QkvLayout
 
@@ -53,6 +54,7 @@ __all__ = [
     "apply_at",
     "apply_qk_angles",
     "apply_qk_at",
+    "apply_qk_norm",
     "positions_checked",
     "apply_out",
     "apply_qk",
