@@ -8,6 +8,8 @@ and axes, and the command that writes them is deterministic.
 - every record's M is also rebuilt from its own fields with ``rome.rotation_matrix`` (one block per
   section, zero on the pass-through columns), and for a diffusers family agrees on its rotated
   columns with the one ``rotation_matrix(head_dim, mode)`` the patch applies;
+- the diffusers records' frequencies and axes give the tables of the models' own rotary modules
+  (18 families, within float32 rounding of their angles);
 - regenerating the records and the README into a temporary folder gives the committed bytes;
 - every record has a picture, a valid PNG under 60 KB (not pixel-compared).
 
@@ -170,3 +172,139 @@ def test_picture_exists_and_is_a_png(name):
     assert 100 < width < 2000 and 100 < height < 2000
     assert len(data) < MAX_PNG, f"{path.name}: {len(data)} bytes"
     assert f"]({name}.png)" in (MATRICES / "README.md").read_text(encoding="utf-8")
+
+
+# --- the diffusers records against the models' own rotary modules --------------------------------
+# Each probe runs a family's rotary module (or the pipeline's table function, CogVideoX) on a small
+# grid and returns its (cos, sin) and the integer positions per axis; rome's tables of the record's
+# layout at those positions must match within float32 rounding of the model's angles. This checks
+# what the generator derives from the class defaults (Wan's 44/42/42 split, Cosmos's NTK thetas,
+# CogView4's position scaling...) against diffusers itself.
+
+_T = "diffusers.models.transformers."
+
+
+def _module(name: str):
+    return importlib.import_module(_T + name)
+
+
+def _wan(module: str, cls: str):
+    def probe():
+        rope = getattr(_module(module), cls)(128, (1, 2, 2), 32)
+        p = torch.arange(32)
+        return rope.freqs_cos, rope.freqs_sin, torch.stack([p, p, p], -1)
+    return probe
+
+
+def _hunyuan(module: str, cls: str, dims, theta: float):
+    def probe():
+        n = len(dims)
+        rope = getattr(_module(module), cls)(*((1, 1) if n == 3 else ((1, 1),)), list(dims), theta)
+        sizes = [3, 4, 5][-n:]
+        cos, sin = rope(torch.zeros(1, 4, *sizes))
+        return cos, sin, rome.grid_positions(sizes)
+    return probe
+
+
+def _framepack():
+    rope = _module("transformer_hunyuan_video_framepack").HunyuanVideoFramepackRotaryPosEmbed(1, 1, [16, 56, 56], 256.0)
+    cos, sin = rope(torch.arange(3), 4, 5, torch.device("cpu"))
+    return cos, sin, rome.grid_positions([3, 4, 5])
+
+
+def _flux(module: str, cls: str, theta: float, dims):
+    def probe():
+        rope = getattr(_module(module), cls)(theta=theta, axes_dim=list(dims))
+        ids = rome.grid_positions([3, 4, 5, 2][: len(dims)])
+        cos, sin = rope(ids.float())
+        return cos, sin, ids
+    return probe
+
+
+def _complex(freqs_cis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``e^{iθ}`` ``[S, D/2]`` as rome's interleaved tables ``[S, D]``."""
+    return freqs_cis.real.repeat_interleave(2, -1), freqs_cis.imag.repeat_interleave(2, -1)
+
+
+def _z_image():
+    rope = _module("transformer_z_image").RopeEmbedder(theta=256.0, axes_dims=[32, 48, 48], axes_lens=[8, 8, 8])
+    ids = rome.grid_positions([3, 4, 5])
+    return (*_complex(rope(ids)), ids)
+
+
+def _lumina2():
+    rope = _module("transformer_lumina2").Lumina2RotaryPosEmbed(10000, [32, 32, 32], (8, 8, 8), 2)
+    ids = rome.grid_positions([3, 4, 5])
+    return (*_complex(rope._get_freqs_cis(ids[None])[0]), ids)  # ids [B, S, 3]
+
+
+def _cosmos():
+    rope = _module("transformer_cosmos").CosmosRotaryPosEmbed(128, max_size=(8, 16, 16), patch_size=(1, 1, 1),
+                                                                rope_scale=(2.0, 1.0, 1.0))
+    cos, sin = rope(torch.zeros(1, 4, 3, 4, 5))
+    return cos, sin, rome.grid_positions([3, 4, 5])
+
+
+def _cogview4():
+    rope = _module("transformer_cogview4").CogView4RotaryPosEmbed(40, 1, (256, 256), theta=10000.0)
+    cos, sin = rope(torch.zeros(1, 4, 16, 16))
+    return cos, sin, rome.grid_positions([16, 16]) * 16  # its rows h * 256 // 16 of a 256-row table
+
+
+def _cogvideox():
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed
+
+    cos, sin = get_3d_rotary_pos_embed(64, ((0, 0), (4, 5)), (4, 5), 3)  # the pipeline's, embed_dim = head dim
+    return cos, sin, rome.grid_positions([3, 4, 5])
+
+
+PROBES = {
+    "diffusers-wan": _wan("transformer_wan", "WanRotaryPosEmbed"),
+    "diffusers-wan_vace": _wan("transformer_wan", "WanRotaryPosEmbed"),
+    "diffusers-wan_animate": _wan("transformer_wan_animate", "WanRotaryPosEmbed"),
+    "diffusers-skyreels_v2": _wan("transformer_skyreels_v2", "SkyReelsV2RotaryPosEmbed"),
+    "diffusers-chronoedit": _wan("transformer_chronoedit", "ChronoEditRotaryPosEmbed"),
+    "diffusers-hunyuan_video": _hunyuan("transformer_hunyuan_video", "HunyuanVideoRotaryPosEmbed", (16, 56, 56), 256.0),
+    "diffusers-hunyuan_video15": _hunyuan("transformer_hunyuan_video15", "HunyuanVideo15RotaryPosEmbed",
+                                          (16, 56, 56), 256.0),
+    "diffusers-hunyuan_image": _hunyuan("transformer_hunyuanimage", "HunyuanImageRotaryPosEmbed", (64, 64), 256.0),
+    "diffusers-hunyuan_video_framepack": _framepack,
+    "diffusers-flux": _flux("transformer_flux", "FluxPosEmbed", 10000, (16, 56, 56)),
+    "diffusers-chroma": _flux("transformer_flux", "FluxPosEmbed", 10000, (16, 56, 56)),
+    "diffusers-flux2": _flux("transformer_flux2", "Flux2PosEmbed", 2000, (32, 32, 32, 32)),
+    "diffusers-z_image": _z_image,
+    "diffusers-lumina2": _lumina2,
+    "diffusers-cosmos": _cosmos,
+    "diffusers-cogview4": _cogview4,
+    "diffusers-cogvideox": _cogvideox,
+    "diffusers-consisid": _cogvideox,
+}
+
+
+def _layout(record: dict):
+    cols = record["columns"]
+    return rome.RopeLayout(torch.tensor([float.fromhex(c["inv_freq"]) for c in cols], dtype=torch.float64),
+                           torch.tensor([c["axis"] for c in cols]), record["n_axes"],
+                           tuple((m, s) for m, s in record["blocks"]))
+
+
+@pytest.mark.parametrize("name", sorted(PROBES))
+def test_diffusers_record_is_the_models_rope(name):
+    """The record's frequencies and axes give the model's own tables (its rotary module's, at the
+    class defaults the record names) within float32 rounding of its angles."""
+    if "diffusers" in MISSING:
+        pytest.skip("diffusers is not installed")
+    import json
+
+    from rome.layouts import cos_sin_for_positions
+
+    try:
+        cos, sin, positions = PROBES[name]()
+    except (ImportError, AttributeError) as e:  # a diffusers version without this family's module
+        pytest.skip(f"{name}: this diffusers has no such rotary module ({e})")
+    record = json.loads(_committed(name))
+    d = record["head_dim"]
+    cos, sin = cos.reshape(-1, d).double(), sin.reshape(-1, d).double()
+    ours = cos_sin_for_positions(_layout(record), positions.reshape(cos.shape[0], -1), dtype=torch.float64)
+    torch.testing.assert_close(cos, ours[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(sin, ours[1], rtol=0, atol=1e-5)
