@@ -43,7 +43,7 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready
+.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices
 
 help:
 	@echo "make report      the main job: speed + precision report (reports/<workload>-<timestamp>/)"
@@ -97,6 +97,11 @@ report: report-ready
 # the first GPU contact in one command under 10 minutes: profiling/results/<gpu>/ (profiling/gpu.py)
 gpu: report-ready
 	$(PY) -m profiling.gpu $(ARGS)
+
+# matrices/: every family's rotation matrix, one record (JSON) and one picture (PNG) each, and
+# its README (profiling/matrices.py); tests/test_matrices_records.py holds the code to them
+matrices: $(READY)
+	$(PY) -m profiling matrices $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-oldest reports .pytest_cache

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from . import kernels  # noqa: E402
+from . import matrices  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
@@ -40,6 +41,9 @@ def main(argv=None):
     k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed), read its cubins and "
                                        "model its bandwidth (--workload NAME: just that workload's launches)")
     kernels.add_arguments(k)
+    mx = sub.add_parser("matrices", help="write matrices/: every family's rotation matrix as a record (JSON) "
+                                         "and a picture (PNG), and its README")
+    matrices.add_arguments(mx)
     args = parser.parse_args(argv)
     if args.command == "report":
         out = report(args)
@@ -48,6 +52,8 @@ def main(argv=None):
             sys.exit(f"make report: {len(failed)} part(s) failed (listed at the top of {out / 'report.md'})")
     elif args.command == "kernels":
         kernels.main(args)
+    elif args.command == "matrices":
+        matrices.main(args)
 
 
 if __name__ == "__main__":
