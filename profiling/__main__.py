@@ -1,7 +1,8 @@
 """``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR] [--skip-models]``
 ``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``: every configuration;
 ``python -m profiling kernels --workload NAME [--arch sm_90] [--out DIR]``: that workload's launches with the
-static bandwidth model (kernels.json, kernels.md)."""
+static bandwidth model (kernels.json, kernels.md);
+``python -m profiling matrices [--out DIR] [--no-pictures]``: matrices/, every family's M as a record and a picture."""
 
 import argparse
 import json
