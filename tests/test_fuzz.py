@@ -469,12 +469,8 @@ def module_cases(draw):
         sections = draw(st.lists(st.integers(1, 6).map(lambda n: 2 * n), min_size=2, max_size=3))
         layout = section_layout(sections, mode=mode, theta=theta)
     else:
-        interleaved = draw(st.booleans())
-        if interleaved:  # Qwen3-VL's rule lays out [t, h, h] with t >= h (t takes the rest)
-            h = draw(st.integers(1, 3))
-            mrope = [h + draw(st.integers(0, 3)), h, h]
-        else:
-            mrope = draw(st.lists(st.integers(1, 4), min_size=3, max_size=3))
+        interleaved = draw(st.booleans())  # (interleaved: transformers' rule for any sections)
+        mrope = draw(st.lists(st.integers(1, 4), min_size=3, max_size=3))
         layout = mrope_layout(rome.rope_frequencies(2 * sum(mrope), theta=theta), mrope, interleaved=interleaved)
     backend = draw(st.sampled_from(["torch", "triton"]))
     dtypes = [torch.float32, torch.float16, torch.bfloat16] + ([torch.float64] if backend == "torch" else [])
