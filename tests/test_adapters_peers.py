@@ -681,3 +681,41 @@ def test_triton_tiny():
     qf, kf = rand(3, 2, 16), rand(3, 1, 16)
     got = fi.apply_rope_pos_ids(qf, kf, torch.tensor([0, 4, 9], device=DEVICE), backend="triton")
     _close(got[0], fi_ref(qf, torch.tensor([0, 4, 9]), None, False, 1.0, 1e4), torch.float32)
+
+
+def test_flash_attn_inplace_leaf_saved_elsewhere_raises():
+    """The in-place write bumps x's version counter (flash-attn's Triton store does not): an
+    earlier op that saved x for its backward raises at backward instead of reading the rotated
+    values (a silently wrong gradient under flash-attn)."""
+    cos, sin = torch.rand(8, 4, device=DEVICE), torch.rand(8, 4, device=DEVICE)
+    x = rand(1, 3, 2, 8, requires_grad=True)
+    y = x * x  # saves x
+    fa.apply_rotary_emb(x, cos, sin, inplace=True, backend="torch")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def test_inplace_view_of_leaf_and_flashinfer_autograd():
+    """flash-attn in place on a view of a leaf that requires grad (autograd refuses to mark it
+    dirty): the leaf gets the gradient through the result. flashinfer's functional forms are
+    differentiable in q and k; its ``_inplace`` forms are not (RuntimeError with grad on)."""
+    cos, sin = torch.rand(8, 4, device=DEVICE), torch.rand(8, 4, device=DEVICE)
+    leaf = rand(1, 4, 3, 8, requires_grad=True)
+    ref = leaf.detach().clone().requires_grad_()
+    out = fa.apply_rotary_emb(leaf[:, :, :2], cos, sin, inplace=True, backend="torch")
+    want = fa_ref(ref[:, :, :2], cos, sin)
+    bitwise(out.detach(), want.detach().float())
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g.double())
+    torch.testing.assert_close(leaf.grad, ref.grad, rtol=2**-23, atol=0)
+    q, k = rand(3, 2, 8, requires_grad=True), rand(3, 1, 8, requires_grad=True)
+    pos = torch.tensor([0, 2, 5], device=DEVICE)
+    got = fi.apply_rope_pos_ids(q, k, pos, backend="torch")
+    gq, gk = torch.autograd.grad(got[0].sum() + got[1].sum(), (q, k))
+    qr, kr = (t.detach().clone().requires_grad_() for t in (q, k))
+    rq, rk = torch.autograd.grad(fi_ref(qr, pos, None, False, 1.0, 1e4).sum() + fi_ref(kr, pos, None, False, 1.0, 1e4).sum(), (qr, kr))
+    torch.testing.assert_close(gq, rq, rtol=2**-21, atol=2**-21)
+    torch.testing.assert_close(gk, rk, rtol=2**-21, atol=2**-21)
+    with pytest.raises(RuntimeError):
+        fi.apply_rope_pos_ids_inplace(q, k, pos)

@@ -1,7 +1,9 @@
-"""flash-attn's rotary convention on rome's op: a drop-in ``apply_rotary_emb``.
+"""flash-attn's rotary convention on rome's op: drop-in ``apply_rotary_emb`` (and its alias
+``apply_rotary_emb_func``), ``apply_rotary_emb_qkv_`` and ``apply_rotary_emb_kv_``.
 
     from rome.integrations.flash_attn import apply_rotary_emb
     out = apply_rotary_emb(x, cos, sin, interleaved=False, seqlen_offsets=cache_len)
+    apply_rotary_emb_qkv_(qkv, cos, sin, num_heads_q=None)   # q and k of qkv, in place
 
 The signature and semantics of ``flash_attn.layers.rotary.apply_rotary_emb`` (flash-attn 2.x):
 x ``[batch, seqlen, nheads, headdim]``, or ``[total_seqlen, nheads, headdim]`` with
@@ -27,6 +29,14 @@ Differences from flash-attn, all where flash-attn would assert or read out of bo
 - cos/sin may be float32 with a lower-precision x (read as float32), as well as x's dtype;
 - with ``inplace=False`` the gradient also reaches cos and sin (flash-attn gives none); with
   ``inplace=True`` only x gets one, as in flash-attn.
+
+In place (``inplace=True``, ``apply_rotary_emb_qkv_``, ``apply_rotary_emb_kv_``) with grad mode
+on and a tensor that requires grad, as flash-attn's autograd Functions: a leaf (or a view of
+one) stays a leaf and its ``.grad`` is the gradient through the returned tensor, which shares
+its memory (autograd's alias of an input returned unmarked); any other tensor is returned
+itself, marked dirty (its history rebased). Unlike flash-attn, the incoming gradient is never
+written, and the write bumps the tensor's version counter, so an op that saved it earlier
+raises at backward rather than reading rotated values.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""vLLM's (and flashinfer's) rotary convention on rome's op.
+"""vLLM's rotary convention on rome's op: ``RotaryEmbedding``, ``get_rope`` and its scaling
+classes, and ``rotary_embedding`` (the forward as a function of a cache; flashinfer's
+cos/sin-cache functions, ``rome.integrations.flashinfer``, call it).
 
-    from rome.integrations.vllm import RotaryEmbedding, rotary_embedding
+    from rome.integrations.vllm import RotaryEmbedding, get_rope, rotary_embedding
+    rope = get_rope(128, 4096, True, {"rope_type": "llama3", "factor": 8.0, ...})
     rope = RotaryEmbedding(head_size=128, rotary_dim=128, max_position_embeddings=4096,
                            base=10000.0, is_neox_style=True)
     q, k = rope(positions, q, k)           # q [T, N*D], k [T, N_kv*D] (or k=None -> (q, None))
