@@ -719,3 +719,54 @@ def test_inplace_view_of_leaf_and_flashinfer_autograd():
     torch.testing.assert_close(gk, rk, rtol=2**-21, atol=2**-21)
     with pytest.raises(RuntimeError):
         fi.apply_rope_pos_ids_inplace(q, k, pos)
+
+
+def test_flashinfer_inplace_on_packed_views():
+    """flashinfer's examples: q and k are ``reshape``d slices of one ``qkv_packed`` ``[nnz, (Hq +
+    2 Hk) * D]`` buffer (strided views): rotated in place there, v untouched, equal to the
+    functional form."""
+    nnz, hq, hk, d = 6, 4, 2, 16
+    qkv = rand(nnz, (hq + 2 * hk) * d)
+    q = qkv[:, : hq * d].reshape(nnz, hq, d)
+    k = qkv[:, hq * d: (hq + hk) * d].reshape(nnz, hk, d)
+    v = qkv[:, (hq + hk) * d:].clone()
+    indptr = torch.tensor([0, 2, 6], dtype=torch.int32, device=DEVICE)
+    offsets = torch.tensor([10, 3], dtype=torch.int32, device=DEVICE)
+    want_q, want_k = fi.apply_rope(q, k, indptr, offsets, 8, True)
+    fi.apply_rope_inplace(q, k, indptr, offsets, 8, True)
+    bitwise(qkv[:, : hq * d].reshape(nnz, hq, d), want_q)
+    bitwise(qkv[:, hq * d: (hq + hk) * d].reshape(nnz, hk, d), want_k)
+    bitwise(qkv[:, (hq + hk) * d:], v)
+
+
+def test_vllm_mrope_forward_cuda_and_compile():
+    """vLLM's ``test_mrope`` calls: ``get_rope(head_size=, max_position=, is_neox_style=,
+    rope_parameters=, dtype=)`` with a Qwen2-VL-style config (GLM-4.1V's partial rotary too),
+    ``forward_native`` vs ``forward_cuda`` (in place, returns query/key), and the in-place
+    forward wrapped functionally under ``torch.compile(fullgraph=True)`` (backend "eager")."""
+    for params, head_dim in (({"rope_type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 1e6}, 16),
+                             ({"rope_type": "default", "mrope_section": [2, 3, 3], "partial_rotary_factor": 0.5}, 32),
+                             ({"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}, 16)):
+        rope = vllm.get_rope(head_size=head_dim, max_position=64, is_neox_style=True, rope_parameters=params,
+                             dtype=torch.bfloat16).to(device=DEVICE)
+        positions = torch.randint(0, 16, (3, 5), device=DEVICE)
+        query, key = rand(5, 4 * head_dim, dtype=torch.bfloat16), rand(5, 2 * head_dim, dtype=torch.bfloat16)
+        nq, nk = rope.forward_native(positions, query.clone(), key.clone())
+        qc, kc = query.clone(), key.clone()
+        out_q, out_k = rope.forward_cuda(positions, qc, kc)
+        assert out_q is qc and out_k is kc
+        bitwise(qc, nq)
+        bitwise(kc, nk)
+        section = params["mrope_section"]
+        bitwise(nq, mrope_ref(positions, query, rope.cos_sin_cache, head_dim, section,
+                              params.get("mrope_interleaved", False)).bfloat16())
+
+        def functional(pos, q, k):
+            q, k = q.clone(), k.clone()
+            rope.forward_cuda(pos, q, k)
+            return q, k
+
+        torch._dynamo.reset()
+        cq, ck = torch.compile(functional, fullgraph=True, backend="eager")(positions, query, key)
+        bitwise(cq, nq)
+        bitwise(ck, nk)

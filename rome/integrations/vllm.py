@@ -211,7 +211,8 @@ class RotaryEmbedding(nn.Module):
     angles) and ``forward(positions, query, key=None, offsets=None)`` -> ``(query, key)``.
 
     ``forward_native`` returns new tensors (vLLM's native path); ``forward`` too, unless the
-    module was built with ``inplace=True`` (vLLM's CUDA op and flashinfer rotate in place).
+    module was built with ``inplace=True``; ``forward_cuda`` rotates query and key in place and
+    returns them (vLLM's CUDA op).
     Assign another cache (e.g. a scaled RoPE's) to ``cos_sin_cache`` to use it; ``.to(dtype)``
     casts it, as in vLLM. The scaled subclasses (``get_rope``) differ only in their cache."""
 
@@ -268,6 +269,13 @@ class RotaryEmbedding(nn.Module):
         self, positions: Tensor, query: Tensor, key: Tensor | None = None, offsets: Tensor | None = None
     ) -> tuple[Tensor, Tensor | None]:
         return self._rotate(positions, query, key, offsets, inplace=self.inplace)
+
+    def forward_cuda(
+        self, positions: Tensor, query: Tensor, key: Tensor | None = None, offsets: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]:
+        """vLLM's ``forward_cuda``: query and key rotated in place, returned (on any device;
+        not differentiable, ``rome.apply_``'s rules)."""
+        return self._rotate(positions, query, key, offsets, inplace=True)
 
     def _rotate(self, positions, query, key, offsets, inplace):
         return rotary_embedding(
