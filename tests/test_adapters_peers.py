@@ -261,6 +261,10 @@ def test_issue31_item3_reproducer():
         assert fi.apply_rope_with_cos_sin_cache_inplace(positions, qi, ki, 32, cache, is_neox=neox) is None
         bitwise(qi, q1)
         bitwise(ki, k1)
+    q3, k3 = fi.apply_rope_with_cos_sin_cache(positions, query.view(4, 4, 32), key.view(4, 2, 32), 32, cache, False)
+    bitwise(q3, q2.view(4, 4, 32))  # [nnz, H, D] as flashinfer views it (last loop: is_neox=False)
+    with pytest.raises(ValueError, match=r"query must be \[nnz, num_heads \* head_size\].*nnz = positions.shape\[0\] = 4, got shape \[3, 128\]"):
+        fi.apply_rope_with_cos_sin_cache(positions, query[:3], key, 32, cache)
     with pytest.raises(ValueError, match=r"cos_sin_cache should be float32 \(as flashinfer\), got torch.float16"):
         fi.apply_rope_with_cos_sin_cache(positions, query, key, 32, cache.half())
 

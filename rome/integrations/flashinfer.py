@@ -9,7 +9,7 @@ needed):
 
 - ``apply_rope_with_cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox=True)``
   and ``..._inplace``: vLLM's convention (``rome.integrations.vllm.rotary_embedding``): positions
-  ``[nnz]``, query/key ``[nnz, H * head_size]``, ``cos_sin_cache`` ``[max_seq_len, rotary_dim]``
+  ``[nnz]``, query/key ``[nnz, H * head_size]`` (or ``[nnz, H, head_size]``), ``cos_sin_cache`` ``[max_seq_len, rotary_dim]``
   float32 (cos ‖ sin halves; another dtype is a ``ValueError``, as in flashinfer).
 - ``apply_rope(q, k, indptr, offsets, rotary_dim=None, interleave=False, rope_scale=1,
   rope_theta=1e4)`` and ``apply_rope_inplace``: ragged q/k ``[nnz, H, D]``; token t of segment i
@@ -82,9 +82,11 @@ def _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, inplac
         raise ValueError(f"cos_sin_cache should be float32 (as flashinfer), got {cos_sin_cache.dtype}")
     if isinstance(positions, Tensor) and positions.ndim != 1:
         raise ValueError(f"positions must be [nnz], got shape {_shape(positions)}")
-    for name, t in (("query", query), ("key", key)):
-        if isinstance(t, Tensor) and t.ndim != 2:
-            raise ValueError(f"{name} must be [nnz, num_heads * head_size], got shape {_shape(t)}")
+    for name, t in (("query", query), ("key", key)):  # flashinfer views them as [nnz, -1, head_size]
+        if isinstance(t, Tensor) and isinstance(positions, Tensor) and (t.ndim < 2 or t.shape[0] != positions.shape[0]):
+            raise ValueError(
+                f"{name} must be [nnz, num_heads * head_size] (or [nnz, num_heads, head_size]) with nnz = "
+                f"positions.shape[0] = {positions.shape[0]}, got shape {_shape(t)}")
     return rotary_embedding(positions, query, key, head_size=head_size, cos_sin_cache=cos_sin_cache,
                             is_neox_style=is_neox, inplace=inplace, backend=backend)
 
