@@ -33,9 +33,9 @@ from collections.abc import Callable
 from torch import nn
 
 from ..types import Backend
-from . import flash_attn, vllm  # adapters: no optional dependency
+from . import flash_attn, flashinfer, liger, vllm  # adapters: no optional dependency
 
-__all__ = ["Patch", "flash_attn", "patch", "supported", "vllm"]
+__all__ = ["Patch", "flash_attn", "flashinfer", "liger", "patch", "supported", "vllm"]
 
 _LIBRARIES = ("transformers", "diffusers")
 

@@ -1,7 +1,9 @@
-"""flash-attn's rotary convention on rome's op: a drop-in ``apply_rotary_emb``.
+"""flash-attn's rotary convention on rome's op: drop-in ``apply_rotary_emb`` (and its alias
+``apply_rotary_emb_func``), ``apply_rotary_emb_qkv_`` and ``apply_rotary_emb_kv_``.
 
     from rome.integrations.flash_attn import apply_rotary_emb
     out = apply_rotary_emb(x, cos, sin, interleaved=False, seqlen_offsets=cache_len)
+    apply_rotary_emb_qkv_(qkv, cos, sin, num_heads_q=None)   # q and k of qkv, in place
 
 The signature and semantics of ``flash_attn.layers.rotary.apply_rotary_emb`` (flash-attn 2.x):
 x ``[batch, seqlen, nheads, headdim]``, or ``[total_seqlen, nheads, headdim]`` with
@@ -27,6 +29,14 @@ Differences from flash-attn, all where flash-attn would assert or read out of bo
 - cos/sin may be float32 with a lower-precision x (read as float32), as well as x's dtype;
 - with ``inplace=False`` the gradient also reaches cos and sin (flash-attn gives none); with
   ``inplace=True`` only x gets one, as in flash-attn.
+
+In place (``inplace=True``, ``apply_rotary_emb_qkv_``, ``apply_rotary_emb_kv_``) with grad mode
+on and a tensor that requires grad, as flash-attn's autograd Functions: a leaf (or a view of
+one) stays a leaf and its ``.grad`` is the gradient through the returned tensor, which shares
+its memory (autograd's alias of an input returned unmarked); any other tensor is returned
+itself, marked dirty (its history rebased). Unlike flash-attn, the incoming gradient is never
+written, and the write bumps the tensor's version counter, so an op that saved it earlier
+raises at backward rather than reading rotated values.
 """
 
 from __future__ import annotations
@@ -36,13 +46,13 @@ import operator
 import torch
 from torch import Tensor
 
-from ..inplace import apply_
+from ..inplace import apply_, apply_qk_
 from ..ops import apply
 from ..positions import check_cu_seqlens, normalize_positions
 from ..types import Backend
 from . import _halfwidth
 
-__all__ = ["apply_rotary_emb"]
+__all__ = ["apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_", "apply_rotary_emb_qkv_"]
 
 
 def _shape(t: Tensor) -> list[int]:
@@ -63,48 +73,185 @@ def apply_rotary_emb(
 ) -> Tensor:
     """flash-attn's ``apply_rotary_emb`` (see the module docstring), computed by rome.
 
-    Returns a new tensor, or x itself rotated in place with ``inplace=True`` (then
-    differentiable in x only, as flash-attn). ``backend`` as ``rome.apply``.
+    Returns a new tensor, or with ``inplace=True`` x rotated in place: x itself, or, where x is
+    a leaf that requires grad (or a view of one), a tensor sharing x's memory that carries the
+    rotation's backward, x staying a leaf whose ``.grad`` is the gradient through the result
+    (flash-attn's autograd Function returns its input unmarked; autograd hands back such an
+    alias). In place, differentiable in x only, as flash-attn. ``backend`` as ``rome.apply``.
     """
-    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     for name, flag in (("interleaved", interleaved), ("inplace", inplace)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     varlen = cu_seqlens is not None
-    if x.ndim != (3 if varlen else 4):
+    if isinstance(x, Tensor) and x.ndim != (3 if varlen else 4):
         form = "[total_seqlen, nheads, headdim] with cu_seqlens" if varlen else \
             "[batch, seqlen, nheads, headdim] (or [total_seqlen, nheads, headdim] with cu_seqlens)"
         raise ValueError(f"x must be {form}, got shape {_shape(x)}")
+    cos_t, sin_t, m, mt = _tables("x", x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen)
+    if not inplace:
+        return apply(x, cos_t, sin_t, m, backend=backend)
+    cos_t, sin_t = cos_t.detach(), sin_t.detach()  # in place: no gradient to cos/sin (flash-attn)
+    return _in_place(x, lambda t: apply_(t, cos_t, sin_t, m, backend=backend),
+                     lambda g: apply(g, cos_t, sin_t, mt, backend=backend))
+
+
+# For backward compatibility (flash-attn's own alias)
+apply_rotary_emb_func = apply_rotary_emb
+
+
+def _tables(name: str, x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool, seqlen_offsets,
+            cu_seqlens, max_seqlen, names=("cos", "sin")):
+    """``(cos_t, sin_t, M, Mᵀ)`` for x ``[B, S, H, D]`` (``[T, H, D]`` with cu_seqlens): the rows
+    each token reads (token index + seqlen_offsets), widened to rome's per-column tables
+    ``[..., 1, D]`` (broadcast over heads), and the partial rotary's matrix and its transpose."""
+    for n, t in ((name, x), (names[0], cos), (names[1], sin)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{n} must be a torch.Tensor, got {type(t).__name__}")
     if cos.ndim != 2 or sin.shape != cos.shape or cos.shape[1] == 0:
         raise ValueError(
-            f"cos and sin must both be [seqlen_ro, rotary_dim / 2] with rotary_dim > 0, got cos "
-            f"{_shape(cos)} and sin {_shape(sin)}"
+            f"{names[0]} and {names[1]} must both be [seqlen_ro, rotary_dim / 2] with rotary_dim "
+            f"> 0, got {names[0]} {_shape(cos)} and {names[1]} {_shape(sin)}"
         )
     head_dim, rotary_dim = x.shape[-1], 2 * cos.shape[1]
     if rotary_dim > head_dim:
         raise ValueError(
-            f"rotary_dim = 2 * cos.shape[1] = {rotary_dim} must be <= headdim = {head_dim} (x "
-            f"{_shape(x)}, cos {_shape(cos)})"
+            f"rotary_dim = 2 * {names[0]}.shape[1] = {rotary_dim} must be <= headdim = {head_dim} "
+            f"({name} {_shape(x)}, {names[0]} {_shape(cos)})"
         )
     positions = _positions(x, seqlen_offsets, cu_seqlens, max_seqlen)
     _halfwidth.check_positions(
         positions, cos.shape[0],
-        f"the rows read (token index + seqlen_offsets) must lie in the rows of cos/sin [0, "
-        f"seqlen_ro={cos.shape[0]})")
+        f"the rows read (token index + seqlen_offsets) must lie in the rows of "
+        f"{'/'.join(names)} [0, seqlen_ro={cos.shape[0]})")
     mode = "interleave" if interleaved else "half"
     cos_t, sin_t = _halfwidth.token_tables(cos, sin, positions, head_dim, mode)
     cos_t, sin_t = cos_t.unsqueeze(-2), sin_t.unsqueeze(-2)  # broadcast over heads
     dtype = x.dtype if x.is_floating_point() else torch.float32  # another dtype: rome names it
     m = _halfwidth.matrix(mode, rotary_dim, head_dim, dtype, x.device)
-    if not inplace:
-        return apply(x, cos_t, sin_t, m, backend=backend)
+    mt = _halfwidth.matrix(mode, rotary_dim, head_dim, dtype, x.device, transposed=True)
+    return cos_t, sin_t, m, mt
+
+
+def _in_place(x: Tensor, rotate, grad_of) -> Tensor:
+    """``rotate(x)`` in place; differentiable in x (``grad_of`` its backward) where grad mode is
+    on and x requires grad, as flash-attn's autograd Functions."""
     if torch.is_grad_enabled() and x.requires_grad:
-        mt = _halfwidth.matrix(mode, rotary_dim, head_dim, dtype, x.device, transposed=True)
-        return _RotateInPlace.apply(x, cos_t.detach(), sin_t.detach(), m, mt, backend)
+        return _RotateInPlace.apply(x, rotate, grad_of)
     with torch.no_grad():
-        return apply_(x, cos_t, sin_t, m, backend=backend)
+        rotate(x)
+    return x
+
+
+def apply_rotary_emb_qkv_(
+    qkv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    cos_k: Tensor | None = None,
+    sin_k: Tensor | None = None,
+    interleaved: bool = False,
+    seqlen_offsets: int | Tensor = 0,
+    num_heads_q: int | None = None,
+    *,
+    backend: Backend = "auto",
+) -> Tensor:
+    """flash-attn's ``apply_rotary_emb_qkv_``: q and k of a packed ``qkv`` rotated *in place*
+    (v untouched), ``qkv`` returned (differentiable in qkv as flash-attn: a leaf that requires
+    grad stays a leaf and receives the gradient through the result).
+
+    qkv: ``[batch, seqlen, 3, nheads, headdim]``, or ``[batch, seqlen, num_heads_q + 2 *
+    num_heads_k, headdim]`` with ``num_heads_q`` (GQA/MQA). cos, sin: ``[seqlen_ro,
+    rotary_dim / 2]`` for q, and for k unless ``cos_k``/``sin_k`` are given (each defaults to
+    its q counterpart, as in flash-attn). seqlen_offsets: an int or an int tensor ``[batch]``.
+    """
+    if not isinstance(qkv, Tensor):
+        raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    if qkv.ndim == 5:
+        if qkv.shape[2] != 3:
+            raise ValueError(f"qkv must be [batch, seqlen, 3, nheads, headdim], got shape {_shape(qkv)}")
+        if num_heads_q is not None and num_heads_q != qkv.shape[3]:
+            raise ValueError(f"num_heads_q={num_heads_q!r} does not match qkv {_shape(qkv)} "
+                             f"([batch, seqlen, 3, nheads, headdim], nheads={qkv.shape[3]})")
+
+        def split(t):
+            return t[:, :, 0], t[:, :, 1]
+    elif qkv.ndim == 4:
+        if num_heads_q is None:
+            raise ValueError(
+                f"num_heads_q is needed for qkv [batch, seqlen, num_heads_q + 2 * num_heads_k, "
+                f"headdim], got shape {_shape(qkv)} and num_heads_q=None")
+        if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int) or num_heads_q < 1:
+            raise TypeError(f"num_heads_q must be a positive int, got {num_heads_q!r}")
+        nq = num_heads_q
+        nk = (qkv.shape[2] - nq) // 2
+        if nk < 1 or qkv.shape[2] != nq + 2 * nk:
+            raise ValueError(
+                f"qkv [batch, seqlen, num_heads_q + 2 * num_heads_k, headdim] has {qkv.shape[2]} "
+                f"heads, not num_heads_q={nq} plus twice a positive num_heads_k (shape {_shape(qkv)})")
+
+        def split(t):
+            return t[:, :, :nq], t[:, :, nq:nq + nk]
+    else:
+        raise ValueError(
+            f"qkv must be [batch, seqlen, 3, nheads, headdim] or [batch, seqlen, num_heads_q + 2 * "
+            f"num_heads_k, headdim], got shape {_shape(qkv)}")
+    q, k = split(qkv)
+    tq = [t.detach() if isinstance(t, Tensor) else t
+          for t in _tables("qkv", q, cos, sin, interleaved, seqlen_offsets, None, None)]
+    if cos_k is None and sin_k is None:
+        tk = tq
+    else:
+        ck, sk = (cos if cos_k is None else cos_k), (sin if sin_k is None else sin_k)
+        names = ("cos_k" if cos_k is not None else "cos", "sin_k" if sin_k is not None else "sin")
+        tk = [t.detach() for t in _tables("qkv", k, ck, sk, interleaved, seqlen_offsets, None, None, names)]
+
+    def rotate(t, transpose=False):
+        a, b = split(t)
+        i = 3 if transpose else 2
+        if tk is tq:
+            apply_qk_(a, b, tq[0], tq[1], tq[i], backend=backend)
+        else:
+            apply_(a, tq[0], tq[1], tq[i], backend=backend)
+            apply_(b, tk[0], tk[1], tk[i], backend=backend)
+
+    def grad_of(g):
+        g = g.clone()
+        with torch.no_grad():
+            rotate(g, transpose=True)
+        return g
+
+    return _in_place(qkv, rotate, grad_of)
+
+
+def apply_rotary_emb_kv_(
+    kv: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    interleaved: bool = False,
+    seqlen_offsets: int | Tensor = 0,
+    *,
+    backend: Backend = "auto",
+) -> Tensor:
+    """flash-attn's ``apply_rotary_emb_kv_``: k = ``kv[:, :, 0]`` of ``kv`` ``[batch, seqlen, 2,
+    nheads, headdim]`` rotated *in place* (v untouched), ``kv`` returned (differentiable in kv
+    as flash-attn, a leaf included). cos, sin: ``[seqlen_ro, rotary_dim / 2]``."""
+    if not isinstance(kv, Tensor):
+        raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be a bool, got {interleaved!r}")
+    if kv.ndim != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv must be [batch, seqlen, 2, nheads, headdim], got shape {_shape(kv)}")
+    cos_t, sin_t, m, mt = (t.detach() for t in
+                           _tables("kv", kv[:, :, 0], cos, sin, interleaved, seqlen_offsets, None, None))
+
+    def grad_of(g):
+        g = g.clone()
+        with torch.no_grad():
+            apply_(g[:, :, 0], cos_t, sin_t, mt, backend=backend)
+        return g
+
+    return _in_place(kv, lambda t: apply_(t[:, :, 0], cos_t, sin_t, m, backend=backend), grad_of)
 
 
 def _positions(x: Tensor, seqlen_offsets, cu_seqlens, max_seqlen) -> Tensor:
@@ -150,19 +297,25 @@ def _positions(x: Tensor, seqlen_offsets, cu_seqlens, max_seqlen) -> Tensor:
 
 
 class _RotateInPlace(torch.autograd.Function):
-    """x rotated in place by ``rome.apply_``; dx = the rotation with Mᵀ (flash-attn's
-    ``conjugate``): for these tables, whose two columns of a pair hold one value, that is
-    ``rome.apply``'s own dx (``(g*sin) @ Mᵀ == (g @ Mᵀ)*sin``)."""
+    """x rotated in place by ``rotate`` (a ``rome.apply_``/``apply_qk_`` call); the gradient is
+    ``grad_of(g)``, the rotation with Mᵀ (flash-attn's ``conjugate``): for these tables, whose two
+    columns of a pair hold one value, that is ``rome.apply``'s own dx (``(g*sin) @ Mᵀ ==
+    (g @ Mᵀ)*sin``).
+
+    As flash-attn's autograd Functions: the result shares x's memory and carries the rotation's
+    backward; a leaf that requires grad (or a view of one) stays a leaf (its ``.grad`` is the
+    gradient through the result), since autograd forbids marking such a tensor dirty; any
+    other x is marked dirty (x itself is returned, its history rebased)."""
 
     @staticmethod
-    def forward(ctx, x, cos, sin, m, mt, backend):
-        apply_(x, cos, sin, m, backend=backend)
-        ctx.mark_dirty(x)
-        ctx.save_for_backward(cos, sin, mt)
-        ctx.backend = backend
+    def forward(ctx, x, rotate, grad_of):
+        rotate(x)
+        base = x if x._base is None else x._base
+        if not (base.is_leaf and base.requires_grad):
+            ctx.mark_dirty(x)
+        ctx.grad_of = grad_of
         return x
 
     @staticmethod
     def backward(ctx, grad):
-        cos, sin, mt = ctx.saved_tensors
-        return apply(grad, cos, sin, mt, backend=ctx.backend), None, None, None, None, None
+        return ctx.grad_of(grad), None, None
