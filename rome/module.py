@@ -571,6 +571,13 @@ class RoPE(nn.Module):
         positions = operator.index(positions)
         limit = self._bound(positions)
         self._cache(device, _table_dtype(dtype)).reserve(positions, limit)
+        # the matrices (and axis) a call will read, kept now: a graph traced later reads these
+        # kept tensors rather than building its own each run (which the op would analyse again)
+        if not torch.compiler.is_compiling():
+            for dt in (torch.float64,) if _table_dtype(dtype) == torch.float64 else \
+                    (torch.float32, torch.bfloat16, torch.float16):
+                self.matrix(dt, device)
+            self._axis(device)
 
     def cache_bytes(self) -> int:
         """Bytes of the cos/sin caches this module reads (shared with equal configurations)."""
@@ -579,6 +586,10 @@ class RoPE(nn.Module):
     def matrix(self, dtype=torch.float32, device=None) -> Tensor:
         """The layout's D×D matrix in ``dtype`` on ``device``, built once and kept."""
         device = _device("cpu" if device is None else device)
+        if torch.compiler.is_compiling():  # a kept one (reserve, an eager call): the graph reads it, the op
+            m = self._matrices.get((dtype, device))  # knows its structure (a built one it analyses per run)
+            if m is not None:
+                return m
         return kept_matrix((dtype, device), lambda: self.layout.matrix(dtype, device), memo=self._matrices)
 
     def _axis(self, device: torch.device) -> Tensor | None:
