@@ -911,7 +911,7 @@ def _settings():
 def _key(kind, tensors, backend, mode):
     """The call's signature, or None where the lean path does not apply (a tensor of another type,
     an unhashable argument, a legacy-vmap batched tensor, a layout without strides)."""
-    settings = _settings()
+    settings = _settings() if backend != "torch" else ((),) if _settings() is not None else None
     if settings is None:
         return None
     try:
@@ -946,7 +946,9 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     learn = _Learn()
     with _LEARN.scoped(learn):
         result = full()
-    _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode)
+    key = _key(kind, tensors, backend, mode)  # (the first triton call imports the launcher: its settings)
+    if key is not None:
+        _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode)
     return result
 
 
