@@ -320,13 +320,13 @@ def _record(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
 
 
 class _Recording:
-    __slots__ = ("launches", "rotated", "final", "constants")
+    __slots__ = ("launches", "rotated", "pending", "constants")
 
     def __init__(self):
         self.launches = []
         self.constants = set()  # (address, dtype) of the plan's tensors: what a recipe may keep
         self.rotated = False  # ``rotate`` ran (not a stand-in)
-        self.final = True  # every tile choice is final (tuned, or nothing to tune)
+        self.pending = []  # tuning keys not tuned yet: a recipe holds while none of them is
 
 
 _recipe: ThreadSetting[_Recording | None] = ThreadSetting(None)
@@ -344,17 +344,22 @@ class Recipe:
     call's tensor it was (or a view at offset 0 of it), or kept as a constant (the plan's own
     tensors: the gather index, signs, the matrix operand, the dummy)."""
 
-    __slots__ = ("launches",)
+    __slots__ = ("launches", "pending")
 
-    def __init__(self, launches):
+    def __init__(self, launches, pending=()):
         self.launches = launches  # [(fn, grid, template args, [(slot, role)], consts, cfg, kwargs, info)]
+        self.pending = tuple(pending)  # tuning keys whose first candidate it launches, untuned yet
+
+    def stale(self) -> bool:
+        """Whether a launch since has tuned a config this recipe took untuned (it must be learned again)."""
+        return any(k in tuning._chosen for k in self.pending)
 
     @classmethod
     def bind(cls, rec: _Recording, tensors) -> Recipe | None:
         """The recipe of ``rec`` for the call's ``tensors`` (a list; None entries allowed), or None
-        where it cannot be replayed: ``rotate`` did not run, a tile choice may still change, or an
-        argument is a copy or an offset view, or could be either of two tensors of the call."""
-        if not rec.rotated or not rec.final:
+        where it cannot be replayed: ``rotate`` did not run, or an argument is a copy or an offset
+        view, or could be either of two tensors of the call."""
+        if not rec.rotated:
             return None
         by_ptr = {}
         for i, t in enumerate(tensors):
@@ -380,7 +385,7 @@ class Recipe:
             kwargs = dict(consts, BLOCK_R=cfg.block_r, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                           **({} if INTERPRET else launch.target_options(cfg.options)))
             launches.append((fn, grid, template, slots, consts, cfg, kwargs, (transpose, elements, units, meta)))
-        return cls(launches)
+        return cls(launches, rec.pending)
 
     def replay(self, tensors) -> None:
         """Launch (or record, under ``capture``) the recipe with ``tensors`` in the recorded roles."""
@@ -412,7 +417,7 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
     cfg = tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)
     rec = _recipe.get()
     if rec is not None and len(plan.candidates) > 1 and (plan.candidates, device) not in tuning._chosen:
-        rec.final = False  # not tuned yet (a small or captured launch): a later call may tune it
+        rec.pending.append((plan.candidates, device))  # not tuned yet (a small or captured launch)
     return cfg
 
 

@@ -940,7 +940,8 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     if key is None:
         return full()
     entry = _LEAN.get(key)
-    if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)):
+    if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)) \
+            and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
         outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted)
         return outs[0] if len(outs) == 1 else tuple(outs)
     learn = _Learn()
