@@ -1,7 +1,8 @@
 """``python -m profiling report [--workload NAME] [--shape B,N,S,D] [--dtype bf16] [--out DIR] [--skip-models]``
 ``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``: every configuration;
 ``python -m profiling kernels --workload NAME [--arch sm_90] [--out DIR]``: that workload's launches with the
-static bandwidth model (kernels.json, kernels.md)."""
+static bandwidth model (kernels.json, kernels.md).
+``python -m profiling overhead [--baseline DIR] [--out DIR]``: host µs per call of the entry points."""
 
 import argparse
 import os
@@ -13,7 +14,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from . import kernels  # noqa: E402
+from . import kernels, overhead  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
@@ -38,11 +39,16 @@ def main(argv=None):
     k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed), read its cubins and "
                                        "model its bandwidth (--workload NAME: just that workload's launches)")
     kernels.add_arguments(k)
+    o = sub.add_parser("overhead", help="host µs per call of apply_qk, apply_qk_at and RoPE beside the eager "
+                                        "rotate_half chain (launches recorded on a CPU, real on a GPU)")
+    overhead.add_arguments(o)
     args = parser.parse_args(argv)
     if args.command == "report":
         report(args)
     elif args.command == "kernels":
         kernels.main(args)
+    elif args.command == "overhead":
+        overhead.main(args)
 
 
 if __name__ == "__main__":

@@ -310,3 +310,39 @@ def test_no_sync_on_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+def test_a_recipe_of_an_untuned_choice_is_learned_again_once_tuned():
+    """A launch too small to tune takes the first candidate without remembering it; a recipe
+    that took it is stale once a larger launch has tuned that config (tuning._chosen)."""
+    from rome import launcher, tuning
+
+    key = (("a", "b"), torch.device("cpu"))
+    recipe = launcher.Recipe([], pending=[key])
+    assert not recipe.stale()
+    tuning._chosen[key] = "b"
+    try:
+        assert recipe.stale()
+    finally:
+        del tuning._chosen[key]
+    assert not launcher.Recipe([]).stale()
+
+
+def test_a_stale_recipe_takes_the_full_path(monkeypatch):
+    from rome import launcher, tuning
+
+    _, cache_c, cache_s, m, _ = _setup()
+    q, k = torch.randn(1, 2, 3, 32, device=DEVICE), torch.randn(1, 1, 3, 32, device=DEVICE)
+    spy, seen = _calls("_full_apply_qk")
+    monkeypatch.setattr(ops, "_full_apply_qk", spy)
+    for _ in range(2):
+        rome.apply_qk(q, k, cache_c[:3], cache_s[:3], m, backend="triton")
+    assert len(seen) == 1
+    (entry,) = [e for k, e in ops._LEAN.items() if k[0] == "apply_qk" and e.matrix is m and e.triton]
+    key = (("untuned", "candidates"), torch.device(DEVICE))
+    monkeypatch.setattr(entry, "recipe", launcher.Recipe(entry.recipe.launches, pending=[key]))
+    rome.apply_qk(q, k, cache_c[:3], cache_s[:3], m, backend="triton")
+    assert len(seen) == 1  # still untuned: the recipe holds
+    monkeypatch.setitem(tuning._chosen, key, "tuned")
+    rome.apply_qk(q, k, cache_c[:3], cache_s[:3], m, backend="triton")
+    assert len(seen) == 2  # tuned since: learned again
