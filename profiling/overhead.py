@@ -68,17 +68,24 @@ def _chain():
 
 
 class _Timer:
-    """Time spent in the launcher's recording, summed (subtracted from each call)."""
+    """Time spent in the launcher's recording, summed (subtracted from each call). The recorded
+    launch is dropped at once (inside the subtracted time): kept, it would keep the call's outputs
+    alive, and every later call would allocate fresh memory, which no real launch does."""
 
     def __init__(self):
         self.spent = 0.0
 
     def wrap(self, fn):
+        from rome import launcher
+
         def timed(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
+                captured = launcher._capture.get()
+                if captured is not None:
+                    captured.launches.clear()
                 self.spent += time.perf_counter() - t
 
         timed.__wrapped__ = fn
@@ -109,57 +116,63 @@ def _calls(fn, skip) -> int:
 
 def _cases(real: bool, device: str, shapes):
     """(name, shape, pass, fn) of every measurement; fn() makes one call."""
+    out = []
+    for shape_name in shapes:
+        out += _shape_cases(shape_name, real, device)
+    return out
+
+
+def _shape_cases(shape_name, real, device):
+    """The cases of one shape (a function: each lambda binds this shape's tensors)."""
     import torch
 
     import rome
+    from rome import launcher
 
     chain = _chain()
     out = []
     dtype = torch.bfloat16
     backend = "triton"
-    for shape_name in shapes:
-        b, nq, nk, s, d = SHAPES[shape_name]
-        gen = torch.Generator().manual_seed(0)
-        q = torch.randn(b, nq, s, d, generator=gen).to(device, dtype)
-        k = torch.randn(b, nk, s, d, generator=gen).to(device, dtype)
-        layout = rome.rope_layout(rome.rope_frequencies(d, theta=500000.0), mode="half")
-        rope = rome.RoPE(layout, backend=backend)
-        m = rope.matrix(dtype, torch.device(device))
-        p = 4096
-        cache_c, cache_s = rome.cos_sin_cache(layout, p, dtype=torch.float32, device=device)
-        if s == 1:  # decode: each sequence at its own position
-            ids = (1000 + 37 * torch.arange(b)).to(device)[:, None]  # [B, 1]
-        else:
-            ids = torch.arange(s, device=device)[None]  # [1, S]
-        pos = ids[:, None, :, None]  # [B', 1, S, 1]
-        rows_c = cache_c[ids]  # [B', S, D]
-        rows_s = cache_s[ids]
-        cos = rows_c[:, None] if b > 1 else rows_c[0]  # [B, 1, 1, D] decode, [S, D] prefill
-        sin = rows_s[:, None] if b > 1 else rows_s[0]
-        from rome import launcher
-
-        with launcher.capture() if not real else _null():
-            rope(q, k, ids)  # the shared cache built, the positions' span remembered
-        # the chain: one row on the CPU (its dispatch), full size on a GPU
-        if real:
-            cq, ck, cc, cs = q, k, rows_c.to(dtype), rows_s.to(dtype)
-        else:
-            cq, ck = q[:1, :1, :1].clone(), k[:1, :1, :1].clone()
-            cc, cs = rows_c[:1, :1].to(dtype), rows_s[:1, :1].to(dtype)
-        entries = [
-            ("rome.apply_qk", lambda q, k: rome.apply_qk(q, k, cos, sin, m, backend=backend), (q, k)),
-            ("rome.apply_qk_at", lambda q, k: rome.apply_qk_at(q, k, cache_c, cache_s, m, pos, backend=backend),
-             (q, k)),
-            ("rome.RoPE", lambda q, k: rope(q, k, ids), (q, k)),
-            ("eager chain", lambda q, k: chain(q, k, cc, cs), (cq, ck)),
-        ]
-        compiled = _compiled(chain)
-        if compiled is not None:
-            entries.append((f"torch.compile chain ({compiled[1]})", lambda q, k: compiled[0](q, k, cc, cs),
-                            (cq, ck)))
-        for name, f, (a, c) in entries:
-            out.append((name, shape_name, "fwd", _forward(f, a, c)))
-            out.append((name, shape_name, "fwd+bwd", _forward_backward(f, a, c)))
+    b, nq, nk, s, d = SHAPES[shape_name]
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, nq, s, d, generator=gen).to(device, dtype)
+    k = torch.randn(b, nk, s, d, generator=gen).to(device, dtype)
+    layout = rome.rope_layout(rome.rope_frequencies(d, theta=500000.0), mode="half")
+    rope = rome.RoPE(layout, backend=backend)
+    m = rope.matrix(dtype, torch.device(device))
+    p = 4096
+    cache_c, cache_s = rome.cos_sin_cache(layout, p, dtype=torch.float32, device=device)
+    if s == 1:  # decode: each sequence at its own position
+        ids = (1000 + 37 * torch.arange(b)).to(device)[:, None]  # [B, 1]
+    else:
+        ids = torch.arange(s, device=device)[None]  # [1, S]
+    pos = ids[:, None, :, None]  # [B', 1, S, 1]
+    rows_c = cache_c[ids]  # [B', S, D]
+    rows_s = cache_s[ids]
+    cos = rows_c[:, None] if b > 1 else rows_c[0]  # [B, 1, 1, D] decode, [S, D] prefill
+    sin = rows_s[:, None] if b > 1 else rows_s[0]
+    with launcher.capture() if not real else _null():
+        rope(q, k, ids)  # the shared cache built, the positions' span remembered
+    # the chain: one row on the CPU (its dispatch), full size on a GPU
+    if real:
+        cq, ck, cc, cs = q, k, rows_c.to(dtype), rows_s.to(dtype)
+    else:
+        cq, ck = q[:1, :1, :1].clone(), k[:1, :1, :1].clone()
+        cc, cs = rows_c[:1, :1].to(dtype), rows_s[:1, :1].to(dtype)
+    entries = [
+        ("rome.apply_qk", lambda q, k: rome.apply_qk(q, k, cos, sin, m, backend=backend), (q, k)),
+        ("rome.apply_qk_at", lambda q, k: rome.apply_qk_at(q, k, cache_c, cache_s, m, pos, backend=backend),
+         (q, k)),
+        ("rome.RoPE", lambda q, k: rope(q, k, ids), (q, k)),
+        ("eager chain", lambda q, k: chain(q, k, cc, cs), (cq, ck)),
+    ]
+    compiled = _compiled(chain)
+    if compiled is not None:
+        entries.append((f"torch.compile chain ({compiled[1]})", lambda q, k: compiled[0](q, k, cc, cs),
+                        (cq, ck)))
+    for name, f, (a, c) in entries:
+        out.append((name, shape_name, "fwd", _forward(f, a, c)))
+        out.append((name, shape_name, "fwd+bwd", _forward_backward(f, a, c)))
     return out
 
 
@@ -347,7 +360,7 @@ def _table(trees: dict[str, dict]) -> str:
     first = trees[names[0]]["results"]
     head = "| entry point | shape | pass | " + " | ".join(f"{n} µs/call (Python calls)" for n in names)
     if len(names) == 2:
-        head += " | after / before"
+        head += " | before / after"
     lines = [head + " |", "|" + "---|" * (head.count("|") - 1 + 1)]
     for key, r in first.items():
         cells = []
