@@ -104,6 +104,7 @@ def _launch_args(x, out, cos, sin, pos):
     tensors = (x, out, cos, sin, pos)
     dims = _row_layout(x.shape, tensors)
     if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
+        _split()
         return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
     dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
     rows = dims[0][0] * dims[1][0] * dims[2][0]
@@ -162,6 +163,7 @@ def _gather_rows(x, out, views) -> list[_Rows]:
     t = _merge([d for d in dims if is_t[d[0]]], [xs, os_, *vs])
     h = _merge([d for d in dims if not is_t[d[0]]], [xs, os_])
     if len(t) > 2 or len(h) > 2:  # rare: one block per index of the outermost dim
+        _split()
         i = dims[0][0]
         return [r for k in range(x.shape[i]) for r in _gather_rows(
             x.select(i, k), out.select(i, k), tuple(v.select(i, k) for v in views))]
@@ -320,16 +322,23 @@ def _record(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
 
 
 class _Recording:
-    __slots__ = ("launches", "rotated", "pending", "constants")
+    __slots__ = ("launches", "rotated", "pending", "constants", "split")
 
     def __init__(self):
         self.launches = []
         self.constants = set()  # (address, dtype) of the plan's tensors: what a recipe may keep
         self.rotated = False  # ``rotate`` ran (not a stand-in)
         self.pending = []  # tuning keys not tuned yet: a recipe holds while none of them is
+        self.split = False  # a tensor was split into blocks (offset views): not replayable
 
 
 _recipe: ThreadSetting[_Recording | None] = ThreadSetting(None)
+
+
+def _split() -> None:
+    rec = _recipe.get()
+    if rec is not None:
+        rec.split = True
 
 
 @contextlib.contextmanager
@@ -359,8 +368,8 @@ class Recipe:
         """The recipe of ``rec`` for the call's ``tensors`` (a list; None entries allowed), or None
         where it cannot be replayed: ``rotate`` did not run, or an argument is a copy or an offset
         view, or could be either of two tensors of the call."""
-        if not rec.rotated:
-            return None
+        if not rec.rotated or rec.split:  # (an offset view could share the address of another tensor
+            return None  # of the call, e.g. q's second block and k sliced from one buffer)
         by_ptr = {}
         for i, t in enumerate(tensors):
             if t is not None:

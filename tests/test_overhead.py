@@ -346,3 +346,26 @@ def test_a_stale_recipe_takes_the_full_path(monkeypatch):
     monkeypatch.setitem(tuning._chosen, key, "tuned")
     rome.apply_qk(q, k, cache_c[:3], cache_s[:3], m, backend="triton")
     assert len(seen) == 2  # tuned since: learned again
+
+
+def test_split_launches_and_packed_buffers():
+    """A launch split into blocks (offset views: here three T dims that cannot merge) is never
+    remembered, and q and k sliced from one buffer (one storage) take the lean path correctly."""
+    spy, seen = _calls("_full_apply")
+    _, cache_c, cache_s, m, _ = _setup()
+    x = torch.randn(2, 3, 8, 5, 32, device=DEVICE)[:, :, ::2]
+    cos, sin = torch.randn(2, 1, 4, 5, 32, device=DEVICE), torch.randn(2, 1, 4, 5, 32, device=DEVICE)
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ops, "_full_apply", spy)
+        for _ in range(2):
+            _close(rome.apply(x, cos, sin, m, backend="triton"), _reference(x, cos, sin, m))
+    assert len(seen) == 2
+    for _ in range(3):
+        qkv = torch.randn(2, 5, 3, 4, 32, device=DEVICE)  # [B, S, 3, H, D]: q, k, v of one projection
+        q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
+        c, s = cache_c[:5], cache_s[:5]
+        got = rome.apply_qk(q, k, c, s, m, backend="triton")
+        for a, t in zip(got, (q, k)):
+            _close(a, _reference(t, c, s, m))
