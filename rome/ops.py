@@ -326,9 +326,20 @@ _AXES: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, A): axis tens
 _AXES_LOCK = threading.Lock()
 
 
+def _axis_key(axis: Tensor, a: int):
+    """What identifies ``axis``'s values (None where nothing does: an inference tensor has no
+    version counter, a functorch-wrapped or fake one no storage)."""
+    if axis.is_inference() or type(axis) is not Tensor:
+        return None
+    try:
+        return axis._version, axis.data_ptr(), a
+    except RuntimeError:
+        return None
+
+
 def _axis_checked(axis: Tensor, a: int) -> bool:
     entry = _AXES.get(id(axis))
-    return entry is not None and entry[0]() is axis and entry[1:] == (axis._version, axis.data_ptr(), a)
+    return entry is not None and entry[0]() is axis and entry[1] == _axis_key(axis, a)
 
 
 def _check_axis_once(axis: Tensor, a: int) -> None:
@@ -340,12 +351,13 @@ def _check_axis_once(axis: Tensor, a: int) -> None:
     if axis.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     _check_axis_values(axis, a)
-    if axis.is_inference() or type(axis) is not Tensor:
+    key = _axis_key(axis, a)
+    if key is None:
         return
     with _AXES_LOCK:
         if len(_AXES) >= 64:
             _AXES.clear()
-        _AXES[id(axis)] = (weakref.ref(axis), axis._version, axis.data_ptr(), a)
+        _AXES[id(axis)] = (weakref.ref(axis), key)
 
 
 def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> None:

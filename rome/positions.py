@@ -307,7 +307,10 @@ _RUNS: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, runs): axis r
 def _runs(axis: Tensor):
     """``[(first column, axis)]`` of each run of columns reading one axis (None for none), read
     from a CPU ``axis`` once per tensor (again after an in-place write)."""
-    key = None if axis.is_inference() or type(axis) is not Tensor else (axis._version, axis.data_ptr())
+    try:  # (a functorch-wrapped or fake axis has no storage: read each time)
+        key = None if axis.is_inference() or type(axis) is not Tensor else (axis._version, axis.data_ptr())
+    except RuntimeError:
+        key = None
     entry = _RUNS.get(id(axis))
     if key is not None and entry is not None and entry[0]() is axis and entry[1] == key:
         return entry[2]
