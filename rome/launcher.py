@@ -328,7 +328,7 @@ class _Recording:
         self.launches = []
         self.constants = set()  # (address, dtype) of the plan's tensors: what a recipe may keep
         self.rotated = False  # ``rotate`` ran (not a stand-in)
-        self.pending = []  # tuning keys not tuned yet: a recipe holds while none of them is
+        self.pending = []  # (tuning key, elements, config, tuned) of each tunable choice
         self.split = False  # a tensor was split into blocks (offset views): not replayable
 
 
@@ -357,11 +357,21 @@ class Recipe:
 
     def __init__(self, launches, pending=()):
         self.launches = launches  # [(fn, grid, template args, [(slot, role)], consts, cfg, kwargs, info)]
-        self.pending = tuple(pending)  # tuning keys whose first candidate it launches, untuned yet
+        self.pending = tuple(pending)  # (tuning key, elements, config, tuned) of its tunable choices
 
     def stale(self) -> bool:
-        """Whether a launch since has tuned a config this recipe took untuned (it must be learned again)."""
-        return any(k in tuning._chosen for k in self.pending)
+        """Whether ``tuning.pick`` would now choose otherwise for one of the recipe's launches: a
+        tuned choice forgotten or changed (``tuning.reset``), or an untuned one (a launch below
+        ``MIN_ELEMENTS``, autotuning off, graph capture) tuned since or now to be tuned. The
+        recipe is then learned again, through ``_pick``."""
+        for key, elements, cfg, tuned in self.pending:
+            if tuned:
+                if tuning._chosen.get(key) is not cfg:
+                    return True
+            elif key in tuning._chosen or (elements >= tuning.MIN_ELEMENTS and tuning.enabled()
+                                            and not tuning._capturing(key[1])):
+                return True
+        return False
 
     @classmethod
     def bind(cls, rec: _Recording, tensors) -> Recipe | None:
@@ -425,8 +435,9 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
 
     cfg = tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)
     rec = _recipe.get()
-    if rec is not None and len(plan.candidates) > 1 and (plan.candidates, device) not in tuning._chosen:
-        rec.pending.append((plan.candidates, device))  # not tuned yet (a small or captured launch)
+    if rec is not None and len(plan.candidates) > 1:  # a tunable choice: a recipe holds while it would stay
+        key = (plan.candidates, device)
+        rec.pending.append((key, elements, cfg, key in tuning._chosen))
     return cfg
 
 

@@ -890,8 +890,8 @@ def _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim):
 
 def _remember(positions, offsets, n_axes, batch, seq, device, axes_dim, pos, rows) -> None:
     key = _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim)
-    if key is None or torch.compiler.is_compiling():
-        return
+    if key is None or torch.compiler.is_compiling() or pos.is_inference():  # (a training call would
+        return  # save it for backward: an inference tensor cannot be)
     ref = None if positions is None else weakref.ref(positions)
     with _SPANS_LOCK:
         if len(_FAST) >= _FAST_MAX:

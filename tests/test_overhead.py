@@ -312,19 +312,24 @@ def test_no_sync_on_the_gpu():
     torch.cuda.synchronize()
 
 
-def test_a_recipe_of_an_untuned_choice_is_learned_again_once_tuned():
-    """A launch too small to tune takes the first candidate without remembering it; a recipe
-    that took it is stale once a larger launch has tuned that config (tuning._chosen)."""
+def test_a_recipe_holds_while_its_tile_choices_would():
+    """A recipe replays the tile ``tuning.pick`` chose: it is stale once pick would choose
+    otherwise (an untuned choice tuned since, or now large enough and allowed to tune; a tuned
+    one forgotten by tuning.reset or changed)."""
     from rome import launcher, tuning
 
     key = (("a", "b"), torch.device("cpu"))
-    recipe = launcher.Recipe([], pending=[key])
-    assert not recipe.stale()
-    tuning._chosen[key] = "b"
-    try:
-        assert recipe.stale()
-    finally:
-        del tuning._chosen[key]
+    small = launcher.Recipe([], pending=[(key, 10, "a", False)])
+    large = launcher.Recipe([], pending=[(key, tuning.MIN_ELEMENTS, "a", False)])
+    tuned = launcher.Recipe([], pending=[(key, tuning.MIN_ELEMENTS, "b", True)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(tuning.ENV, "0")
+        assert not small.stale() and not large.stale()
+        mp.setenv(tuning.ENV, "1")
+        assert not small.stale() and large.stale()  # autotuning on: the large launch would tune
+        assert tuned.stale()  # its choice is not remembered (reset)
+        mp.setitem(tuning._chosen, key, "b")
+        assert small.stale() and not tuned.stale()
     assert not launcher.Recipe([]).stale()
 
 
@@ -340,7 +345,7 @@ def test_a_stale_recipe_takes_the_full_path(monkeypatch):
     assert len(seen) == 1
     (entry,) = [e for k, e in ops._LEAN.items() if k[0] == "apply_qk" and e.matrix is m and e.triton]
     key = (("untuned", "candidates"), torch.device(DEVICE))
-    monkeypatch.setattr(entry, "recipe", launcher.Recipe(entry.recipe.launches, pending=[key]))
+    monkeypatch.setattr(entry, "recipe", launcher.Recipe(entry.recipe.launches, pending=[(key, 1, "a", False)]))
     rome.apply_qk(q, k, cache_c[:3], cache_s[:3], m, backend="triton")
     assert len(seen) == 1  # still untuned: the recipe holds
     monkeypatch.setitem(tuning._chosen, key, "tuned")
