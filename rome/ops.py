@@ -21,6 +21,11 @@ per-token table grads scattered back (``scatter_rows``, an accumulating index_pu
 ``[2, D]``, sin the ``[2, D]`` scales (hi + lo), and the kernel computes the angles (no grads for those).
 Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
 same backward and a jvp, which the public functions use when one is active.
+
+Per-call cost: a repeated call of one signature (shapes, strides, dtypes, device, matrix) takes
+the lean path (``_lean``): its checks, plan and launches were worked out by the first call and are
+replayed, with no torch.library dispatch in eager mode. Positions are never read on the host by
+default (``position_checks``).
 """
 
 from __future__ import annotations
@@ -923,11 +928,11 @@ def _settings():
 def _key(kind, tensors, backend, mode):
     """The call's signature, or None where the lean path does not apply (a tensor of another type,
     an unhashable argument, a legacy-vmap batched tensor, a layout without strides)."""
-    settings = _settings() if backend != "torch" else ((),) if _settings() is not None else None
+    settings = _settings()
     if settings is None:
         return None
-    try:
-        sig = [kind, backend, mode, settings]
+    try:  # (the matrix by identity too: two matrices of one shape do not evict each other's entry)
+        sig = [kind, backend, mode, () if backend == "torch" else settings, id(tensors[-3])]
         for t in tensors:
             if t is None:
                 sig.append(None)
