@@ -921,8 +921,11 @@ def _settings():
         return ()
     if k.rotate is not k.ORIGINAL[0] or k._run is not k.ORIGINAL[1] or k._pick is not k.ORIGINAL[2]:
         return None
-    captured = k._capture.get()
-    return (k.INTERPRET, k.launch._product.get(), k.launch._lanes.get(), None if captured is None else captured.num_sms)
+    # (the ThreadSettings' values read directly: a method call each costs as much as the read)
+    c, p, n = k._capture, k.launch._product, k.launch._lanes
+    captured = getattr(c._local, "value", c._default)
+    return (k.INTERPRET, getattr(p._local, "value", p._default), getattr(n._local, "value", n._default),
+            None if captured is None else captured.num_sms)
 
 
 def _key(kind, tensors, backend, mode):
@@ -940,9 +943,7 @@ def _key(kind, tensors, backend, mode):
                 sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
             else:
                 return None
-        key = tuple(sig)
-        hash(key)
-        return key
+        return tuple(sig)  # (hashed by the lookup: an unhashable argument is a TypeError there)
     except (RuntimeError, TypeError, NotImplementedError):
         return None
 
@@ -956,7 +957,10 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     key = _key(kind, tensors, backend, mode)
     if key is None:
         return full()
-    entry = _LEAN.get(key)
+    try:
+        entry = _LEAN.get(key)
+    except TypeError:  # an unhashable backend or mode: the full path says what is wrong
+        return full()
     if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)) \
             and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
         outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted)
