@@ -37,6 +37,7 @@ from pathlib import Path
 
 CALLS = 200
 REPEATS = 7
+COMPILE = True  # the torch.compile'd chain too (--no-compile: not, e.g. in a quick test)
 ROOT = Path(__file__).resolve().parent.parent
 
 SHAPES = {
@@ -166,7 +167,7 @@ def _shape_cases(shape_name, real, device):
         ("rome.RoPE", lambda q, k: rope(q, k, ids), (q, k)),
         ("eager chain", lambda q, k: chain(q, k, cc, cs), (cq, ck)),
     ]
-    compiled = _compiled(chain)
+    compiled = _compiled(chain) if COMPILE else None
     if compiled is not None:
         entries.append((f"torch.compile chain ({compiled[1]})", lambda q, k: compiled[0](q, k, cc, cs),
                         (cq, ck)))
@@ -331,7 +332,7 @@ class _null:
 # --- the driver -------------------------------------------------------------------------------
 
 
-def _run_worker(tree: Path, real: bool, device: str, shapes, calls: int, repeats: int) -> dict:
+def _run_worker(tree: Path, real: bool, device: str, shapes, calls: int, repeats: int, compile_=True) -> dict:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # plan launches as for a GPU (recorded on the CPU)
     env["PYTHONPATH"] = str(tree)
@@ -339,6 +340,8 @@ def _run_worker(tree: Path, real: bool, device: str, shapes, calls: int, repeats
            "--shapes", ",".join(shapes), "--calls", str(calls), "--repeats", str(repeats)]
     if real:
         cmd.append("--real")
+    if not compile_:
+        cmd.append("--no-compile")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=str(tree))
     if done.returncode != 0:
         raise RuntimeError(f"overhead worker for {tree} failed:\n{done.stderr[-4000:]}")
@@ -403,7 +406,7 @@ def main(args) -> dict:
     for i in range(args.rounds):
         for name, tree in trees.items():
             print(f"overhead: round {i + 1}/{args.rounds}, {name} ({tree})", file=sys.stderr, flush=True)
-            rounds[name].append(_run_worker(tree, real, device, shapes, args.calls, args.repeats))
+            rounds[name].append(_run_worker(tree, real, device, shapes, args.calls, args.repeats, args.compile))
     merged = {n: _merge(r) for n, r in rounds.items()}
     method = ("launches recorded with rome.launcher.capture (planned as for a GPU), the recording's own "
               "time subtracted; the eager chain on one row" if not real else
@@ -439,6 +442,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu or cuda (default cuda where available)")
     p.add_argument("--real", action=argparse.BooleanOptionalAction, default=None,
                    help="run the launches (default: on a GPU); --no-real records them")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time the torch.compile'd chain (default; --no-compile skips it)")
 
 
 if __name__ == "__main__":
@@ -447,6 +452,7 @@ if __name__ == "__main__":
     parser.add_argument("--worker", action="store_true")
     a = parser.parse_args()
     if a.worker:
+        COMPILE = a.compile
         res = worker(bool(a.real), a.device or "cpu", a.shapes.split(","), a.calls, a.repeats)
         print(json.dumps(res))
     else:
