@@ -295,8 +295,10 @@ def _graph_replay(device) -> dict:
     c, sn = rome.cos_sin_cache(layout, 4096, dtype=torch.float32, device=device)
     pos = (1000 + 37 * torch.arange(b, device=device))[:, None, None, None]
     out = {}
+    rows_c, rows_s = c[pos[:, 0, :, 0]].to(dtype), sn[pos[:, 0, :, 0]].to(dtype)
+    chain = _chain()
     for name, f in (("rome.apply_qk_at", lambda: rome.apply_qk_at(q, k, c, sn, m, pos, backend="triton")),
-                    ("eager chain", lambda: _chain()(q, k, c[pos[:, 0, :, 0]].to(dtype), sn[pos[:, 0, :, 0]].to(dtype)))):
+                    ("eager chain", lambda: chain(q, k, rows_c, rows_s))):
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

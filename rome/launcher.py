@@ -279,8 +279,8 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                        positions=mode, angles=angles, sin_dtype=sin.dtype)
     elements = sum(x.numel() for x in xs)
     if rec is not None:
-        rec.constants.update((t.data_ptr(), t.dtype) for t in (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
-                             if t is not None)
+        kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
+        rec.constants.update((t.data_ptr(), t.dtype) for t in kept if t is not None)
     if plan.config.heads:
         _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
     else:

@@ -85,7 +85,8 @@ from .layouts import (
     tables_for_positions,
 )
 from .matrices import check_mode, kept_matrix
-from .ops import ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
+from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
+                  positions_checked)
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
 
@@ -648,7 +649,8 @@ class RoPE(nn.Module):
         if hit is None:
             return None
         pos, rows = hit
-        if rows > self.cache_limit:  # (also past max_positions: the full path says so)
+        if rows > (CACHE_POSITIONS if self.max_positions is None and getattr(self, "cache_positions", None) is None
+                   else self.cache_limit):  # (also past max_positions: the full path says so)
             return None
         cache = self._caches.get((device, torch.float64 if q.dtype == torch.float64 else torch.float32))
         m = self._matrices.get((q.dtype, device))
@@ -882,10 +884,15 @@ def _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim):
         return None
     if positions is None:
         return (None, offsets, n_axes, batch, seq, device, axes_dim)
-    key = _tensor_key(positions)
-    if key is None:
+    # the version counter and the address (shape, strides and offset change in place only with a
+    # bump of the version: as_strided_, resize_, set_, unsqueeze_, ...; dtype and device never)
+    if type(positions) is not Tensor or positions.is_inference():
         return None
-    return (id(positions), key, offsets, n_axes, batch, seq, device, axes_dim)
+    try:
+        return (id(positions), positions._version, positions.data_ptr(), offsets, n_axes, batch, seq, device,
+                axes_dim)
+    except RuntimeError:  # no storage (a functorch-wrapped or fake tensor)
+        return None
 
 
 def _remember(positions, offsets, n_axes, batch, seq, device, axes_dim, pos, rows) -> None:
