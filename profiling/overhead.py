@@ -360,29 +360,37 @@ def _merge(rounds: list[dict]) -> dict:
     return out
 
 
+def _best(x: dict) -> float:
+    """The best round's median (the least disturbed by other load on the machine)."""
+    return min(x.get("rounds_us") or [x["median_us"]])
+
+
 def _table(trees: dict[str, dict]) -> str:
     names = list(trees)
     first = trees[names[0]]["results"]
-    head = "| entry point | shape | pass | " + " | ".join(f"{n} µs/call (Python calls)" for n in names)
+    head = "| entry point | shape | pass | " + " | ".join(
+        f"{n}: µs/call, median (best round) [Python calls]" for n in names)
     if len(names) == 2:
-        head += " | before / after"
+        head += " | before / after (median, best)"
     lines = [head + " |", "|" + "---|" * (head.count("|") - 1 + 1)]
     for key, r in first.items():
         cells = []
         for n in names:
             x = trees[n]["results"].get(key)
-            calls = "" if x is None or x["python_calls"] is None else f" ({x['python_calls']})"
-            cells.append("—" if x is None else f"{x['median_us']:.1f}{calls}")
+            calls = "" if x is None or x["python_calls"] is None else f" [{x['python_calls']}]"
+            cells.append("—" if x is None else f"{x['median_us']:.1f} ({_best(x):.1f}){calls}")
         row = f"| {r['entry']} | {r['shape']} | {r['pass_']} | " + " | ".join(cells)
         if len(names) == 2:
             a, b = (trees[n]["results"].get(key) for n in names)
-            row += f" | {a['median_us'] / b['median_us']:.2f}×" if a and b and b["median_us"] else " | —"
+            row += (f" | {a['median_us'] / b['median_us']:.2f}×, {_best(a) / _best(b):.2f}×"
+                    if a and b and b["median_us"] else " | —")
         lines.append(row + " |")
     return "\n".join(lines)
 
 
 def _ratios(result: dict) -> list[str]:
-    """The rome entry points against the eager chain of the same shape and pass."""
+    """The rome entry points against the eager chain of the same shape and pass, in one tree's
+    workers (measured side by side, interleaved)."""
     res = result["results"]
     lines = []
     for key, r in res.items():
@@ -391,11 +399,38 @@ def _ratios(result: dict) -> list[str]:
         chain = res.get(f"eager chain|{r['shape']}|{r['pass_']}")
         if chain:
             lines.append(f"- {r['entry']} {r['shape']} {r['pass_']}: {r['median_us']:.1f} µs, "
-                         f"{r['median_us'] / chain['median_us']:.2f}× the eager chain ({chain['median_us']:.1f} µs)")
+                         f"{r['median_us'] / chain['median_us']:.2f}× the eager chain ({chain['median_us']:.1f} µs); "
+                         f"best rounds {_best(r):.1f} against {_best(chain):.1f} µs")
     return lines
 
 
+def render(report: dict) -> str:
+    """The markdown of an ``overhead.json`` report."""
+    merged, names = report["measured"], list(report["measured"])
+    device_name = merged[names[-1]]["device"]
+    load = report.get("load")
+    md = [f"# Host overhead per call ({device_name})", "",
+          f"Method: {report['method']}. Median over {report['rounds']} round(s) of the median of "
+          f"{report['repeats']} repeats of {report['calls']} calls, the trees' workers alternating; in "
+          "parentheses the best round's median; in brackets the Python function calls of one call "
+          "(sys.setprofile).", ""]
+    if load:
+        md += [f"Load average (1 min) at the start and the end: {load[0]:.2f} and {load[1]:.2f} "
+               f"on {report.get('cpus', '?')} CPUs (other processes share the machine: compare within a "
+               "row and against the eager chain of the same tree, not across runs).", ""]
+    md += [_table(merged), ""]
+    for n in names:
+        md += [f"Against the eager chain ({n}):", "", *_ratios(merged[n]), ""]
+    return "\n".join(md)
+
+
 def main(args) -> dict:
+    if args.render:
+        report = json.loads(Path(args.render).read_text())
+        text = render(report)
+        Path(args.render).with_suffix(".md").write_text(text)
+        print(text)
+        return report
     real = args.real if args.real is not None else _has_cuda()
     device = args.device or ("cuda" if real else "cpu")
     shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
@@ -404,26 +439,23 @@ def main(args) -> dict:
     trees = {"this tree": ROOT}
     if args.baseline:
         trees = {"before": Path(args.baseline).resolve(), "after": ROOT}
+    load = [os.getloadavg()[0]]
     rounds: dict[str, list] = {n: [] for n in trees}
     for i in range(args.rounds):
         for name, tree in trees.items():
             print(f"overhead: round {i + 1}/{args.rounds}, {name} ({tree})", file=sys.stderr, flush=True)
             rounds[name].append(_run_worker(tree, real, device, shapes, args.calls, args.repeats, args.compile))
+    load.append(os.getloadavg()[0])
     merged = {n: _merge(r) for n, r in rounds.items()}
     method = ("launches recorded with rome.launcher.capture (planned as for a GPU), the recording's own "
               "time subtracted; the eager chain on one row" if not real else
               "real launches; host time = loop wall time / calls, one sync at the end")
-    report = dict(method=method, calls=args.calls, repeats=args.repeats, rounds=args.rounds,
-                  trees={n: str(t) for n, t in trees.items()}, measured=merged)
+    report = dict(method=method, calls=args.calls, repeats=args.repeats, rounds=args.rounds, load=load,
+                  cpus=os.cpu_count(), trees={n: str(t) for n, t in trees.items()}, measured=merged)
     (out / "overhead.json").write_text(json.dumps(report, indent=2))
-    device_name = merged[list(trees)[-1]]["device"]
-    md = [f"# Host overhead per call ({device_name})", "",
-          f"Method: {method}. Median over {args.rounds} round(s) of the median of {args.repeats} repeats of "
-          f"{args.calls} calls; in parentheses the Python function calls of one call (sys.setprofile).", "",
-          _table(merged), "", "Against the eager chain (the last column's tree):", "",
-          *_ratios(merged[list(trees)[-1]]), ""]
-    (out / "overhead.md").write_text("\n".join(md))
-    print("\n".join(md))
+    text = render(report)
+    (out / "overhead.md").write_text(text)
+    print(text)
     print(f"overhead: wrote {out / 'overhead.json'} and {out / 'overhead.md'}", file=sys.stderr)
     return report
 
@@ -444,6 +476,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cpu or cuda (default cuda where available)")
     p.add_argument("--real", action=argparse.BooleanOptionalAction, default=None,
                    help="run the launches (default: on a GPU); --no-real records them")
+    p.add_argument("--render", help="write the markdown of an existing overhead.json beside it, measuring nothing")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the torch.compile'd chain (default; --no-compile skips it)")
 
