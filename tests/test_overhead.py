@@ -278,29 +278,42 @@ def test_compiled_decode_compiles_once_and_reads_nothing(backend, no_host_reads)
     assert counts == [1, 2, 2, 2, 2, 2]
 
 
-@pytest.mark.gpu
-def test_no_sync_on_the_gpu():
-    """With CUDA's sync debug mode set to error, warm calls of every entry point (eager, lean,
-    autograd) and of RoPE with the step's positions tensor synchronise nothing."""
+def _decode_step():
+    """A warm decode step's calls: every entry point (lean, and under autograd) and RoPE with
+    the step's positions tensor; the matrices and axis kept (each is read once, when first seen)."""
     layout, cache_c, cache_s, m, axis = _setup(n_axes=3)
     _, c1, s1, m1, _ = _setup()
     freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq))
     rope = rome.RoPE(layout, backend="triton")
     q = torch.randn(4, 8, 1, 32, device=DEVICE, dtype=torch.bfloat16)
     k = torch.randn(4, 2, 1, 32, device=DEVICE, dtype=torch.bfloat16)
-    mb = m.bfloat16()
+    mb, mb1 = m.bfloat16(), m1.bfloat16()
     ids = torch.randint(0, P, (4, 1), device=DEVICE)
     pos = ids[:, None, :, None].expand(4, 1, 1, 3).contiguous()
-    qg = q.float().requires_grad_()
+    qg, kg = q.float().requires_grad_(), k.float().requires_grad_()
 
     def step():
-        rome.apply_qk(q, k, c1[:1], s1[:1], m1.bfloat16(), backend="triton")
+        rome.apply_qk(q, k, c1[:1], s1[:1], mb1, backend="triton")
         rome.apply_qk_at(q, k, cache_c, cache_s, mb, pos, axis=axis, backend="triton")
         rome.apply_qk_angles(q, k, freqs, scales, mb, pos, axis=axis, backend="triton")
         rope(q, k, ids)
-        out = rome.apply_qk_at(qg, qg, cache_c, cache_s, m, pos, axis=axis, backend="triton")
-        torch.autograd.grad(out, (qg,), (torch.ones_like(out[0]), torch.ones_like(out[1])))
+        out = rome.apply_qk_at(qg, kg, cache_c, cache_s, m, pos, axis=axis, backend="triton")
+        torch.autograd.grad(out, (qg, kg), (torch.ones_like(out[0]), torch.ones_like(out[1])))
 
+    return step
+
+
+def test_a_warm_decode_step_reads_nothing_on_the_host(no_host_reads):
+    step = _decode_step()
+    step()  # (RoPE reads its positions' range once per positions tensor)
+    with no_host_reads():
+        step()
+
+
+@pytest.mark.gpu
+def test_no_sync_on_the_gpu():
+    """With CUDA's sync debug mode set to error, a warm decode step synchronises nothing."""
+    step = _decode_step()
     step()
     step()
     torch.cuda.synchronize()
