@@ -2,7 +2,8 @@
 ``python -m profiling kernels [--arch sm_80,sm_90,sm_100] [--out DIR] [--jobs N]``: every configuration;
 ``python -m profiling kernels --workload NAME [--arch sm_90] [--out DIR]``: that workload's launches with the
 static bandwidth model (kernels.json, kernels.md);
-``python -m profiling matrices [--out DIR] [--no-pictures]``: matrices/, every family's M as a record and a picture."""
+``python -m profiling matrices [--out DIR] [--no-pictures]``: matrices/, every family's M as a record and a picture;
+``python -m profiling overhead [--baseline DIR] [--out DIR]``: host µs per call of the entry points."""
 
 import argparse
 import json
@@ -16,8 +17,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from . import kernels  # noqa: E402
-from . import matrices  # noqa: E402
+from . import kernels, matrices, overhead  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
@@ -45,6 +45,9 @@ def main(argv=None):
     mx = sub.add_parser("matrices", help="write matrices/: every family's rotation matrix as a record (JSON) "
                                          "and a picture (PNG), and its README")
     matrices.add_arguments(mx)
+    o = sub.add_parser("overhead", help="host µs per call of apply_qk, apply_qk_at and RoPE beside the eager "
+                                        "rotate_half chain (launches recorded on a CPU, real on a GPU)")
+    overhead.add_arguments(o)
     args = parser.parse_args(argv)
     if args.command == "report":
         out = report(args)
@@ -55,6 +58,8 @@ def main(argv=None):
         kernels.main(args)
     elif args.command == "matrices":
         matrices.main(args)
+    elif args.command == "overhead":
+        overhead.main(args)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ def _launch_args(x, out, cos, sin, pos):
     tensors = (x, out, cos, sin, pos)
     dims = _row_layout(x.shape, tensors)
     if len(dims) > 3:  # rare (5D+ with no mergeable dims): one block per index of dim 0
+        _split()
         return [a for i in range(x.shape[0]) for a in _launch_args(*(t[i] for t in tensors))]
     dims = [(1, [0] * len(tensors))] * (3 - len(dims)) + dims
     rows = dims[0][0] * dims[1][0] * dims[2][0]
@@ -162,6 +163,7 @@ def _gather_rows(x, out, views) -> list[_Rows]:
     t = _merge([d for d in dims if is_t[d[0]]], [xs, os_, *vs])
     h = _merge([d for d in dims if not is_t[d[0]]], [xs, os_])
     if len(t) > 2 or len(h) > 2:  # rare: one block per index of the outermost dim
+        _split()
         i = dims[0][0]
         return [r for k in range(x.shape[i]) for r in _gather_rows(
             x.select(i, k), out.select(i, k), tuple(v.select(i, k) for v in views))]
@@ -249,7 +251,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     (int32/int64 ``[..., A]``, ``[...]`` broadcasting to x's rows), cos/sin are caches ``[P, D]``
     and element (r, j) reads row ``positions[r, axis[j]]`` of them (``positions[r, 0]`` for A = 1;
     axis: int ``[D]`` in ``[0, A)``, any stride). A position outside ``[0, P)`` is never read: the
-    kernel writes NaN there (the op checks the range on the host before the launch).
+    kernel writes NaN there (the op's documented result: rome.ops ``position_checks``).
 
     ``angles`` (with positions): no cache; cos is fp32 ``[2, D]``, inv_freq as hi + lo, sin the fp32
     ``[2, D]`` scale of each column (hi + lo), and the kernel computes ``scale * cos(p * inv_freq)`` itself
@@ -262,6 +264,9 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
     """
     x0 = xs[0]
+    rec = _recipe.get()
+    if rec is not None:
+        rec.rotated = True
     if not INTERPRET and not x0.is_cuda and not capturing():
         raise RuntimeError(
             "backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before rome's "
@@ -273,6 +278,9 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles, sin_dtype=sin.dtype)
     elements = sum(x.numel() for x in xs)
+    if rec is not None:
+        kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
+        rec.constants.update((t.data_ptr(), t.dtype) for t in kept if t is not None)
     if plan.config.heads:
         _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
     else:
@@ -280,17 +288,135 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
 
 
 def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
-    """Launch (or record, under ``capture``) one kernel launch of config ``cfg``."""
+    """Launch (or record, under ``capture``) one kernel launch of config ``cfg``. ``grid``: a
+    function of the meta-parameters, or the grid itself (a tuple)."""
+    recipe = _recipe.get()
+    if recipe is not None:
+        recipe.launches.append((fn, grid if isinstance(grid, tuple) else grid({"BLOCK_R": cfg.block_r}),
+                                tuple(args), consts, cfg, transpose, elements, units, meta))
     if capturing():
-        kc = launch.specialise(fn, args, consts | {"BLOCK_R": cfg.block_r}, cfg, meta=meta)
-        programs = grid({"BLOCK_R": cfg.block_r})
-        n = programs[0] * (programs[1] if len(programs) > 1 else 1)
-        _capture.get().launches.append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
+        _record(fn, grid, args, consts, cfg, transpose, elements, units, meta)
         return
     # (ops.py serialises interpreted launches: they are not thread-safe; the interpreter takes
     # no compile options)
     fn[grid](*args, **consts, BLOCK_R=cfg.block_r, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
              **({} if INTERPRET else launch.target_options(cfg.options)))
+
+
+def _record(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
+    """``capture``'s work for one launch: its specialisation and grid, recorded."""
+    kc = launch.specialise(fn, args, consts | {"BLOCK_R": cfg.block_r}, cfg, meta=meta)
+    programs = grid if isinstance(grid, tuple) else grid({"BLOCK_R": cfg.block_r})
+    n = programs[0] * (programs[1] if len(programs) > 1 else 1)
+    _capture.get().launches.append(Launch(kc, n, units, elements, transpose, cfg, tuple(args), dict(consts)))
+
+
+# --- recipes: a call's launches, replayed for the next call of the same signature ---------------
+#
+# ``rome.ops`` caches, per call signature (shapes, strides, dtypes, device, matrix, settings), what
+# ``rotate`` computes from metadata alone: the plan, the split into launches, their grids,
+# constexprs and integer arguments. ``recording()`` collects the launches of one ``rotate`` (with
+# their tensor arguments); ``Recipe.bind`` maps each tensor argument to the call's tensor it came
+# from (a view at offset 0 of it: the kernel reads only its address and dtype), and ``replay``
+# launches them again with another call's tensors of the same signature.
+
+
+class _Recording:
+    __slots__ = ("launches", "rotated", "pending", "constants", "split")
+
+    def __init__(self):
+        self.launches = []
+        self.constants = set()  # (address, dtype) of the plan's tensors: what a recipe may keep
+        self.rotated = False  # ``rotate`` ran (not a stand-in)
+        self.pending = []  # (tuning key, elements, config, tuned) of each tunable choice
+        self.split = False  # a tensor was split into blocks (offset views): not replayable
+
+
+_recipe: ThreadSetting[_Recording | None] = ThreadSetting(None)
+
+
+def _split() -> None:
+    rec = _recipe.get()
+    if rec is not None:
+        rec.split = True
+
+
+@contextlib.contextmanager
+def recording():
+    """Within the block, ``rotate``'s launches are also recorded (yields a ``_Recording``)."""
+    with _recipe.scoped(_Recording()) as rec:
+        yield rec
+
+
+class Recipe:
+    """A recorded call's launches with each tensor argument replaced by a role: the index of the
+    call's tensor it was (or a view at offset 0 of it), or kept as a constant (the plan's own
+    tensors: the gather index, signs, the matrix operand, the dummy)."""
+
+    __slots__ = ("launches", "pending")
+
+    def __init__(self, launches, pending=()):
+        self.launches = launches  # [(fn, grid, template args, [(slot, role)], consts, cfg, kwargs, info)]
+        self.pending = tuple(pending)  # (tuning key, elements, config, tuned) of its tunable choices
+
+    def stale(self) -> bool:
+        """Whether ``tuning.pick`` would now choose otherwise for one of the recipe's launches: a
+        tuned choice forgotten or changed (``tuning.reset``), or an untuned one (a launch below
+        ``MIN_ELEMENTS``, autotuning off, graph capture) tuned since or now to be tuned. The
+        recipe is then learned again, through ``_pick``."""
+        for key, elements, cfg, tuned in self.pending:
+            if tuned:
+                if tuning._chosen.get(key) is not cfg:
+                    return True
+            elif key in tuning._chosen or (elements >= tuning.MIN_ELEMENTS and tuning.enabled()
+                                            and not tuning._capturing(key[1])):
+                return True
+        return False
+
+    @classmethod
+    def bind(cls, rec: _Recording, tensors) -> Recipe | None:
+        """The recipe of ``rec`` for the call's ``tensors`` (a list; None entries allowed), or None
+        where it cannot be replayed: ``rotate`` did not run, or an argument is a copy or an offset
+        view, or could be either of two tensors of the call."""
+        if not rec.rotated or rec.split:  # (an offset view could share the address of another tensor
+            return None  # of the call, e.g. q's second block and k sliced from one buffer)
+        by_ptr = {}
+        for i, t in enumerate(tensors):
+            if t is not None:
+                by_ptr.setdefault((t.data_ptr(), t.dtype), []).append(i)
+        launches = []
+        for fn, grid, args, consts, cfg, transpose, elements, units, meta in rec.launches:
+            slots = []
+            template = list(args)
+            for j, a in enumerate(args):
+                if not isinstance(a, torch.Tensor):
+                    continue
+                roles = by_ptr.get((a.data_ptr(), a.dtype), [])
+                if len(roles) > 1:
+                    return None  # two of the call's tensors share this address: ambiguous
+                if roles:
+                    if not a.numel():
+                        return None
+                    slots.append((j, roles[0]))
+                    template[j] = None
+                elif (a.data_ptr(), a.dtype) not in rec.constants:
+                    return None  # a copy made for this call (e.g. a contiguous x): not replayable
+            kwargs = dict(consts, BLOCK_R=cfg.block_r, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                          **({} if INTERPRET else launch.target_options(cfg.options)))
+            launches.append((fn, grid, template, slots, consts, cfg, kwargs, (transpose, elements, units, meta)))
+        return cls(launches, rec.pending)
+
+    def replay(self, tensors) -> None:
+        """Launch (or record, under ``capture``) the recipe with ``tensors`` in the recorded roles."""
+        capture_ = _capture.get() is not None
+        for fn, grid, template, slots, consts, cfg, kwargs, info in self.launches:
+            args = template.copy()
+            for j, role in slots:
+                args[j] = tensors[role]
+            if capture_:
+                _record(fn, grid, args, consts, cfg, *info)
+            else:
+                fn[grid](*args, **kwargs)
 
 
 def _pick(fn, plan, device, elements, args, grid, consts, out_index):
@@ -307,7 +433,12 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
         options = {k: v for k, v in launch.target_options(plan.config.options).items() if k != "maxnreg"}
         autotuner[grid](*targs, **consts, **options)
 
-    return tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)
+    cfg = tuning.pick(fn, plan.candidates, device, elements, time_candidates, _DO_BENCH)
+    rec = _recipe.get()
+    if rec is not None and len(plan.candidates) > 1:  # a tunable choice: a recipe holds while it would stay
+        key = (plan.candidates, device)
+        rec.pending.append((key, elements, cfg, key in tuning._chosen))
+    return cfg
 
 
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements):
@@ -382,6 +513,10 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     for args, a_rows, b_rows in groups:
         tiles = triton.cdiv(a_rows, cfg.block_r) + triton.cdiv(b_rows, cfg.block_r)
         _run(fn, grid(a_rows, b_rows), args, consts, cfg, transpose, elements, tiles)
+
+
+# the functions a replayed recipe skips, as defined (rome.ops: a replaced one turns replays off)
+ORIGINAL = (rotate, _run, _pick)
 
 
 # --- every configuration, for the ahead-of-time inspection (python -m profiling kernels) -------

@@ -48,9 +48,14 @@ counter) are read on every call. Each module still checks the span against its o
 ``torch.compile(fullgraph=True)`` traces ``forward`` for BNSD q/k with integer positions, and
 CUDA graphs capture it (a serving engine's decode step): the host-side checks and the cache
 growth are skipped while compiling or capturing, so reserve the cache first (``reserve(n,
-device=...)``, or one eager call; RuntimeError otherwise), and positions must lie inside it: the
-op checks them when a compiled graph runs (a host sync; ValueError outside the cache), and in a
-captured graph, where no check can run, the kernel writes NaN for a position outside the cache.
+device=...)``, or one eager call; RuntimeError otherwise), and positions must lie inside it: in a
+compiled or captured graph nothing reads them on the host, and the op gives NaN for an element
+whose position lies outside the cache (``rome.ops.position_checks`` for a check on the device or
+the host instead).
+
+**Per-call cost**: the step's positions tensor, normalised and checked by one layer, is kept
+(``_remember``) with the rows it reads, so every other layer's call goes straight to the op's
+lean path (``rome.ops``: the launch remembered per call signature).
 Modules with ``dynamic`` set, and packed ``cu_seqlens`` calls (checked on the host), do not
 compile or capture.
 """
@@ -80,7 +85,8 @@ from .layouts import (
     tables_for_positions,
 )
 from .matrices import check_mode, kept_matrix
-from .ops import ANGLE_POSITIONS, BACKENDS, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
+from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
+                  positions_checked)
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
 
@@ -580,6 +586,13 @@ class RoPE(nn.Module):
         positions = operator.index(positions)
         limit = self._bound(positions)
         self._cache(device, _table_dtype(dtype)).reserve(positions, limit)
+        # the matrices (and axis) a call will read, kept now: a graph traced later reads these
+        # kept tensors rather than building its own each run (which the op would analyse again)
+        if not torch.compiler.is_compiling():
+            for dt in (torch.float64,) if _table_dtype(dtype) == torch.float64 else \
+                    (torch.float32, torch.bfloat16, torch.float16):
+                self.matrix(dt, device)
+            self._axis(device)
 
     def cache_bytes(self) -> int:
         """Bytes of the cos/sin caches this module reads (shared with equal configurations)."""
@@ -588,6 +601,10 @@ class RoPE(nn.Module):
     def matrix(self, dtype=torch.float32, device=None) -> Tensor:
         """The layout's D×D matrix in ``dtype`` on ``device``, built once and kept."""
         device = _device("cpu" if device is None else device)
+        if torch.compiler.is_compiling():  # a kept one (reserve, an eager call): the graph reads it, the op
+            m = self._matrices.get((dtype, device))  # knows its structure (a built one it analyses per run)
+            if m is not None:
+                return m
         return kept_matrix((dtype, device), lambda: self.layout.matrix(dtype, device), memo=self._matrices)
 
     def _axis(self, device: torch.device) -> Tensor | None:
@@ -630,6 +647,34 @@ class RoPE(nn.Module):
         cache.reserve(rows, self._bound(rows))
         with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
             return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+
+    def _fast(self, q, k, positions, offsets, axes_dim):
+        """The call as ``_cached`` makes it, where an earlier call normalised and checked these
+        positions (``_remember``) and built what it reads: None otherwise (the full path)."""
+        if type(q) is not Tensor or type(k) is not Tensor or self.dynamic is not None or self.angles != "cache" \
+                or torch.compiler.is_compiling():
+            return None
+        qs, ks = q.shape, k.shape
+        if len(qs) != 4 or len(ks) != 4 or qs[3] != self.layout.head_dim or ks[3] != qs[3] or qs[0] != ks[0] \
+                or qs[2] != ks[2]:
+            return None
+        device = q.device
+        hit = _recall(positions, offsets, self.n_axes, qs[0], qs[2], device, axes_dim)
+        if hit is None:
+            return None
+        pos, rows = hit
+        if rows > (CACHE_POSITIONS if self.max_positions is None and getattr(self, "cache_positions", None) is None
+                   else self.cache_limit):  # (also past max_positions: the full path says so)
+            return None
+        cache = self._caches.get((device, torch.float64 if q.dtype == torch.float64 else torch.float32))
+        m = self._matrices.get((q.dtype, device))
+        if cache is None or m is None or cache.rows < rows:
+            return None
+        if self.n_axes == 1:
+            axis = None
+        elif (axis := self._axes.get(device)) is None:
+            return None
+        return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend)
 
     def _layout_for(self, length: int) -> RopeLayout | None:
         """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
@@ -710,6 +755,10 @@ class RoPE(nn.Module):
         positions that indexes the axes (0 for ``[A, B, S]``, -1 for ``[.., S, A]``), needed only
         where the shape matches two forms (B = S = A): a ValueError says so. See ``rome.positions``.
         """
+        if cu_seqlens is None and unrotated is None:
+            out = self._fast(q, k, positions, offsets, axes_dim)
+            if out is not None:
+                return out
         packed = cu_seqlens is not None
         self._check_qk(q, k, packed)
         batch, seq = (1, q.shape[0]) if packed else (q.shape[0], q.shape[2])
@@ -746,7 +795,10 @@ class RoPE(nn.Module):
         kernel_angles = self.angles == "kernel" and dtype == torch.float32
         if (not pos.is_floating_point() and layout is self.layout and unrotated is None
                 and not _is_dtensor(q, k) and (kernel_angles or not beyond)):
-            return self._cached(q, k, pos, device, dtype, rows, graph)
+            out = self._cached(q, k, pos, device, dtype, rows, graph)
+            if not graph and not packed and rows is not None:
+                _remember(positions, offsets, self.n_axes, batch, seq, device, axes_dim, pos[:, None], rows)
+            return out
         cos, sin = self._tables(pos, layout, device, dtype, rows)
         mask = token_mask(unrotated, batch=batch, seq=seq, device=device)
         if mask is not None:
@@ -829,6 +881,54 @@ def position_span(pos: Tensor, positions, offsets, packed: bool) -> tuple[float,
             del _SPANS[next(iter(_SPANS))]  # the oldest
         _SPANS[id(positions)] = (weakref.ref(positions), oref, key, span)
     return span
+
+
+# The positions of a step are the same tensor in every layer: ``_remember`` keeps, per positions
+# tensor (the same identity, version counter, address, shape and strides as ``position_span``'s
+# memo; positions=None by its int offset), the normalised ``[B', 1, S, A]`` positions on q's device
+# and the rows they read, so that the next layer's call (``RoPE._fast``) neither normalises nor
+# checks them again. Only plain int or no offsets; never while compiling or capturing.
+
+_FAST: dict = {}
+_FAST_MAX = 32
+
+
+def _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim):
+    if offsets is not None and type(offsets) is not int:
+        return None
+    if positions is None:
+        return (None, offsets, n_axes, batch, seq, device, axes_dim)
+    # the version counter and the address (shape, strides and offset change in place only with a
+    # bump of the version: as_strided_, resize_, set_, unsqueeze_, ...; dtype and device never)
+    if type(positions) is not Tensor or positions.is_inference():
+        return None
+    try:
+        return (id(positions), positions._version, positions.data_ptr(), offsets, n_axes, batch, seq, device,
+                axes_dim)
+    except RuntimeError:  # no storage (a functorch-wrapped or fake tensor)
+        return None
+
+
+def _remember(positions, offsets, n_axes, batch, seq, device, axes_dim, pos, rows) -> None:
+    key = _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim)
+    if key is None or torch.compiler.is_compiling() or pos.is_inference():  # (a training call would
+        return  # save it for backward: an inference tensor cannot be)
+    ref = None if positions is None else weakref.ref(positions)
+    with _SPANS_LOCK:
+        if len(_FAST) >= _FAST_MAX:
+            del _FAST[next(iter(_FAST))]
+        _FAST[key] = (ref, pos, rows)
+
+
+def _recall(positions, offsets, n_axes, batch, seq, device, axes_dim):
+    """``(pos, rows)`` that ``_remember`` kept for these arguments, or None."""
+    key = _fast_key(positions, offsets, n_axes, batch, seq, device, axes_dim)
+    if key is None:
+        return None
+    entry = _FAST.get(key)
+    if entry is None or (entry[0] is not None and entry[0]() is not positions):
+        return None
+    return entry[1], entry[2]
 
 
 def _keep(memo: dict, key, value) -> None:

@@ -21,6 +21,11 @@ per-token table grads scattered back (``scatter_rows``, an accumulating index_pu
 ``[2, D]``, sin the ``[2, D]`` scales (hi + lo), and the kernel computes the angles (no grads for those).
 Forward-mode AD and torch.func transforms go through ``_Rotate``, an autograd.Function with the
 same backward and a jvp, which the public functions use when one is active.
+
+Per-call cost: a repeated call of one signature (shapes, strides, dtypes, device, matrix) takes
+the lean path (``_lean``): its checks, plan and launches were worked out by the first call and are
+replayed, with no torch.library dispatch in eager mode. Positions are never read on the host by
+default (``position_checks``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import importlib.util
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 import torch.autograd.forward_ad as fwAD
@@ -38,7 +44,7 @@ from torch import Tensor
 
 from . import torch_backend
 from .matrices import check_mode, check_size, kept_rotation_matrix
-from .positions import angle_rows, check_range, gather_rows, rows_of, scatter_rows
+from .positions import angle_rows, cache_index, check_range, gather_rows, rows_of, scatter_rows
 from .settings import ThreadSetting
 from .types import BACKENDS, Backend, Mode
 
@@ -259,8 +265,8 @@ ANGLE_POSITIONS = 1 << 24  # angles: positions below it are exact in float32
 
 
 def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> None:
-    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs).
-    Meta tensors have no values to check (and the op reads none)."""
+    """``0 <= positions < P`` (angles: ``< 2**24``) and ``0 <= axis < A`` on the host (syncs):
+    ``position_checks("host")``. Meta tensors have no values to check (and the op reads none)."""
     if positions.device.type == "meta":
         return
     if angles:
@@ -272,17 +278,28 @@ def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> 
     else:
         check_range(positions, rows, name="the caches' rows P")
     if axis is not None:
-        lo, hi = torch.stack(torch.aminmax(axis)).tolist()
-        if lo < 0 or hi >= positions.shape[-1]:
-            raise ValueError(
-                f"axis values must lie in [0, A) = [0, {positions.shape[-1]}), got min {lo} max {hi}"
-            )
+        _check_axis_values(axis, positions.shape[-1])
 
 
-# The host check of positions costs a sync; a caller that has checked them (rome.RoPE, the ops'
-# own backward) runs the op inside ``positions_checked()`` to skip it. Under CUDA graph capture
-# the check cannot run either: there the kernel writes NaN for a position outside the cache.
+def _check_axis_values(axis: Tensor, a: int) -> None:
+    lo, hi = torch.stack(torch.aminmax(axis)).tolist()
+    if lo < 0 or hi >= a:
+        raise ValueError(f"axis values must lie in [0, A) = [0, {a}), got min {lo} max {hi}")
+
+
+# Positions are not read on the host: the kernel never reads a cache row outside [0, P) (nor,
+# with angles, a position outside [0, 2**24)): the elements that would read one come out NaN, and
+# the torch backend gives the same NaN (``_torch_rotate``). ``position_checks`` adds a check:
+# "device" asserts the range on the device (``torch._assert_async``: no sync; on a GPU a failed
+# assertion is a device-side assert, which ends the process's CUDA context, on the CPU a
+# RuntimeError at once), "host" reads it on the host (a sync; ValueError naming min and max).
+# ``positions_checked()`` (rome.RoPE) says the caller checked them already (in range: the torch
+# backend then gathers without clamping); a backward checks nothing its forward checked.
+# axis, which the kernel reads unmasked, is read on the host once per axis tensor (remembered by
+# identity, version and address, as a model passes one kept tensor), never while capturing.
+POSITION_CHECKS = ("kernel", "device", "host")
 _CHECKED = ThreadSetting(False)
+_POSITION_CHECK = ThreadSetting("kernel")
 
 
 @contextlib.contextmanager
@@ -292,10 +309,80 @@ def positions_checked():
         yield
 
 
-def _needs_value_check(positions: Tensor) -> bool:
+def _checked_now():
+    """What a forward leaves its backward: True where its positions are known in range (the
+    caller checked them: ``positions_checked()``), else "forward" (the forward ran the thread's
+    ``position_checks``; the backward checks nothing again but still never reads outside)."""
+    return True if _CHECKED.get() is True else "forward"
+
+
+@contextlib.contextmanager
+def position_checks(how: str):
+    """How this thread's position ops check their positions' values inside the block:
+    ``"kernel"`` (the default: no check, out-of-range elements are NaN), ``"device"``
+    (``torch._assert_async``, no sync) or ``"host"`` (ValueError, a sync)."""
+    if how not in POSITION_CHECKS:
+        raise ValueError(f"position_checks takes one of {POSITION_CHECKS}, got {how!r}")
+    with _POSITION_CHECK.scoped(how):
+        yield
+
+
+_AXES: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, A): axis tensors read already
+_AXES_LOCK = threading.Lock()
+
+
+def _axis_key(axis: Tensor, a: int):
+    """What identifies ``axis``'s values (None where nothing does: an inference tensor has no
+    version counter, a functorch-wrapped or fake one no storage)."""
+    if axis.is_inference() or type(axis) is not Tensor:
+        return None
+    try:
+        return axis._version, axis.data_ptr(), a
+    except RuntimeError:
+        return None
+
+
+def _axis_checked(axis: Tensor, a: int) -> bool:
+    entry = _AXES.get(id(axis))
+    return entry is not None and entry[0]() is axis and entry[1] == _axis_key(axis, a)
+
+
+def _check_axis_once(axis: Tensor, a: int) -> None:
+    """``0 <= axis < A``, read on the host once per axis tensor (again after an in-place write;
+    inference tensors, which have no version counter, on every call); not while a CUDA graph is
+    captured (no read can run there) nor for meta tensors (no values)."""
+    if axis.device.type == "meta" or _axis_checked(axis, a):
+        return
+    if axis.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    _check_axis_values(axis, a)
+    key = _axis_key(axis, a)
+    if key is None:
+        return
+    with _AXES_LOCK:
+        if len(_AXES) >= 64:
+            _AXES.clear()
+        _AXES[id(axis)] = (weakref.ref(axis), key)
+
+
+def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> None:
+    """The value checks of a position op's call (see above)."""
     if _CHECKED.get():
-        return False
-    return not (positions.is_cuda and torch.cuda.is_current_stream_capturing())
+        return
+    if axis is not None:
+        _check_axis_once(axis, positions.shape[-1])
+    how = _POSITION_CHECK.get()
+    if how == "kernel" or positions.device.type == "meta" or not positions.numel():
+        return
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if how == "host":
+        _check_position_values(positions, None, rows, angles)
+        return
+    limit = ANGLE_POSITIONS if angles else rows
+    what = "2**24 (angles)" if angles else f"the caches' rows P={rows}"
+    torch._assert_async(torch.logical_and(positions >= 0, positions < limit).all(),
+                        f"rome: positions must lie in [0, {what})")
 
 
 def _out_like(x: Tensor) -> Tensor:
@@ -325,27 +412,68 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
     them and whether one may be its x) or, by default, into new tensors."""
     names = ("q", "k") if len(xs) == 2 else ("x",)
     backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
-    if positions is not None and _needs_value_check(positions):
-        _check_position_values(positions, axis, cos.shape[0], angles)
+    if positions is not None:
+        _check_values(positions, axis, cos.shape[0], angles)
     outs = [_out_like(x) for x in xs] if outs is None else list(outs)
+    learn = _LEARN.get()
+    if learn is not None:
+        learn.calls += 1
+        learn.backend, learn.outs = backend, outs
     if backend == "triton":
         kernel = _kernel()
         x0 = xs[0]
-        if x0.is_cuda and x0.dtype != torch.float32 and kernel.launch.uses_fp32_dot(x0.dtype, matrix):
-            warnings.warn(
-                f"rome: the matrix's values are not exact in {x0.dtype} (nor bf16), so the kernel "
-                "multiplies in IEEE fp32 rather than on the tensor cores",
-                stacklevel=2,
-            )
+        warn = x0.is_cuda and x0.dtype != torch.float32 and kernel.launch.uses_fp32_dot(x0.dtype, matrix)
+        if warn:
+            _warn_fp32_dot(x0.dtype)
         with _INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
-            kernel.rotate(
-                [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-                transpose=transpose, positions=positions, axis=axis, angles=angles,
-            )
+            with kernel.recording() if learn is not None else contextlib.nullcontext() as rec:
+                kernel.rotate(
+                    [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
+                    transpose=transpose, positions=positions, axis=axis, angles=angles,
+                )
+        if learn is not None:
+            learn.rec, learn.warn = rec, warn
     else:
+        _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles)
+    return outs
+
+
+def _warn_fp32_dot(dtype) -> None:
+    warnings.warn(
+        f"rome: the matrix's values are not exact in {dtype} (nor bf16), so the kernel "
+        "multiplies in IEEE fp32 rather than on the tensor cores",
+        stacklevel=4,
+    )
+
+
+def _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles) -> None:
+    """The torch backend, with the kernel's rule for positions outside the cache (or, with angles,
+    outside ``[0, 2**24)``): never read, the elements that would read one NaN. Trusted positions
+    (``positions_checked()``) go straight to the gather."""
+    if positions is None or _CHECKED.get() is True or positions.device.type == "meta":
         torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis,
                                   angles=angles)
-    return outs
+        return
+    limit = ANGLE_POSITIONS if angles else cos.shape[0]
+    bad = (positions < 0) | (positions >= limit)  # [..., A]
+    safe = positions.clamp(0, limit - 1)
+    torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=safe, axis=axis,
+                              angles=angles)
+    columns = _bad_columns(bad, axis, matrix, transpose)
+    for out in outs:
+        out.masked_fill_(columns, float("nan"))
+
+
+def _bad_columns(bad: Tensor, axis, matrix: Tensor, transpose: bool) -> Tensor:
+    """bool ``[..., D]``: the output elements that read a position in ``bad`` (``[..., A]``):
+    column j reads its own position (cos, and sin in the forward); the transpose's column j also
+    reads sin at every column i with ``M[j, i] != 0``."""
+    d = matrix.shape[-1]
+    columns = cache_index(bad.to(torch.int64), axis, d).to(torch.bool)
+    if transpose and axis is not None:
+        nz = (matrix != 0).to(torch.float32)
+        columns = columns | (torch_backend.matmul(columns.to(torch.float32), nz.mT) > 0)
+    return columns
 
 
 def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=False) -> list[Tensor]:
@@ -448,10 +576,16 @@ def _cache_grads(xs, hs, cos, sin, matrix, transpose: bool, needs, positions, ax
         return _table_grads(xs, hs, cos, sin, matrix, transpose, needs)
     if not any(needs) or all(h is None for h in hs):
         return None, None, None
+    if angles and (needs[0] or needs[1]):
+        raise RuntimeError("rome: no gradient for the frequencies and scales of the angles mode "
+                           "(apply_qk_angles); detach them")
+    # positions outside the cache (the forward's NaN elements) read and give nothing: read at a
+    # clamped row, their grads zeroed (no sync to find out whether there are any)
+    limit = ANGLE_POSITIONS if angles else cos.shape[0]
+    bad = _bad_columns((positions < 0) | (positions >= limit), axis, matrix, transpose)
+    hs = [None if h is None else h.masked_fill(bad, 0) for h in hs]
+    positions = positions.clamp(0, limit - 1)
     if angles:
-        if needs[0] or needs[1]:
-            raise RuntimeError("rome: no gradient for the frequencies and scales of the angles mode "
-                               "(apply_qk_angles); detach them")
         _, rows_s = angle_rows(cos, sin, positions, axis)
         return _table_grads(xs, hs, rows_s, rows_s, matrix, transpose, needs)
     rows_c, rows_s = rows_of((cos, sin), positions, axis)
@@ -503,7 +637,7 @@ def _product(name: str | None):
 def _setup_context(ctx, inputs, output):
     *xs, cos, sin, matrix, backend, positions, axis, angles = inputs
     n = len(xs)
-    ctx.n, ctx.backend, ctx.angles, ctx.product = n, backend, angles, _product_now()
+    ctx.n, ctx.backend, ctx.angles, ctx.product, ctx.checked = n, backend, angles, _product_now(), _checked_now()
     table_grads = any(ctx.needs_input_grad[n : n + 3])
     ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
 
@@ -515,7 +649,7 @@ def _make_backward(transpose: bool):
         needs = ctx.needs_input_grad
 
         def rotate(t, hs):
-            with positions_checked(), _product(ctx.product):  # checked by the forward
+            with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
                 return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
@@ -625,6 +759,7 @@ class _Rotate(torch.autograd.Function):
     def setup_context(ctx, inputs, output):
         transpose, backend, positions, axis, angles, cos, sin, matrix, *xs = inputs
         ctx.transpose, ctx.backend, ctx.angles, ctx.product = transpose, backend, angles, _product_now()
+        ctx.checked = _checked_now()
         table_grads = any(ctx.needs_input_grad[5:8])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
         ctx.save_for_forward(positions, axis, cos, sin, matrix, *xs)
@@ -632,7 +767,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
-            with positions_checked(), _product(getattr(ctx, "product", None)):  # checked by the forward
+            with _CHECKED.scoped(getattr(ctx, "checked", "forward")), _product(getattr(ctx, "product", None)):
                 return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, *hs))
 
         return rotate
@@ -728,6 +863,216 @@ def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *
     return outs[0] if len(xs) == 1 else tuple(outs)
 
 
+# --- the lean path: a call's metadata work done once per signature ------------------------------
+#
+# A model calls rome with the same shapes, strides, dtypes, device and matrix in every layer of
+# every step. The first call of a signature runs the full path above (every check, the plan, the
+# split into launches) and is remembered: what the triton backend launched (``launcher.Recipe``:
+# kernel, grid, constexprs, integer arguments, and which of the call's tensors each tensor
+# argument is), or that the torch backend ran, with the outputs' strides. A later call of the
+# same signature allocates its outputs and launches the recipe with its own tensors: no check
+# (they depend only on the signature, which passed them), no torch.library dispatch. Only for
+# plain tensors outside tracing, compiling, torch.func transforms, forward AD, dispatch and
+# torch-function modes and the profiler (those take the full path, the op as before); with a
+# tensor that requires grad under grad mode, through ``_Lean``, an autograd.Function with the
+# ops' backward. The signature: per tensor its type, shape, strides, dtype, device and
+# requires_grad; the matrix by identity and version (its values choose the plan); the backend,
+# the thread's product and warp size, ``capture``'s state and the functions a test may replace.
+# Values are never part of it: positions are checked per call as ``_check_values`` says.
+
+_LEAN: dict = {}
+_LEAN_MAX = 1024
+_PLAIN = (Tensor, torch.nn.Parameter)
+_LEARN: ThreadSetting = ThreadSetting(None)  # a miss being learned: what its _rotate did
+
+
+class _Learn:
+    __slots__ = ("calls", "backend", "outs", "rec", "warn")
+
+    def __init__(self):
+        self.calls, self.backend, self.outs, self.rec, self.warn = 0, None, None, None, False
+
+
+class _Entry:
+    __slots__ = ("matrix", "version", "triton", "recipe", "outs", "warn", "grad", "n", "transpose")
+
+    def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose):
+        self.matrix, self.version = matrix, matrix._version
+        self.triton, self.recipe, self.outs, self.warn, self.grad, self.n = triton, recipe, outs, warn, grad, n
+        self.transpose = transpose
+
+
+def _plain_state() -> bool:
+    """No tracing, compiling, transform, forward-AD level, mode or profiler: the lean path may run."""
+    return not (torch.compiler.is_compiling() or fwAD._current_level >= 0
+                or torch._C._are_functorch_transforms_active() or torch._C._is_tracing()
+                or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+                or torch._C._autograd._profiler_enabled())
+
+
+def _settings():
+    """The thread's settings a call's launches depend on beyond its tensors, or None where a
+    function the lean path would skip has been replaced (a test's spy sees every call)."""
+    if _rotate is not _ORIGINAL[0] or _kernel is not _ORIGINAL[1] or _run is not _ORIGINAL[2] \
+            or torch_backend.rotate_into is not _ORIGINAL[3]:
+        return None
+    k = sys.modules.get("rome.launcher")
+    if k is None:
+        return ()
+    if k.rotate is not k.ORIGINAL[0] or k._run is not k.ORIGINAL[1] or k._pick is not k.ORIGINAL[2]:
+        return None
+    # (the ThreadSettings' values read directly: a method call each costs as much as the read)
+    c, p, n = k._capture, k.launch._product, k.launch._lanes
+    captured = getattr(c._local, "value", c._default)
+    return (k.INTERPRET, getattr(p._local, "value", p._default), getattr(n._local, "value", n._default),
+            None if captured is None else captured.num_sms)
+
+
+def _key(kind, tensors, backend, mode):
+    """The call's signature, or None where the lean path does not apply (a tensor of another type,
+    an unhashable argument, a legacy-vmap batched tensor, a layout without strides)."""
+    settings = _settings()
+    if settings is None:
+        return None
+    try:  # (the matrix by identity too: two matrices of one shape do not evict each other's entry)
+        sig = [kind, backend, mode, () if backend == "torch" else settings, id(tensors[-3])]
+        for t in tensors:
+            if t is None:
+                sig.append(None)
+            elif type(t) in _PLAIN and not _is_legacy_batched(t):
+                sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
+            else:
+                return None
+        return tuple(sig)  # (hashed by the lookup: an unhashable argument is a TypeError there)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return None
+
+
+def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backend, mode, full, trusted=False):
+    """``full()`` (the entry point's full path) the first time a signature is seen, learning it;
+    the remembered work for the next calls of it (see above). ``kind``: which entry point."""
+    if (mode is not None and matrix is not None) or not _plain_state():
+        return full()
+    tensors = (*xs, cos, sin, matrix if mode is None else None, positions, axis)
+    key = _key(kind, tensors, backend, mode)
+    if key is None:
+        return full()
+    try:
+        entry = _LEAN.get(key)
+    except TypeError:  # an unhashable backend or mode: the full path says what is wrong
+        return full()
+    if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)) \
+            and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
+        outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    learn = _Learn()
+    with _LEARN.scoped(learn):
+        result = full()
+    key = _key(kind, tensors, backend, mode)  # (the first triton call imports the launcher: its settings)
+    if key is not None:
+        _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode)
+    return result
+
+
+def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode) -> None:
+    """Remember the signature of a call whose full path ran once through ``_rotate``."""
+    if learn.calls != 1 or learn.outs is None:
+        return
+    if mode is not None:  # the kept rotation matrix of the mode
+        matrix = kept_rotation_matrix(xs[0].shape[-1], mode, dtype=xs[0].dtype, device=xs[0].device)
+    outs = [(o.shape, o.stride(), o.stride() == x.stride()) for o, x in zip(learn.outs, xs)]
+    grad = any(t is not None and t.requires_grad for t in (*xs, cos, sin, matrix))
+    if learn.backend == "triton":
+        if learn.rec is None:
+            return
+        from .launcher import Recipe
+
+        two = len(xs) == 2
+        roles = [xs[0], xs[1] if two else None, learn.outs[0], learn.outs[1] if two else None,
+                 cos, sin, matrix, positions, axis]
+        recipe = Recipe.bind(learn.rec, roles)
+        if recipe is None:
+            return
+        entry = _Entry(matrix, True, recipe, outs, learn.warn, grad, len(xs), transpose)
+    else:
+        entry = _Entry(matrix, False, None, outs, False, grad, len(xs), transpose)
+    if len(_LEAN) >= _LEAN_MAX:
+        _LEAN.clear()
+    _LEAN[key] = entry
+
+
+def _lean_call(entry, xs, cos, sin, matrix, positions, axis, angles, backend, trusted) -> list[Tensor]:
+    if entry.grad and torch.is_grad_enabled():
+        return list(_Lean.apply(entry, backend, positions, axis, angles, trusted, cos, sin, matrix, *xs))
+    return _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted)
+
+
+def _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted) -> list[Tensor]:
+    """The remembered call: outputs allocated, positions' values checked, the recipe launched."""
+    x0 = xs[0]
+    # (empty_like where the output takes x's strides: ~0.4 µs less than empty_strided)
+    outs = [torch.empty_like(x) if like else torch.empty_strided(shape, stride, dtype=x0.dtype, device=x0.device)
+            for x, (shape, stride, like) in zip(xs, entry.outs)]
+    if positions is not None and not trusted and not _CHECKED.get():
+        _check_values(positions, axis, cos.shape[0], angles)
+    if not entry.triton:
+        if trusted:
+            with positions_checked():
+                _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles)
+        else:
+            _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles)
+        return outs
+    if entry.warn:
+        _warn_fp32_dot(x0.dtype)
+    two = entry.n == 2
+    tensors = (x0, xs[1] if two else None, outs[0], outs[1] if two else None, cos, sin, matrix, positions, axis)
+    kernel = _kernel()
+    if kernel.INTERPRET:
+        with _INTERPRET_LOCK:
+            entry.recipe.replay(tensors)
+    else:
+        entry.recipe.replay(tensors)
+    return outs
+
+
+class _Lean(torch.autograd.Function):
+    """A remembered call under autograd: the forward launches the recipe, the backward is the
+    ops' (``_grads``: dx by the transposed rotation, the table grads), through the lean path again."""
+
+    @staticmethod
+    def forward(ctx, entry, backend, positions, axis, angles, trusted, cos, sin, matrix, *xs):
+        outs = _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted)
+        n = len(xs)
+        ctx.backend, ctx.angles, ctx.product, ctx.transpose = backend, angles, _product_now(), entry.transpose
+        ctx.checked = True if trusted else _checked_now()
+        table_grads = any(ctx.needs_input_grad[6:9])
+        ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * n))
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+
+        def rotate(t, hs):
+            with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
+                return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
+
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[9:], needs[6:9],
+                            positions, axis, ctx.angles)
+        return (None, None, None, None, None, None, *table, *dxs)
+
+
+def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs) -> list[Tensor]:
+    """``_run`` through the lean path (the backward's rotation)."""
+    def full():
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    out = _lean("rotate", transpose, hs, cos, sin, matrix, positions, axis, angles, backend, None, full)
+    return [out] if len(hs) == 1 else list(out)
+
+
 def _no_dtensor(fn: str, named: dict) -> None:
     """The positions/angles ops have no DTensor sharding rules (their positions index the cache
     rows, which a shard of x cannot know): a clear error instead of DTensor's own."""
@@ -785,6 +1130,11 @@ def apply(
     and matrix, in reverse and forward mode and under torch.func transforms; the backward of x
     runs the same fused kernel with Mᵀ.
     """
+    return _lean("apply", False, (x,), cos, sin, matrix, None, None, False, backend, mode,
+                 lambda: _full_apply(x, cos, sin, matrix, mode, backend))
+
+
+def _full_apply(x, cos, sin, matrix, mode, backend):
     matrix = _matrix_or_mode(matrix, mode, x, "x")
     _check_types({"x": x}, cos, sin, matrix, backend)
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
@@ -798,6 +1148,11 @@ def apply_qk(
 ) -> tuple[Tensor, Tensor]:
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
     (GQA) and layout but share head_dim, dtype and the tables. ``mode=`` as in ``apply``."""
+    return _lean("apply_qk", False, (q, k), cos, sin, matrix, None, None, False, backend, mode,
+                 lambda: _full_apply_qk(q, k, cos, sin, matrix, mode, backend))
+
+
+def _full_apply_qk(q, k, cos, sin, matrix, mode, backend):
     matrix = _matrix_or_mode(matrix, mode, q, "q")
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
@@ -820,10 +1175,17 @@ def apply_at(
     Offsets and packed sequences are added into positions by the caller (``rome.positions``).
 
     Bitwise ``apply(x, gather_rows(cos, positions, axis), ...)`` on either backend, gradients
-    included (the cache grads scattered back). Positions are checked on the host, ``0 <= p < P``
-    (a sync), except inside ``positions_checked()`` and under CUDA graph capture, where the
-    kernel writes NaN for a position outside the cache rather than read it.
+    included (the cache grads scattered back). Positions are not read on the host (no sync): an
+    element whose position lies outside ``[0, P)`` is NaN, on either backend (the kernel masks
+    the read; nothing outside the cache is ever read); ``position_checks("device")`` asserts the
+    range on the device instead, ``position_checks("host")`` raises ValueError (a sync). ``axis``
+    is read on the host once per axis tensor (it is read unmasked).
     """
+    return _lean("apply_at", False, (x,), cos, sin, matrix, positions, axis, False, backend, None,
+                 lambda: _full_apply_at(x, cos, sin, matrix, positions, axis, backend))
+
+
+def _full_apply_at(x, cos, sin, matrix, positions, axis, backend):
     _check_types({"x": x}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     _no_dtensor("apply_at", {"x": x, "cos": cos, "sin": sin, "positions": positions})
@@ -836,6 +1198,21 @@ def apply_qk_at(
 ) -> tuple[Tensor, Tensor]:
     """``apply_at`` of q and k in one kernel launch (shared positions and caches, any head
     counts: positions broadcast over heads)."""
+    return _lean("apply_qk_at", False, (q, k), cos, sin, matrix, positions, axis, False, backend, None,
+                 lambda: _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend))
+
+
+def _apply_qk_at_checked(q, k, cos, sin, matrix, positions, axis, backend):
+    """``apply_qk_at`` of positions the caller has checked (``positions_checked()`` without the
+    context manager's cost): rome.RoPE's call."""
+    def full():
+        with positions_checked():
+            return _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend)
+
+    return _lean("apply_qk_at", False, (q, k), cos, sin, matrix, positions, axis, False, backend, None, full, True)
+
+
+def _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend):
     _check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     _check_position_types(positions, axis)
     _no_dtensor("apply_qk_at", {"q": q, "k": k, "cos": cos, "sin": sin, "positions": positions})
@@ -858,7 +1235,16 @@ def apply_qk_angles(
     in ``[0, 2**24)``.
     The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
     and matrix, not in freqs/scales."""
+    return _lean("apply_qk_angles", False, (q, k), freqs, scales, matrix, positions, axis, True, backend, None,
+                 lambda: _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend))
+
+
+def _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend):
     _check_types({"q": q, "k": k}, freqs, scales, matrix, backend, ("freqs", "scales"))
     _check_position_types(positions, axis)
     _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
     return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
+
+
+# the functions the lean path skips, as defined (``_settings``: a replaced one turns it off)
+_ORIGINAL = (_rotate, _kernel, _run, torch_backend.rotate_into)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -289,8 +290,7 @@ def rows_of(caches, positions: Tensor, axis: Tensor | None = None) -> list[Tenso
     runs = [(0, 0)]  # (first column, axis) of each run
     if axis is not None:  # the runs need axis's values: read only where that costs no sync or trace
         readable = axis.device.type == "cpu" and not is_fake(axis) and not torch.compiler.is_compiling()
-        ax = axis.tolist() if readable else []
-        runs = [(j, a) for j, a in enumerate(ax) if j == 0 or a != ax[j - 1]] or None
+        runs = _runs(axis) if readable else None
     if runs is not None and len(runs) <= RUNS:
         flat = positions.reshape(-1, positions.shape[-1]).to(caches[0].device, torch.int64)
         ends = [j for j, _ in runs[1:]] + [d]
@@ -299,6 +299,28 @@ def rows_of(caches, positions: Tensor, axis: Tensor | None = None) -> list[Tenso
     index = cache_index(positions, axis, d).to(caches[0].device)
     flat = index * d + torch.arange(d, device=index.device)  # row-major offsets into the cache
     return [torch.take(c, flat) for c in caches]
+
+
+_RUNS: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, runs): axis read once per tensor
+
+
+def _runs(axis: Tensor):
+    """``[(first column, axis)]`` of each run of columns reading one axis (None for none), read
+    from a CPU ``axis`` once per tensor (again after an in-place write)."""
+    try:  # (a functorch-wrapped or fake axis has no storage: read each time)
+        key = None if axis.is_inference() or type(axis) is not Tensor else (axis._version, axis.data_ptr())
+    except RuntimeError:
+        key = None
+    entry = _RUNS.get(id(axis))
+    if key is not None and entry is not None and entry[0]() is axis and entry[1] == key:
+        return entry[2]
+    ax = axis.tolist()
+    runs = [(j, a) for j, a in enumerate(ax) if j == 0 or a != ax[j - 1]] or None
+    if key is not None:
+        if len(_RUNS) >= 64:
+            _RUNS.clear()
+        _RUNS[id(axis)] = (weakref.ref(axis), key, runs)
+    return runs
 
 
 def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int) -> Tensor:

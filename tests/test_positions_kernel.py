@@ -329,13 +329,55 @@ def test_bad_input(backend):
         (lambda: at(pos, cos=cos[None], sin=sin[None]), ValueError,
          r"with positions, cos/sin must be caches \[P, D\] = \[P, 32\] \(one row per position\), got cos \[1, 48, 32\]"),
         (lambda: at(pos[..., :0]), ValueError, r"positions must be \[\.\.\., A\] with A >= 1 position axes, got \[2, 1, 3, 0\]"),
-        (lambda: at(pos + P), ValueError, rf"positions must be < the caches' rows P={P}, got max"),
-        (lambda: at(pos - P), ValueError, r"positions must be >= 0, got min"),
+        (lambda: _on_host(at, pos + P), ValueError, rf"positions must be < the caches' rows P={P}, got max"),
+        (lambda: _on_host(at, pos - P), ValueError, r"positions must be >= 0, got min"),
+        (lambda: _on_device(at, pos + P), RuntimeError, rf"rome: positions must lie in \[0, the caches' rows P={P}\)"),
         (lambda: at(pos, axis=axis + 1), ValueError, r"axis values must lie in \[0, A\) = \[0, 3\), got min 1 max 3"),
     ]
     for fn, exc, match in cases:
         with pytest.raises(exc, match=match):
             fn()
+
+
+def _on_host(fn, *args, **kwargs):
+    with ops.position_checks("host"):  # the host check: ValueError (a sync)
+        return fn(*args, **kwargs)
+
+
+def _on_device(fn, *args, **kwargs):
+    with ops.position_checks("device"):  # torch._assert_async: on the CPU a RuntimeError at once
+        return fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_positions_outside_the_cache_are_nan_by_default(backend):
+    """By default positions are not read on the host: the elements that would read a row outside
+    the cache are NaN on either backend (the kernel's masked load; the torch backend's clamped
+    gather and mask), the others bitwise the in-range result; q and k, forward and backward."""
+    layout = LAYOUTS["mrope-4/6/6"]()
+    cos, sin = _caches(layout)
+    m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
+    q = torch.randn(1, 2, 4, 32, device=DEVICE, requires_grad=True)
+    k = torch.randn(1, 1, 4, 32, device=DEVICE, requires_grad=True)
+    pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
+    pos[0, 0, 1, 2] = P + 5  # token 1's axis 2 (its last 12 columns) past the end
+    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its first 8 columns) before the start
+    qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
+    bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
+    bad[0, 0, 1] = axis == 2
+    bad[0, 0, 3] = axis == 0
+    ok = pos.clamp(0, P - 1)
+    want = rome.apply_qk(q, k, gather_rows(cos, ok, axis), gather_rows(sin, ok, axis), m, backend=backend)
+    for out, w in zip((qo, ko), want):
+        assert torch.isnan(out).eq(bad.expand_as(out)).all()
+        assert torch.equal(out[~bad.expand_as(out)], w[~bad.expand_as(out)])
+    # the backward reads nothing outside either: the tokens whose every column is in range get
+    # the in-range grads, bitwise
+    g = torch.randn_like(qo)
+    (dq,) = torch.autograd.grad(qo, q, g)
+    (dw,) = torch.autograd.grad(want[0], q, g)
+    rows = ~bad.any(-1, keepdim=True).expand_as(dq)
+    assert torch.equal(dq[rows], dw[rows])
 
 
 def test_kernel_never_reads_outside_the_cache():
@@ -488,7 +530,12 @@ def test_angles_bad_input():
     pos[0, 0, 0, 0] = 8
     for backend in BACKENDS:
         with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 = 16777216 with angles \(exact in float32\), got max 16777224"):
-            ops.apply_qk_angles(q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
+            _on_host(ops.apply_qk_angles, q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
+        # by default nothing is read on the host: the elements at a position past 2**24 are NaN
+        far = pos.clone()
+        far[0, 0, 0, 0] += 2**24  # token 0's axis 0 (its first 8 columns)
+        out = ops.apply_qk_angles(q, q, freqs, scales, m, far, axis=axis, backend=backend)[0]
+        assert torch.isnan(out[0, 0, 0]).eq(axis == 0).all() and not torch.isnan(out[0, 0, 1:]).any()
         with pytest.raises(ValueError, match=r"freqs must be the float32 frequencies \[2, D\] = \[2, 32\]"):
             ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
         with pytest.raises(RuntimeError, match=r"no gradient for the frequencies and scales"):
@@ -506,4 +553,5 @@ def test_angles_module_compiles_fullgraph(backend):
     f = torch.compile(lambda q, k, p: rope(q, k, p, offsets=3), fullgraph=True, backend="aot_eager")
     _assert_equal(f(q, k, pos), rope(q, k, pos, offsets=3), "compiled angles")
     with pytest.raises(ValueError, match=r"positions must be < 2\*\*24"):  # checked when the graph runs
-        f(q, k, pos + 2**24)
+        _on_host(f, q, k, pos + 2**24)
+    assert torch.isnan(f(q, k, pos + 2**24)[0]).all()  # by default: NaN, no host read
