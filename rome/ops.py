@@ -25,7 +25,7 @@ same backward and a jvp, which the public functions use when one is active.
 Per-call cost: a repeated call of one signature (shapes, strides, dtypes, device, matrix) takes
 the lean path (``_lean``): its checks, plan and launches were worked out by the first call and are
 replayed, with no torch.library dispatch in eager mode. Positions are never read on the host by
-default (``position_checks``).
+default: their range is asserted on the device (``position_checks``).
 """
 
 from __future__ import annotations
@@ -297,9 +297,16 @@ def _check_axis_values(axis: Tensor, a: int) -> None:
 # backend then gathers without clamping); a backward checks nothing its forward checked.
 # axis, which the kernel reads unmasked, is read on the host once per axis tensor (remembered by
 # identity, version and address, as a model passes one kept tensor), never while capturing.
+#
+# The default is "device": an out-of-range position is an error, never a quiet NaN, and still no
+# sync. Its few ops run once per positions tensor (remembered, as axis is, by identity, version
+# and address: a model's layers share one positions tensor per step); an inference tensor has no
+# version counter and is checked on every call. "kernel" leaves the check to the NaN (no op at
+# all: for a caller that measured the check and wants it gone).
 POSITION_CHECKS = ("kernel", "device", "host")
 _CHECKED = ThreadSetting(False)
-_POSITION_CHECK = ThreadSetting("kernel")
+_POSITION_CHECK = ThreadSetting("device")
+_POSITIONS_OK: dict = {}  # id(positions) -> (weakref(positions), (version, data_ptr, limit))
 
 
 @contextlib.contextmanager
@@ -319,8 +326,8 @@ def _checked_now():
 @contextlib.contextmanager
 def position_checks(how: str):
     """How this thread's position ops check their positions' values inside the block:
-    ``"kernel"`` (the default: no check, out-of-range elements are NaN), ``"device"``
-    (``torch._assert_async``, no sync) or ``"host"`` (ValueError, a sync)."""
+    ``"device"`` (the default: ``torch._assert_async``, no sync, once per positions tensor),
+    ``"kernel"`` (no check: out-of-range elements are NaN) or ``"host"`` (ValueError, a sync)."""
     if how not in POSITION_CHECKS:
         raise ValueError(f"position_checks takes one of {POSITION_CHECKS}, got {how!r}")
     with _POSITION_CHECK.scoped(how):
@@ -380,9 +387,18 @@ def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> None:
         _check_position_values(positions, None, rows, angles)
         return
     limit = ANGLE_POSITIONS if angles else rows
+    key = _axis_key(positions, limit)
+    entry = _POSITIONS_OK.get(id(positions))
+    if key is not None and entry is not None and entry[0]() is positions and entry[1] == key:
+        return  # this tensor's values were asserted in range already
     what = "2**24 (angles)" if angles else f"the caches' rows P={rows}"
     torch._assert_async(torch.logical_and(positions >= 0, positions < limit).all(),
                         f"rome: positions must lie in [0, {what})")
+    if key is not None:
+        with _AXES_LOCK:
+            if len(_POSITIONS_OK) >= 64:
+                _POSITIONS_OK.clear()
+            _POSITIONS_OK[id(positions)] = (weakref.ref(positions), key)
 
 
 def _out_like(x: Tensor) -> Tensor:

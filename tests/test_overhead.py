@@ -233,8 +233,8 @@ def test_position_ops_read_nothing_on_the_host(backend, no_host_reads):
         pos1 = torch.randint(0, P, (2, 1, 3, 1), device=DEVICE)
         pos3 = torch.randint(0, P, (2, 1, 3, 3), device=DEVICE)
         if i == 2:
-            pos1[0, 0, 0, 0] = P + 3  # out of range: NaN, not a read
-        with no_host_reads():
+            pos1[0, 0, 0, 0] = P + 3  # out of range: NaN (unchecked, below), not a read
+        with no_host_reads(), ops.position_checks("kernel" if i == 2 else "device"):
             with torch.no_grad():
                 rome.apply_qk_at(q, k, c1, s1, m1, pos1, backend=backend)
                 rome.apply_qk_at(q, k, cache_c, cache_s, m, pos3, axis=axis, backend=backend)

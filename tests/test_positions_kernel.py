@@ -350,10 +350,12 @@ def _on_device(fn, *args, **kwargs):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_positions_outside_the_cache_are_nan_by_default(backend):
-    """By default positions are not read on the host: the elements that would read a row outside
-    the cache are NaN on either backend (the kernel's masked load; the torch backend's clamped
-    gather and mask), the others bitwise the in-range result; q and k, forward and backward."""
+def test_positions_outside_the_cache_raise_by_default_and_are_nan_unchecked(backend):
+    """Positions are never read on the host. By default their range is asserted on the device
+    (on the CPU: a RuntimeError at once). Without a check (``position_checks("kernel")``) the
+    elements that would read a row outside the cache are NaN on either backend (the kernel's
+    masked load; the torch backend's clamped gather and mask), the others bitwise the in-range
+    result; q and k, forward and backward."""
     layout = LAYOUTS["mrope-4/6/6"]()
     cos, sin = _caches(layout)
     m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
@@ -362,7 +364,11 @@ def test_positions_outside_the_cache_are_nan_by_default(backend):
     pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
     pos[0, 0, 1, 2] = P + 5  # token 1's axis 2 (its last 12 columns) past the end
     pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its first 8 columns) before the start
-    qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
+    if DEVICE == "cpu":  # (on a GPU the default's failure is a device-side assert: not testable here)
+        with pytest.raises(RuntimeError, match=rf"rome: positions must lie in \[0, the caches' rows P={P}\)"):
+            ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
+    with ops.position_checks("kernel"):
+        qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
     bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
     bad[0, 0, 1] = axis == 2
     bad[0, 0, 3] = axis == 0
@@ -531,10 +537,15 @@ def test_angles_bad_input():
     for backend in BACKENDS:
         with pytest.raises(ValueError, match=r"positions must be < 2\*\*24 = 16777216 with angles \(exact in float32\), got max 16777224"):
             _on_host(ops.apply_qk_angles, q, q, freqs, scales, m, pos + 2**24, axis=axis, backend=backend)
-        # by default nothing is read on the host: the elements at a position past 2**24 are NaN
+        # nothing is read on the host: by default the range is asserted on the device; unchecked,
+        # the elements at a position past 2**24 are NaN
         far = pos.clone()
         far[0, 0, 0, 0] += 2**24  # token 0's axis 0 (its first 8 columns)
-        out = ops.apply_qk_angles(q, q, freqs, scales, m, far, axis=axis, backend=backend)[0]
+        if DEVICE == "cpu":
+            with pytest.raises(RuntimeError, match=r"rome: positions must lie in \[0, 2\*\*24 \(angles\)\)"):
+                ops.apply_qk_angles(q, q, freqs, scales, m, far, axis=axis, backend=backend)
+        with ops.position_checks("kernel"):
+            out = ops.apply_qk_angles(q, q, freqs, scales, m, far, axis=axis, backend=backend)[0]
         assert torch.isnan(out[0, 0, 0]).eq(axis == 0).all() and not torch.isnan(out[0, 0, 1:]).any()
         with pytest.raises(ValueError, match=r"freqs must be the float32 frequencies \[2, D\] = \[2, 32\]"):
             ops.apply_qk_angles(q, q, freqs[:1], scales, m, pos, axis=axis, backend=backend)
@@ -554,4 +565,6 @@ def test_angles_module_compiles_fullgraph(backend):
     _assert_equal(f(q, k, pos), rope(q, k, pos, offsets=3), "compiled angles")
     with pytest.raises(ValueError, match=r"positions must be < 2\*\*24"):  # checked when the graph runs
         _on_host(f, q, k, pos + 2**24)
-    assert torch.isnan(f(q, k, pos + 2**24)[0]).all()  # by default: NaN, no host read
+    if DEVICE == "cpu":  # by default: asserted on the device inside the graph, no host read
+        with pytest.raises(RuntimeError, match=r"rome: positions must lie in"):
+            f(q, k, pos + 2**24)
