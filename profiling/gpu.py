@@ -555,6 +555,14 @@ def entry_point_calls(device: str):
                 (f"apply_qk_angles backward {tag}",
                  grad(lambda a, b, m=m, cpos=cpos, axis=axis, f=freqs, sc_=scales:
                       rome.apply_qk_angles(a, b, f, sc_, m, cpos, axis=axis, **bk), q, k)),
+                (f"apply_qk_norm {tag}", lambda q=q, k=k, cos=cos, sin=sin, m=m:
+                    rome.apply_qk_norm(q, k, cos, sin, m, torch.ones(q.shape[-1], device=q.device),
+                                       torch.ones(q.shape[-1], device=q.device), **bk)),
+                (f"apply_qk_norm backward {tag}",
+                 grad(lambda a, b, cos=cos, sin=sin, m=m: rome.apply_qk_norm(
+                     a, b, cos, sin, m, torch.ones(a.shape[-1], device=a.device),
+                     torch.ones(a.shape[-1], device=a.device), norm="layer", **bk),
+                      q, k)),
                 (f"apply_ {tag}", lambda q=q, cos=cos, sin=sin, m=m: rome.apply_(q.clone(), cos, sin, m, **bk)),
                 (f"apply_qk_ {tag}", lambda q=q, k=k, cos=cos, sin=sin, m=m:
                     rome.apply_qk_(q.clone(), k.clone(), cos, sin, m, **bk)),
