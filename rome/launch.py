@@ -372,7 +372,7 @@ class Plan:
     candidates: tuple  # the configs the autotuner may pick from (config first; same block_n)
     operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
     nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
-    src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin or the gather kernel)
+    src: torch.Tensor  # int32: the gather kernel's [D + 1] (gather_index), gather_sin's [D], else a dummy [1]
     sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
 
     def reads(self, n: int, k: int) -> bool:
@@ -439,12 +439,40 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src)
 
 
+PAIRS_NONE, PAIRS_KEPT, PAIRS_SWAPPED = 0, 1, 2  # kernel.PAIRS_*: how src moves column pairs
+
+
+def pair_class(src: torch.Tensor) -> int:
+    """How the gather index ``src`` ([D] ints) moves the column pairs (2i, 2i + 1), which decides
+    how the gather kernel reads the partner ``x[:, src]``: ``PAIRS_SWAPPED`` where src[j] == j ^ 1
+    for every j (interleave: the partner is in x's own registers), ``PAIRS_KEPT`` where every pair
+    lands on a pair in order (src[2i] even, src[2i+1] == src[2i] + 1: the half rotation of sections
+    of a multiple of 4 columns, pass-through columns; one 4- or 8-byte load per pair), else
+    ``PAIRS_NONE`` (one load per element)."""
+    s = [int(v) for v in src.tolist()]
+    d = len(s)
+    if d % 2:
+        return PAIRS_NONE
+    if all(v == (j ^ 1) for j, v in enumerate(s)):
+        return PAIRS_SWAPPED
+    if all(s[j] % 2 == 0 and s[j + 1] == s[j] + 1 for j in range(0, d, 2)):
+        return PAIRS_KEPT
+    return PAIRS_NONE
+
+
+def gather_index(take: torch.Tensor) -> torch.Tensor:
+    """The gather kernel's ``src``: int32 ``[D + 1]``, ``take`` then its ``pair_class`` at [D]."""
+    cls = torch.tensor([pair_class(take.cpu())], dtype=torch.int32, device=take.device)
+    return torch.cat([take.to(torch.int32), cls])
+
+
 @functools.lru_cache(maxsize=256)
 def _signed_gather(info, transpose: bool):
-    """int32 src and fp32 sign [D] of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the
-    matrix's device: output column j is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
+    """int32 src ``[D + 1]`` (``gather_index``: the gather then how it moves pairs) and fp32 sign [D]
+    of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the matrix's device: output column j
+    is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
     take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
-    return take.to(torch.int32), sign.to(torch.float32).contiguous()
+    return gather_index(take), sign.to(torch.float32).contiguous()
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:
