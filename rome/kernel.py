@@ -90,6 +90,8 @@ interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
@@ -132,8 +134,9 @@ def _two_prod(a, b, F64: tl.constexpr):
     p = a * b
     if F64:
         e = (a.to(tl.float64) * b.to(tl.float64) - p.to(tl.float64)).to(tl.float32)
-    else:
-        e = tl.fma(a, b, -p)
+    else:  # (-p as p * -1.0: triton 3.6 lowers unary minus to 0 - p, an FADD a fma cannot fold;
+        # LLVM turns the product into fneg, a free operand modifier of the FFMA)
+        e = tl.fma(a, b, p * -1.0)
     return p, e
 
 
@@ -487,7 +490,11 @@ def _widen(v, RAW_BF16: tl.constexpr):
 
 # heads whose loads are in flight ahead of the one being computed (a register ring: the loads of
 # head h + GATHER_DEPTH are issued before head h's arithmetic). Not for DOT (the seed's loop: one)
-GATHER_DEPTH = tl.constexpr(2)
+# nor any permutation's loop (PAIRS_NONE). 2: 125-128 registers, 4 programs per SM, no spill on
+# triton 3.6 and 3.9 (bf16 D=128, sm_90); 3 spilled 8 B in the backward under triton 3.6.
+# ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
+# (profiling/bench_kernel.py --sweep); the static gate checks the default only
+GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "2")))
 
 # src[D] of the gather kernel's index (``rome.launch.gather_index``): how the permutation moves
 # column pairs (2i, 2i + 1), which decides how the partner x[:, src] is read

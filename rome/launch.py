@@ -414,6 +414,31 @@ def _gather_src(info):
     return info.index_t.to(torch.int32)
 
 
+_gather_tile: ThreadSetting[tuple | None] = ThreadSetting(None)
+
+
+@contextlib.contextmanager
+def gather_tile(block_r: int | None = None, num_warps: int | None = None, maxnreg: int | None = None):
+    """Launch the gather kernel (``product="gather"``) in this thread with these tile rows, warps
+    and register cap in place of ``choose``'s and the autotuner's (None: keep that field), for
+    timing them on a GPU (``python -m profiling.bench_kernel --sweep``). The bits are the same
+    (no gather bit depends on the tile); a tile the static gate never compiled may spill."""
+    for name, v in (("block_r", block_r), ("num_warps", num_warps), ("maxnreg", maxnreg)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+    with _gather_tile.scoped((block_r, num_warps, maxnreg)):
+        yield
+
+
+def _overridden(cfg: Config) -> Config | None:
+    tile = _gather_tile.get()
+    if tile is None or cfg.product != "gather":
+        return None
+    block_r, num_warps, maxnreg = tile
+    return replace(cfg, block_r=block_r or cfg.block_r, num_warps=num_warps or cfg.num_warps,
+                   maxnreg=maxnreg or cfg.maxnreg)
+
+
 def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool,
          positions: int = 0, angles: bool = False, sin_dtype=None) -> Plan:
     """Config, block mask and gather index for one launch (host work cached per matrix).
@@ -426,6 +451,9 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
                  sin_dtype=sin_dtype, lanes=warp_size())
     if cfg.product == "gather":
         src, sign = _signed_gather(info, transpose)
+        fixed = None if interpret else _overridden(cfg)
+        if fixed is not None:  # gather_tile(): this tile, not tuned
+            return Plan(fixed, (fixed,), matrix, 0, src, sign)
         return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
         src, sign = _signed_gather(info, transpose)
