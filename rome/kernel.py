@@ -488,10 +488,11 @@ def _widen(v, RAW_BF16: tl.constexpr):
     return v.to(tl.float32)
 
 
-# heads whose loads are in flight ahead of the one being computed (a register ring: the loads of
-# head h + GATHER_DEPTH are issued before head h's arithmetic). Not for DOT (the seed's loop: one)
-# nor any permutation's loop (PAIRS_NONE). 2: 125-128 registers, 4 programs per SM, no spill on
-# triton 3.6 and 3.9 (bf16 D=128, sm_90); 3 spilled 8 B in the backward under triton 3.6.
+# heads per batch of the gather kernel's loop: the next batch's loads are issued before this
+# batch's math and taken over at the iteration's end, so that K heads' bytes (2 KB each, bf16
+# D=128) stay in flight through an iteration. Not for DOT (the seed's loop: one) nor any
+# permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head). 2: 120-128
+# registers, 4 programs per SM, no spill on triton 3.6 and 3.9 (bf16 D=128, sm_90).
 # ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
 # (profiling/bench_kernel.py --sweep); the static gate checks the default only
 GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "2")))
@@ -526,15 +527,34 @@ def _next_head(ha, hb, H1):
 
 
 @triton.jit
-def _head_loads(x_ptr, x_off, g_off, m, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr):
-    # one head's x tile and (gather, PAIR != PAIRS_SWAPPED) its gathered copy x[:, src]: the same
-    # lines, L1 hits
-    x = _fetch(x_ptr, x_off, m, RAW_X)
-    if DOT or PAIR == PAIRS_SWAPPED:
-        g = x  # (unused: no second load)
+def _head(o_ptr, x, g, ho, o_off, m, c, s, w, PAIR: tl.constexpr,
+          DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # one head's math and store (m: the store's mask) from its x tile and partner g = x[:, src],
+    # loaded earlier. The product x @ M: g (PAIRS_SWAPPED: x's own pairs swapped in registers, g
+    # unused), or with DOT the dot x @ w (the program's matrix)
+    xw = _widen(x, RAW_X)
+    if DOT:
+        if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
+            v = xw
+        else:  # x as loaded is the operand (bf16/fp16 on a GPU)
+            v = x
+        r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT)
+    elif PAIR == PAIRS_SWAPPED:
+        r = _pair_swap(xw, BLOCK_R, BLOCK_D)
     else:
-        g = _fetch(x_ptr, g_off, m, RAW_X)
-    return x, g
+        r = _widen(g, RAW_X)
+    y = _dot2(xw, c, r, s, F64)
+    _store(o_ptr + ho, o_off, y, m, RAW_X)
+
+
+@triton.jit
+def _partner(x_ptr, g_off, m, x, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr):
+    # the partner's load x[:, src] of a head (its lines are x's: L1 hits), issued with x's; none
+    # where the partner is in x's registers (PAIRS_SWAPPED) or the dot makes the product
+    if DOT or PAIR == PAIRS_SWAPPED:
+        return x
+    return _fetch(x_ptr, g_off, m, RAW_X)
 
 
 @triton.jit
@@ -542,78 +562,75 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                   mask, c, s, w, x0, LOADED: tl.constexpr, PAIR: tl.constexpr,
                   DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
-    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows: the loads of the
-    # first DEPTH heads (LOADED: x0, the first one's x, already issued by the caller), then per head the loads
-    # of the head DEPTH ahead before this head's math and store: DEPTH heads' bytes in flight.
-    # The product x @ M: the gathered copy x[:, src] (loaded with x; PAIRS_SWAPPED: x's pairs
-    # swapped in registers), or with DOT the dot x @ w (w: the program's matrix, already loaded)
-    # any permutation's loop (PAIRS_NONE, its partner one 2-byte load per element) keeps one head
-    # ahead: two spilled under triton 3.6. Unrolled DEPTH + 1 times the ring needs no register moves
-    DEPTH: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH
-    UNROLL: tl.constexpr = 1 if DEPTH == 1 else DEPTH + 1
-    ha = h_lo // H1  # once per program
+    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
+    # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
+    # iteration x of the next K heads issued before the K heads' math and stores, and taken over
+    # at the iteration's end: K heads' bytes in flight through the whole iteration. (A ring of K
+    # heads one head apart does not keep them: ptxas places each load about one head's work
+    # before its use, or its register moves wait on it; a load used only after the loop's back
+    # edge stays in flight for the iteration.) Heads past h_hi in the last batch: no loads, no store
+    # (head offsets: int64 where the strides are, I64 launches; else int32: every offset of x fits)
+    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH  # (any permutation's: 8 more registers a head)
+    ha = h_lo // H1  # the head loaded next (once per program: a division)
     hb = h_lo % H1
-    ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1  # the head stored next
-    hao = ha
-    hbo = hb
-    hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
+    hac = ha  # the head stored next (its offset formed at the store: fewer registers held)
+    hbc = hb
+    hx0 = ha * sxh0 + hb * sxh1
     if not LOADED:
-        x0 = _fetch(x_ptr + hx, x_off, _while(mask, h_lo, h_hi), RAW_X)
-    if DOT or PAIR == PAIRS_SWAPPED:
-        g0 = x0
-    else:
-        g0 = _fetch(x_ptr + hx, g_off, _while(mask, h_lo, h_hi), RAW_X)
+        x0 = _fetch(x_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
+    g0 = _partner(x_ptr + hx0, g_off, _while(mask, h_lo, h_hi), x0, PAIR, DOT, RAW_X)
     x1 = x0
     x2 = x0
     g1 = g0
     g2 = g0
-    if DEPTH >= 2:
+    if K >= 2:
         ha, hb = _next_head(ha, hb, H1)
-        hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-        x1 = _fetch(x_ptr + hx, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
-        if not (DOT or PAIR == PAIRS_SWAPPED):
-            g1 = _fetch(x_ptr + hx, g_off, _while(mask, h_lo + 1, h_hi), RAW_X)
-    if DEPTH >= 3:
+        hx1 = ha * sxh0 + hb * sxh1
+        x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
+        g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
+    if K >= 3:
         ha, hb = _next_head(ha, hb, H1)
-        hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-        x2 = _fetch(x_ptr + hx, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
-        if not (DOT or PAIR == PAIRS_SWAPPED):
-            g2 = _fetch(x_ptr + hx, g_off, _while(mask, h_lo + 2, h_hi), RAW_X)
-    for h in tl.range(h_lo, h_hi, loop_unroll_factor=UNROLL):
-        ha, hb = _next_head(ha, hb, H1)  # the head DEPTH ahead
-        hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-        more = _while(mask, h + DEPTH, h_hi)  # (past the last head: no loads)
-        xn, gn = _head_loads(x_ptr + hx, x_off, g_off, more, PAIR, DOT, RAW_X)
-        xw = _widen(x0, RAW_X)
-        if DOT:
-            if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
-                v = xw
-            else:  # x as loaded is the operand (bf16/fp16 on a GPU)
-                v = x0
-            r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT)
-        elif PAIR == PAIRS_SWAPPED:
-            r = _pair_swap(xw, BLOCK_R, BLOCK_D)
-        else:
-            r = _widen(g0, RAW_X)
-        y = _dot2(xw, c, r, s, F64)
-        _store(o_ptr + ho, o_off, y, mask, RAW_X)
-        hao, hbo = _next_head(hao, hbo, H1)
-        ho = hao.to(tl.int64) * soh0 + hbo.to(tl.int64) * soh1
-        if DEPTH == 1:
-            x0 = xn
-            g0 = gn
-        elif DEPTH == 2:
-            x0 = x1
-            g0 = g1
-            x1 = xn
-            g1 = gn
-        else:
-            x0 = x1
-            g0 = g1
-            x1 = x2
-            g1 = g2
-            x2 = xn
-            g2 = gn
+        hx2 = ha * sxh0 + hb * sxh1
+        x2 = _fetch(x_ptr + hx2, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
+        g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
+    for h in range(h_lo, h_hi, K):
+        # the next batch's loads
+        ha, hb = _next_head(ha, hb, H1)
+        nx0 = ha * sxh0 + hb * sxh1
+        n0 = _fetch(x_ptr + nx0, x_off, _while(mask, h + K, h_hi), RAW_X)
+        m0 = _partner(x_ptr + nx0, g_off, _while(mask, h + K, h_hi), n0, PAIR, DOT, RAW_X)
+        n1 = n0
+        m1 = m0
+        n2 = n0
+        m2 = m0
+        if K >= 2:
+            ha, hb = _next_head(ha, hb, H1)
+            nx1 = ha * sxh0 + hb * sxh1
+            n1 = _fetch(x_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
+            m1 = _partner(x_ptr + nx1, g_off, _while(mask, h + K + 1, h_hi), n1, PAIR, DOT, RAW_X)
+        if K >= 3:
+            ha, hb = _next_head(ha, hb, H1)
+            nx2 = ha * sxh0 + hb * sxh1
+            n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
+            m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
+        # this batch
+        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, PAIR, DOT, SPLIT, OP_DTYPE,
+              FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        if K >= 2:
+            hac, hbc = _next_head(hac, hbc, H1)
+            _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
+                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        if K >= 3:
+            hac, hbc = _next_head(hac, hbc, H1)
+            _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
+                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        hac, hbc = _next_head(hac, hbc, H1)
+        x0 = n0
+        x1 = n1
+        x2 = n2
+        g0 = m0
+        g1 = m1
+        g2 = m2
 
 
 @triton.jit
@@ -642,11 +659,13 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
             s = _pair_swap(s, BLOCK_R, BLOCK_D)
     if not DOT:
         s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
-    _rotate_heads(a_x, a_o, ax_off, xrow_a + src2, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
+    ag_off = xrow_a + src2
+    _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, True, PAIR,
                   DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
-    _rotate_heads(b_x, b_o, xrow_b + cols[None, :], xrow_b + src2,
+    # (k's partner offsets from q's: src's tile is not held through q's loop)
+    _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                   (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, False, PAIR,
                   DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
@@ -722,8 +741,15 @@ def _rome_gather_kernel(
 
     # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
     # the permutation's class, read below, tells how many)
-    a_sxh0 = a_sxh0.to(tl.int64)
-    a_sxh1 = a_sxh1.to(tl.int64)
+    if I64:  # (else every offset of x, a head's too, fits in int32: fewer registers)
+        a_sxh0 = a_sxh0.to(tl.int64)
+        a_sxh1 = a_sxh1.to(tl.int64)
+        a_soh0 = a_soh0
+        a_soh1 = a_soh1
+        b_sxh0 = b_sxh0
+        b_sxh1 = b_sxh1
+        b_soh0 = b_soh0
+        b_soh1 = b_soh1
     xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
     ax_off = xrow_a + cols[None, :]
     q_lo = tl.minimum(h_lo, a_H)
@@ -795,30 +821,30 @@ def _rome_gather_kernel(
     # q's heads of the group, then k's, for the way this permutation's partner is read
     ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
     if DOT:
-        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0.to(tl.int64), a_soh1.to(tl.int64),
-                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64),
-                     b_sxh1.to(tl.int64), b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, h_lo, h_hi,
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
     elif pair == PAIRS_SWAPPED:
-        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0.to(tl.int64), a_soh1.to(tl.int64),
-                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64),
-                     b_sxh1.to(tl.int64), b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, h_lo, h_hi,
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
     elif pair == PAIRS_KEPT:
-        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0.to(tl.int64), a_soh1.to(tl.int64),
-                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64),
-                     b_sxh1.to(tl.int64), b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, h_lo, h_hi,
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
     else:
-        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0.to(tl.int64), a_soh1.to(tl.int64),
-                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64),
-                     b_sxh1.to(tl.int64), b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, h_lo, h_hi,
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
