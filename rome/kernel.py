@@ -14,8 +14,10 @@ Two kernels evaluate ``x @ M``:
   the same rows at the columns ``src`` (L1 hits) and a sign folded into sin. Its tile is
   ``BLOCK_R`` rows along which the tables vary (T rows) × all D columns; a program reads its
   tables once and walks a group of heads (the rows that share those tables) of q and then of k,
-  prefetching the next head's loads before the current head's arithmetic. Memory-bound: x read
-  and out written once, the tables read about once per launch.
+  ``GATHER_DEPTH`` heads a batch, the next batch's loads issued before this batch's arithmetic.
+  How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
+  interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
+  Memory-bound: x read and out written once, the tables read about once per launch.
   With ``DOT`` the same kernel evaluates ``x @ M`` as the seed's matmul formulation instead: a
   tensor-core dot of each head's tile with M, read once per program (``[D, D]``, D <= 128: 32 KB
   in bf16, in shared memory for the whole program), for a rotation matrix where
