@@ -710,19 +710,20 @@ def _rome_gather_kernel(
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
 ):
-    # Grid (T tiles, head groups). A program first issues the loads of q's first heads (they
-    # depend on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
+    # Grid (T tiles, head groups). A program first issues the load of q's first head (it
+    # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
     # reads the tables ~once: 8 B per table row, shared by every head of q and k in the group),
-    # then walks its heads of q and then of k (``_rotate_heads``): the loads of the head
-    # GATHER_DEPTH ahead are issued before each head's arithmetic (a register ring), and the
-    # output is stored; every load of a head precedes its store, so out may be x (in place).
+    # then walks its heads of q and then of k (``_rotate_heads``) GATHER_DEPTH at a time: the next
+    # batch's loads are issued before this batch's arithmetic and stores; every load of a head
+    # precedes its store, so out may be x (in place).
     # The partner x[:, src] is read as the permutation allows (src[D], ``PAIRS_*``, a uniform
     # branch per program): interleave's pairs swapped in registers (no second load), pairs kept
     # as one 4-byte (bf16) / 8-byte (fp32) load per pair, else one load per element; all in x's
     # register layout, so no shared memory and no layout conversion in the loop (triton 3.6's
     # and 3.9's). Per element: x read and y written once (4 B in bf16) and ~20 instructions
     # (error-free products and TwoSum in fp32). Bound by DRAM bandwidth when enough bytes are in
-    # flight (GATHER_DEPTH heads per program, ~4 programs per SM), else by instruction issue.
+    # flight (GATHER_DEPTH heads, 2 KB each in bf16 D=128, per program; 4 programs per SM), else by
+    # instruction issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
     # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
     pid_t = tl.program_id(0)
