@@ -809,7 +809,9 @@ def _rome_gather_kernel(
                 c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
         else:
             c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
-            if not SIN_AT_SRC:
+            if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
+                s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
+            elif not SIN_AT_SRC:
                 s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]

@@ -339,3 +339,22 @@ def test_gather_tile_overrides_the_launch_and_the_tuner():
     with pytest.raises(ValueError, match="block_r must be a positive int"):
         with launch.gather_tile(block_r=0):
             pass
+
+
+@pytest.mark.parametrize("mode, sections", [("interleave", (2,)), ("interleave", (16, 16, 16)),
+                                            ("half", (16, 16, 16)), ("half", (14, 14, 20))])
+def test_transpose_at_several_axes_reads_sin_at_src(mode, sections):
+    """The backward with positions over several axes (sin at row pos[t, axis[src[j]]], column
+    src[j]) equals the table path's on the gathered rows and the torch backend's (make fuzz found
+    it read at column j)."""
+    m = rome.rotation_matrix(sections, mode, device=DEVICE)
+    d = sum(sections)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, d, generator=g).to(DEVICE)
+    cache_c, cache_s = (torch.randn(7, d, generator=g).to(DEVICE) for _ in range(2))
+    pos = torch.randint(0, 7, (2, 1, 5, 2), generator=g).to(DEVICE)
+    axis = torch.randint(0, 2, (d,), generator=g).to(DEVICE)
+    cos, sin = rome.positions.gather_rows(cache_c, pos, axis), rome.positions.gather_rows(cache_s, pos, axis)
+    want = torch.ops.rome.apply_transposed(x, cos, sin, m, "torch")
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cos, sin, m, "triton"), want)
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cache_c, cache_s, m, "triton", pos, axis), want)
