@@ -1502,6 +1502,26 @@ def _variants():
 
 
 def _liger(w, cc: int) -> dict:
+    """``_liger_launches``, or where the installed Liger-Kernel cannot be modelled (a signature
+    this model does not know, a failure to build its launch) a status saying why: a row of the
+    table, never the end of it."""
+    try:
+        return _liger_launches(w, cc)
+    except Exception as e:
+        return {"status": "not modelled", "reason": f"{type(e).__name__}: {e}"[:2000],
+                "version": _liger_version()}
+
+
+def _liger_version():
+    try:
+        from importlib.metadata import version
+
+        return version("liger-kernel")
+    except Exception:
+        return None
+
+
+def _liger_launches(w, cc: int) -> dict:
     """Liger-Kernel's rope kernel (``liger_kernel.ops.rope._triton_rope``) compiled as
     ``liger_rotary_pos_emb`` launches it on the closest shape it can express: a 1D half rotation of
     the whole head (it has neither sections nor interleave), q and k BSND, tables in q's dtype
@@ -1516,8 +1536,13 @@ def _liger(w, cc: int) -> dict:
     fn = liger_rope._triton_rope
     pow2 = triton.next_power_of_2
     hd, nq, nk = w.head_dim, w.q_heads, w.kv_heads
-    values = {"bs": w.batch, "cos_bs": 1, "n_qh": nq, "n_kh": nk, "hd": hd, "pad_n_qh": pow2(nq),
-              "pad_n_kh": pow2(nk), "pad_hd": pow2(hd), "BLOCK_SIZE": max(pow2(nq), pow2(nk))}
+    # the whole head rotated: rd (0.8.5's rotary dims) = hd
+    values = {"bs": w.batch, "cos_bs": 1, "n_qh": nq, "n_kh": nk, "hd": hd, "rd": hd, "pad_n_qh": pow2(nq),
+              "pad_n_kh": pow2(nk), "pad_hd": pow2(hd), "pad_rd": pow2(hd), "BLOCK_SIZE": max(pow2(nq), pow2(nk))}
+    unknown = [p.name for p in fn.params if p.is_constexpr and p.name != "BACKWARD_PASS" and p.name not in values]
+    if unknown:
+        return {"status": "not modelled", "version": _liger_version(),
+                "reason": f"liger_kernel.ops.rope._triton_rope has constexprs this model does not know: {unknown}"}
     xt = {2: "*bf16" if w.dtype == _torch().bfloat16 else "*fp16", 4: "*fp32"}[w.dtype.itemsize]
     out = []
     for backward in (False, True):
@@ -1542,7 +1567,7 @@ def _liger(w, cc: int) -> dict:
                     "job": _Job.of(cfg, cc), "pass": "backward" if backward else "forward",
                     "grid": w.batch * w.seq, "units": w.batch * w.seq, "elements": elements,
                     "closest": "1D half rotation of the whole head, tables in q's dtype"})
-    return {"status": "ok", "launches": out, "version": getattr(__import__("liger_kernel"), "__version__", None)}
+    return {"status": "ok", "launches": out, "version": _liger_version()}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,8 +14,10 @@ Two kernels evaluate ``x @ M``:
   the same rows at the columns ``src`` (L1 hits) and a sign folded into sin. Its tile is
   ``BLOCK_R`` rows along which the tables vary (T rows) × all D columns; a program reads its
   tables once and walks a group of heads (the rows that share those tables) of q and then of k,
-  prefetching the next head's loads before the current head's arithmetic. Memory-bound: x read
-  and out written once, the tables read about once per launch.
+  ``GATHER_DEPTH`` heads a batch, the next batch's loads issued before this batch's arithmetic.
+  How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
+  interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
+  Memory-bound: x read and out written once, the tables read about once per launch.
   With ``DOT`` the same kernel evaluates ``x @ M`` as the seed's matmul formulation instead: a
   tensor-core dot of each head's tile with M, read once per program (``[D, D]``, D <= 128: 32 KB
   in bf16, in shared memory for the whole program), for a rotation matrix where
@@ -90,6 +92,8 @@ interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
@@ -132,8 +136,9 @@ def _two_prod(a, b, F64: tl.constexpr):
     p = a * b
     if F64:
         e = (a.to(tl.float64) * b.to(tl.float64) - p.to(tl.float64)).to(tl.float32)
-    else:
-        e = tl.fma(a, b, -p)
+    else:  # (-p as p * -1.0: triton 3.6 lowers unary minus to 0 - p, an FADD a fma cannot fold;
+        # LLVM turns the product into fneg, a free operand modifier of the FFMA)
+        e = tl.fma(a, b, p * -1.0)
     return p, e
 
 
@@ -485,51 +490,187 @@ def _widen(v, RAW_BF16: tl.constexpr):
     return v.to(tl.float32)
 
 
+# heads per batch of the gather kernel's loop: the next batch's loads are issued before this
+# batch's math and taken over at the iteration's end, so that K heads' bytes (2 KB each, bf16
+# D=128) stay in flight through an iteration. Not for DOT (the seed's loop: one) nor any
+# permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head). 2: 120-128
+# registers, 4 programs per SM, no spill on triton 3.6 and 3.9 (bf16 D=128, sm_90).
+# ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
+# (profiling/bench_kernel.py --sweep); the static gate checks the default only
+GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "2")))
+
+# src[D] of the gather kernel's index (``rome.launch.gather_index``): how the permutation moves
+# column pairs (2i, 2i + 1), which decides how the partner x[:, src] is read
+PAIRS_NONE = tl.constexpr(0)  # any permutation: one 2- or 4-byte load per element (L1 hits)
+PAIRS_KEPT = tl.constexpr(1)  # src[2i] even, src[2i+1] = src[2i] + 1: one load per pair
+PAIRS_SWAPPED = tl.constexpr(2)  # src[j] = j ^ 1 (interleave): the partner is in x's own registers
+
+
 @triton.jit
-def _rotate_heads(x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  t0, t1, cols, src, mask, c, s, w,
+def _pair_swap(v, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # v[:, j ^ 1]: the two columns of each pair exchanged. A thread holds whole pairs of a row (x's
+    # layout puts >= 2 consecutive columns in a thread), so this renames registers: no instruction
+    a, b = tl.split(tl.reshape(v, [BLOCK_R, BLOCK_D // 2, 2]))
+    return tl.reshape(tl.join(b, a), [BLOCK_R, BLOCK_D])
+
+
+@triton.jit
+def _while(mask, h, h_hi):
+    # mask where head h exists (h < h_hi), as a tensor (the interpreter's masks must be)
+    return mask & (tl.full(mask.shape, h, tl.int32) < h_hi)
+
+
+@triton.jit
+def _next_head(ha, hb, H1):
+    # head (ha, hb) -> the next one, h = ha * H1 + hb (no division)
+    hb += 1
+    wrap = hb == H1
+    return tl.where(wrap, ha + 1, ha), tl.where(wrap, 0, hb)
+
+
+@triton.jit
+def _head(o_ptr, x, g, ho, o_off, m, c, s, w, PAIR: tl.constexpr,
+          DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # one head's math and store (m: the store's mask) from its x tile and partner g = x[:, src],
+    # loaded earlier. The product x @ M: g (PAIRS_SWAPPED: x's own pairs swapped in registers, g
+    # unused), or with DOT the dot x @ w (the program's matrix)
+    xw = _widen(x, RAW_X)
+    if DOT:
+        if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
+            v = xw
+        else:  # x as loaded is the operand (bf16/fp16 on a GPU)
+            v = x
+        r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT)
+    elif PAIR == PAIRS_SWAPPED:
+        r = _pair_swap(xw, BLOCK_R, BLOCK_D)
+    else:
+        r = _widen(g, RAW_X)
+    y = _dot2(xw, c, r, s, F64)
+    _store(o_ptr + ho, o_off, y, m, RAW_X)
+
+
+@triton.jit
+def _partner(x_ptr, g_off, m, x, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr):
+    # the partner's load x[:, src] of a head (its lines are x's: L1 hits), issued with x's; none
+    # where the partner is in x's registers (PAIRS_SWAPPED) or the dot makes the product
+    if DOT or PAIR == PAIRS_SWAPPED:
+        return x
+    return _fetch(x_ptr, g_off, m, RAW_X)
+
+
+@triton.jit
+def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
+                  mask, c, s, w, x0, LOADED: tl.constexpr, PAIR: tl.constexpr,
                   DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                  RAW_X: tl.constexpr, F64: tl.constexpr):
-    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows: the first
-    # head's loads, then per head the next head's loads before this head's math and store.
-    # The product x @ M: the gathered copy x[:, src] (loaded with x), or with DOT the dot x @ w
-    # (w: the program's matrix, already loaded)
-    xrow = (t0 * sxt0 + t1 * sxt1)[:, None]
-    x_off = xrow + cols[None, :]
-    g_off = xrow + src[None, :]
-    o_off = (t0 * sot0 + t1 * sot1)[:, None] + cols[None, :]
-    ha = h_lo // H1  # once per program
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
+    # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
+    # iteration x of the next K heads issued before the K heads' math and stores, and taken over
+    # at the iteration's end: K heads' bytes in flight through the whole iteration. (A ring of K
+    # heads one head apart does not keep them: ptxas places each load about one head's work
+    # before its use, or its register moves wait on it; a load used only after the loop's back
+    # edge stays in flight for the iteration.) Heads past h_hi in the last batch: no loads, no store
+    # (head offsets: int64 where the strides are, I64 launches; else int32: every offset of x fits)
+    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH  # (any permutation's: 8 more registers a head)
+    ha = h_lo // H1  # the head loaded next (once per program: a division)
     hb = h_lo % H1
-    hx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-    ho = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
-    first = mask & (tl.full(mask.shape, h_lo, tl.int32) < h_hi)
-    x = _fetch(x_ptr + hx, x_off, first, RAW_X)
-    if not DOT:
-        g = _fetch(x_ptr + hx, g_off, first, RAW_X)
-    for h in range(h_lo, h_hi):
-        hb += 1
-        wrap = hb == H1
-        ha = tl.where(wrap, ha + 1, ha)
-        hb = tl.where(wrap, 0, hb)
-        nx = ha.to(tl.int64) * sxh0 + hb.to(tl.int64) * sxh1
-        no = ha.to(tl.int64) * soh0 + hb.to(tl.int64) * soh1
-        more = mask & (tl.full(mask.shape, h + 1, tl.int32) < h_hi)  # (the last head: no loads)
-        x_next = _fetch(x_ptr + nx, x_off, more, RAW_X)
-        if DOT:
-            xw = _widen(x, RAW_X)
-            if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
-                v = xw
-            else:  # x as loaded is the operand (bf16/fp16 on a GPU)
-                v = x
-            r = _dot(v, w, tl.zeros(xw.shape, dtype=tl.float32), SPLIT, OP_DTYPE, FP32_DOT)
-            y = _dot2(xw, c, r, s, F64)
+    hac = ha  # the head stored next (its offset formed at the store: fewer registers held)
+    hbc = hb
+    hx0 = ha * sxh0 + hb * sxh1
+    if not LOADED:
+        x0 = _fetch(x_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
+    g0 = _partner(x_ptr + hx0, g_off, _while(mask, h_lo, h_hi), x0, PAIR, DOT, RAW_X)
+    x1 = x0
+    x2 = x0
+    g1 = g0
+    g2 = g0
+    if K >= 2:
+        ha, hb = _next_head(ha, hb, H1)
+        hx1 = ha * sxh0 + hb * sxh1
+        x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
+        g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
+    if K >= 3:
+        ha, hb = _next_head(ha, hb, H1)
+        hx2 = ha * sxh0 + hb * sxh1
+        x2 = _fetch(x_ptr + hx2, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
+        g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
+    for h in range(h_lo, h_hi, K):
+        # the next batch's loads
+        ha, hb = _next_head(ha, hb, H1)
+        nx0 = ha * sxh0 + hb * sxh1
+        n0 = _fetch(x_ptr + nx0, x_off, _while(mask, h + K, h_hi), RAW_X)
+        m0 = _partner(x_ptr + nx0, g_off, _while(mask, h + K, h_hi), n0, PAIR, DOT, RAW_X)
+        n1 = n0
+        m1 = m0
+        n2 = n0
+        m2 = m0
+        if K >= 2:
+            ha, hb = _next_head(ha, hb, H1)
+            nx1 = ha * sxh0 + hb * sxh1
+            n1 = _fetch(x_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
+            m1 = _partner(x_ptr + nx1, g_off, _while(mask, h + K + 1, h_hi), n1, PAIR, DOT, RAW_X)
+        if K >= 3:
+            ha, hb = _next_head(ha, hb, H1)
+            nx2 = ha * sxh0 + hb * sxh1
+            n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
+            m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
+        # this batch
+        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, PAIR, DOT, SPLIT, OP_DTYPE,
+              FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        if K >= 2:
+            hac, hbc = _next_head(hac, hbc, H1)
+            _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
+                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        if K >= 3:
+            hac, hbc = _next_head(hac, hbc, H1)
+            _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
+                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        hac, hbc = _next_head(hac, hbc, H1)
+        x0 = n0
+        x1 = n1
+        x2 = n2
+        g0 = m0
+        g1 = m1
+        g2 = m2
+
+
+@triton.jit
+def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
+                 b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
+                 h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0,
+                 s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask,
+                 PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
+                 DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
+                 F64: tl.constexpr):
+    # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
+    # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
+    # (their first loads already issued), then k's
+    if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in 2-element runs from even columns, which
+        # the compiler is told (on an op of this branch: the same values, src2[j] = even + j % 2)
+        # so that the partner's loads are one per pair (4 B in bf16, 8 B in fp32)
+        src2 = tl.max_contiguous(tl.multiple_of(((src2 >> 1) << 1) | (cols2 & 1), [1, 2]), [1, 2])
+    if SIN_AT_SRC:  # (PAIRS_SWAPPED: read at the columns themselves, then pairs swapped)
+        scols = cols2 if PAIR == PAIRS_SWAPPED else src2
+        if POSITIONS == 0:
+            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + scols, mask, RAW_S)
         else:
-            g_next = _fetch(x_ptr + nx, g_off, more, RAW_X)
-            y = _dot2(_widen(x, RAW_X), c, _widen(g, RAW_X), s, F64)
-            g = g_next
-        _store(o_ptr + ho, o_off, y, mask, RAW_X)
-        x = x_next
-        ho = no
+            s = _table(s_ptr, sp * stride_ps + scols, mask, s_ok, RAW_S, POSITIONS)
+        if PAIR == PAIRS_SWAPPED:
+            s = _pair_swap(s, BLOCK_R, BLOCK_D)
+    if not DOT:
+        s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+    ag_off = xrow_a + src2
+    _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
+                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, True, PAIR,
+                  DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+    xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
+    # (k's partner offsets from q's: src's tile is not held through q's loop)
+    _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
+                  (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
+                  tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, False, PAIR,
+                  DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
 
 
 @triton.jit
@@ -569,17 +710,22 @@ def _rome_gather_kernel(
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
 ):
-    # Grid (T tiles, head groups). A program reads the per-column vectors and its cos/sin tile
-    # once (a launch reads the tables ~once: 8 B per table row, shared by every head of q and k
-    # in the group), then walks its heads of q and then of k (``_rotate_heads``): each head's x
-    # tile and its gathered copy x[:, src] (the same lines: L1 hits) are loaded in one batch, the
-    # next head's batch is issued before this head's arithmetic (a register prefetch), and the
-    # output is stored; every load of a head precedes its store, so out may be x (in place).
-    # No dot, no shared memory, no layout conversion in the loop. Per element: x read and y
-    # written once (4 B in bf16) and ~20 instructions (error-free products and TwoSum in fp32).
-    # Bound by DRAM bandwidth when enough bytes are in flight (profiling/kernels.py's model).
-    # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy
-    # (bound by the shared-memory reads of W's slices, ~86% of copy in the model at bf16 D=128).
+    # Grid (T tiles, head groups). A program first issues the load of q's first head (it
+    # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
+    # reads the tables ~once: 8 B per table row, shared by every head of q and k in the group),
+    # then walks its heads of q and then of k (``_rotate_heads``) GATHER_DEPTH at a time: the next
+    # batch's loads are issued before this batch's arithmetic and stores; every load of a head
+    # precedes its store, so out may be x (in place).
+    # The partner x[:, src] is read as the permutation allows (src[D], ``PAIRS_*``, a uniform
+    # branch per program): interleave's pairs swapped in registers (no second load), pairs kept
+    # as one 4-byte (bf16) / 8-byte (fp32) load per pair, else one load per element; all in x's
+    # register layout, so no shared memory and no layout conversion in the loop (triton 3.6's
+    # and 3.9's). Per element: x read and y written once (4 B in bf16) and ~20 instructions
+    # (error-free products and TwoSum in fp32). Bound by DRAM bandwidth when enough bytes are in
+    # flight (GATHER_DEPTH heads, 2 KB each in bf16 D=128, per program; 4 programs per SM), else by
+    # instruction issue (~0.7 warp-instructions per element: the next bound on an H200).
+    # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
+    # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     h_lo = pid_h * HB
@@ -587,8 +733,6 @@ def _rome_gather_kernel(
 
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
-    src = tl.load(src_ptr + cols, mask=cmask, other=0)
-    sign = tl.load(sign_ptr + cols, mask=cmask, other=0.0)
     t = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = t < n_t
     mask = row_ok[:, None] & cmask[None, :]
@@ -598,14 +742,43 @@ def _rome_gather_kernel(
         t0 = t0.to(tl.int64)
         t1 = t1.to(tl.int64)
 
-    # cos at (t, j) and sin at (t, scol[j]), once for the program's heads
-    if TRANSPOSE:
-        scols = src
-    else:
-        scols = cols
+    # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
+    # the permutation's class, read below, tells how many)
+    if I64:  # (else every offset of x, a head's too, fits in int32: fewer registers)
+        a_sxh0 = a_sxh0.to(tl.int64)
+        a_sxh1 = a_sxh1.to(tl.int64)
+        a_soh0 = a_soh0
+        a_soh1 = a_soh1
+        b_sxh0 = b_sxh0
+        b_sxh1 = b_sxh1
+        b_soh0 = b_soh0
+        b_soh1 = b_soh1
+    xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
+    ax_off = xrow_a + cols[None, :]
+    q_lo = tl.minimum(h_lo, a_H)
+    q_hi = tl.minimum(h_hi, a_H)
+    ha = q_lo // a_H1
+    hb = q_lo % a_H1
+    x0 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo, q_hi), RAW_X)
+
+    # the permutation in x's register layout ([BLOCK_R, BLOCK_D], every row the same: no layout
+    # conversion), and how it moves pairs (src[D])
+    cols2 = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.int32) + cols[None, :]
+    cmask2 = cols2 < D
+    src2 = tl.where(cmask2, tl.load(src_ptr + cols2, mask=cmask2, other=0), cols2)  # (past D: j itself)
+    sign2 = tl.load(sign_ptr + cols2, mask=cmask2, other=0.0)
+    pair = tl.load(src_ptr + D)
+
+    # cos at (t, j) and sin at (t, scol[j]), once for the program's heads; the transpose's sin at
+    # src from tables or a cache by one position is read in _gather_body (SIN_AT_SRC)
+    SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
+    s = 0.0
+    sp = t0
+    s_ok = row_ok
     if POSITIONS == 0:
         c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
-        s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + scols[None, :], mask, RAW_S)
+        if not SIN_AT_SRC:
+            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :], mask, RAW_S)
     else:
         prow = t0 * spt0 + t1 * spt1
         if POSITIONS == 1:
@@ -616,6 +789,7 @@ def _rome_gather_kernel(
             cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
             sp = cp
             if TRANSPOSE:
+                src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
                 sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
         if I64:
@@ -628,13 +802,17 @@ def _rome_gather_kernel(
         s_ok = (sp >= 0) & (sp < n_pos)
         if ANGLES:
             if TRANSPOSE:
+                src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 c, _ = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
-                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, scols, D, F64)
+                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, src, D, F64)
             else:
                 c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
         else:
             c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
-            s = _table(s_ptr, sp * stride_ps + scols[None, :], mask, s_ok, RAW_S, POSITIONS)
+            if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
+                s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
+            elif not SIN_AT_SRC:
+                s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
@@ -643,16 +821,38 @@ def _rome_gather_kernel(
         else:
             w = w.to(OP_DTYPE)
     else:
-        w = sign  # (unused)
-        s = s * sign[None, :]  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+        w = sign2  # (unused)
 
-    # q's heads of the group, then k's
-    _rotate_heads(a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0.to(tl.int64), a_sxh1.to(tl.int64),
-                  a_soh0.to(tl.int64), a_soh1.to(tl.int64), a_H1, tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H),
-                  t0, t1, cols, src, mask, c, s, w, DOT, SPLIT, OP_DTYPE, FP32_DOT, RAW_X, F64)
-    _rotate_heads(b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0.to(tl.int64), b_sxh1.to(tl.int64),
-                  b_soh0.to(tl.int64), b_soh1.to(tl.int64), b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H,
-                  t0, t1, cols, src, mask, c, s, w, DOT, SPLIT, OP_DTYPE, FP32_DOT, RAW_X, F64)
+    # q's heads of the group, then k's, for the way this permutation's partner is read
+    ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
+    if DOT:
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+    elif pair == PAIRS_SWAPPED:
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     stride_ps, sp, s_ok, mask, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+    elif pair == PAIRS_KEPT:
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     stride_ps, sp, s_ok, mask, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+    else:
+        _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
+                     a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
+                     b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

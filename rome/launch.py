@@ -254,10 +254,10 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d, block_n=block_d,
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
         raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
-        # the register cap: ptxas left to itself took 64 registers (bf16 fwd D=128, sm_90, triton
-        # 3.9) by issuing the next head's loads after the arithmetic (in flight a quarter of the
-        # loop; the model's mean 8.2 KB/SM); allowed 128 it issues them first (13.5 KB/SM). 72
-        # spilled 32-88 B under triton 3.6
+        # the register cap: 128 keeps 4 programs (16 warps) per SM; the loop's batch of two heads
+        # (kernel.GATHER_DEPTH) takes 120-128 registers without spill on triton 3.6 and 3.9 (bf16
+        # D=128, sm_90). (With one head a batch, ptxas left to itself took 64 registers by issuing
+        # the next head's loads after the arithmetic; 72 spilled 32-88 B under triton 3.6)
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=True,
         product=product, heads=True,
     )
@@ -372,7 +372,7 @@ class Plan:
     candidates: tuple  # the configs the autotuner may pick from (config first; same block_n)
     operand: torch.Tensor  # M in the dot's operand dtype (exact: choose() checked it)
     nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
-    src: torch.Tensor  # int32 [D] (a dummy [1] unless gather_sin or the gather kernel)
+    src: torch.Tensor  # int32: the gather kernel's [D + 1] (gather_index), gather_sin's [D], else a dummy [1]
     sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
 
     def reads(self, n: int, k: int) -> bool:
@@ -414,6 +414,31 @@ def _gather_src(info):
     return info.index_t.to(torch.int32)
 
 
+_gather_tile: ThreadSetting[tuple | None] = ThreadSetting(None)
+
+
+@contextlib.contextmanager
+def gather_tile(block_r: int | None = None, num_warps: int | None = None, maxnreg: int | None = None):
+    """Launch the gather kernel (``product="gather"``) in this thread with these tile rows, warps
+    and register cap in place of ``choose``'s and the autotuner's (None: keep that field), for
+    timing them on a GPU (``python -m profiling.bench_kernel --sweep``). The bits are the same
+    (no gather bit depends on the tile); a tile the static gate never compiled may spill."""
+    for name, v in (("block_r", block_r), ("num_warps", num_warps), ("maxnreg", maxnreg)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{name} must be a positive int or None, got {v!r}")
+    with _gather_tile.scoped((block_r, num_warps, maxnreg)):
+        yield
+
+
+def _overridden(cfg: Config) -> Config | None:
+    tile = _gather_tile.get()
+    if tile is None or cfg.product != "gather":
+        return None
+    block_r, num_warps, maxnreg = tile
+    return replace(cfg, block_r=block_r or cfg.block_r, num_warps=num_warps or cfg.num_warps,
+                   maxnreg=maxnreg or cfg.maxnreg)
+
+
 def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpret: bool,
          positions: int = 0, angles: bool = False, sin_dtype=None) -> Plan:
     """Config, block mask and gather index for one launch (host work cached per matrix).
@@ -426,6 +451,9 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
                  sin_dtype=sin_dtype, lanes=warp_size())
     if cfg.product == "gather":
         src, sign = _signed_gather(info, transpose)
+        fixed = None if interpret else _overridden(cfg)
+        if fixed is not None:  # gather_tile(): this tile, not tuned
+            return Plan(fixed, (fixed,), matrix, 0, src, sign)
         return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
         src, sign = _signed_gather(info, transpose)
@@ -439,12 +467,40 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src)
 
 
+PAIRS_NONE, PAIRS_KEPT, PAIRS_SWAPPED = 0, 1, 2  # kernel.PAIRS_*: how src moves column pairs
+
+
+def pair_class(src: torch.Tensor) -> int:
+    """How the gather index ``src`` ([D] ints) moves the column pairs (2i, 2i + 1), which decides
+    how the gather kernel reads the partner ``x[:, src]``: ``PAIRS_SWAPPED`` where src[j] == j ^ 1
+    for every j (interleave: the partner is in x's own registers), ``PAIRS_KEPT`` where every pair
+    lands on a pair in order (src[2i] even, src[2i+1] == src[2i] + 1: the half rotation of sections
+    of a multiple of 4 columns, pass-through columns; one 4- or 8-byte load per pair), else
+    ``PAIRS_NONE`` (one load per element)."""
+    s = [int(v) for v in src.tolist()]
+    d = len(s)
+    if d % 2:
+        return PAIRS_NONE
+    if all(v == (j ^ 1) for j, v in enumerate(s)):
+        return PAIRS_SWAPPED
+    if all(s[j] % 2 == 0 and s[j + 1] == s[j] + 1 for j in range(0, d, 2)):
+        return PAIRS_KEPT
+    return PAIRS_NONE
+
+
+def gather_index(take: torch.Tensor) -> torch.Tensor:
+    """The gather kernel's ``src``: int32 ``[D + 1]``, ``take`` then its ``pair_class`` at [D]."""
+    cls = torch.tensor([pair_class(take.cpu())], dtype=torch.int32, device=take.device)
+    return torch.cat([take.to(torch.int32), cls])
+
+
 @functools.lru_cache(maxsize=256)
 def _signed_gather(info, transpose: bool):
-    """int32 src and fp32 sign [D] of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the
-    matrix's device: output column j is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
+    """int32 src ``[D + 1]`` (``gather_index``: the gather then how it moves pairs) and fp32 sign [D]
+    of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the matrix's device: output column j
+    is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
     take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
-    return take.to(torch.int32), sign.to(torch.float32).contiguous()
+    return gather_index(take), sign.to(torch.float32).contiguous()
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:

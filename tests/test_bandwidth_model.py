@@ -312,3 +312,42 @@ def test_report_section_puts_measured_gbps_beside_the_estimate():
     cpu = kernels.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "CPU: x"}})
     assert "measured GB/s" not in cpu and "| 40.0 (peak 64) | 95% | latency | 70% | 0.8 |" in cpu
     assert "Liger-Kernel: not installed" in cpu
+
+
+def _fake_liger(monkeypatch, constexprs):
+    """A stand-in ``liger_kernel.ops.rope`` whose ``_triton_rope`` has these constexprs after the
+    pointers and ints of the installed Liger (nothing compiled: the launch is only planned)."""
+    import sys
+    import types
+
+    class Param:
+        def __init__(self, name, is_constexpr):
+            self.name, self.is_constexpr = name, is_constexpr
+
+    runtime = ["q_ptr", "q_row_stride", "k_ptr", "k_row_stride", "cos", "cos_row_stride", "sin",
+               "sin_row_stride", "sl"]
+    fn = types.SimpleNamespace(params=[Param(n, False) for n in runtime] + [Param(n, True) for n in constexprs])
+    rope = types.ModuleType("liger_kernel.ops.rope")
+    rope._triton_rope = fn
+    ops = types.ModuleType("liger_kernel.ops")
+    ops.rope = rope
+    pkg = types.ModuleType("liger_kernel")
+    pkg.ops = ops
+    for name, mod in (("liger_kernel", pkg), ("liger_kernel.ops", ops), ("liger_kernel.ops.rope", rope)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(kernels._Job, "of", staticmethod(lambda cfg, cc: ("job", cfg.name, cc)))
+
+
+def test_liger_085_signature_is_planned_and_an_unknown_one_is_a_row(monkeypatch):
+    w = kernels._workload("default")
+    # liger-kernel 0.8.5: the rotary dims rd / pad_rd beside the head dim (the whole head here)
+    _fake_liger(monkeypatch, ["bs", "cos_bs", "n_qh", "n_kh", "hd", "rd", "pad_n_qh", "pad_n_kh", "pad_hd",
+                              "pad_rd", "BLOCK_SIZE", "BACKWARD_PASS"])
+    got = kernels._liger(w, 90)
+    assert got["status"] == "ok" and [L["pass"] for L in got["launches"]] == ["forward", "backward"]
+    job = got["launches"][1]["job"]
+    assert job[1] == "liger rope bwd D=128 heads=24/24"
+    # a constexpr this model does not know: a status saying which, not a KeyError
+    _fake_liger(monkeypatch, ["bs", "n_qh", "hd", "mystery", "BACKWARD_PASS"])
+    got = kernels._liger(w, 90)
+    assert got["status"] == "not modelled" and "mystery" in got["reason"] and "launches" not in got

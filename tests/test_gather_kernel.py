@@ -233,3 +233,128 @@ def test_the_dots_threads_are_the_same_on_64_lane_warps():
     with pytest.raises(ValueError, match="lanes must be 32 or 64"):
         with launch.target_warp_size(48):
             pass
+
+
+def _signed_pair_permutation(pairs, swapped, d):
+    """The [d, d] signed permutation whose column pair i reads input pair pairs[i] (in order, or
+    its two columns exchanged where swapped[i]), signs alternating: built column by column, the
+    way rome.structure reads a gather back from a matrix."""
+    m = torch.zeros(d, d)
+    for i, (p, sw) in enumerate(zip(pairs, swapped)):
+        a, b = (2 * p + 1, 2 * p) if sw else (2 * p, 2 * p + 1)
+        m[a, 2 * i], m[b, 2 * i + 1] = -1.0, 1.0
+    return m
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pair_class_of_built_permutations(seed):
+    """The class the kernel's reads rely on, against permutations built to have it: pairs moved
+    in order -> PAIRS_KEPT (its vector loads assume src in 2-runs from even columns), every pair
+    itself swapped -> PAIRS_SWAPPED (the partner is x[:, j ^ 1]), a mix or pairs broken -> NONE."""
+    from rome.structure import describe
+
+    g = torch.Generator().manual_seed(seed)
+    d = 2 * int(torch.randint(2, 40, (1,), generator=g))
+    pairs = torch.randperm(d // 2, generator=g).tolist()
+    for swapped, want in (([False] * (d // 2), launch.PAIRS_KEPT), ([True] * (d // 2), None)):
+        m = _signed_pair_permutation(pairs, swapped, d)
+        src = launch._signed_gather(describe(m), False)[0]
+        assert src.shape == (d + 1,) and src.dtype == torch.int32
+        # the gather the kernel reads: x @ M == sign * x[:, src]
+        x = torch.randn(3, d)
+        assert torch.equal(x[:, src[:d].long()] * describe(m).sign.to(x.dtype), x @ m)
+        if want is None:  # swapped pairs are PAIRS_SWAPPED only where each stays in place
+            want = launch.PAIRS_SWAPPED if pairs == list(range(d // 2)) else launch.PAIRS_NONE
+        assert int(src[d]) == want == launch.pair_class(src[:d])
+    # every pair in place and swapped: interleave
+    m = _signed_pair_permutation(list(range(d // 2)), [True] * (d // 2), d)
+    assert launch.pair_class(launch._signed_gather(describe(m), False)[0][:d]) == launch.PAIRS_SWAPPED
+    # one pair broken (its columns read from two pairs): no class
+    src = torch.arange(d)
+    src[[1, 2]] = src[[2, 1]]
+    assert launch.pair_class(src) == launch.PAIRS_NONE
+    assert launch.pair_class(torch.arange(d - 1)) == launch.PAIRS_NONE  # odd D
+
+
+@pytest.mark.parametrize("mode, sections, want", [
+    ("half", (44, 44, 40), "KEPT"), ("half", (128,), "KEPT"), ("interleave", (16, 56, 56), "SWAPPED"),
+    ("half", (14, 14, 20), "NONE"), ("half", (42,), "NONE")])
+def test_rotation_matrices_classes(mode, sections, want):
+    """The workloads' rotations (default, llama-1d: kept pairs; hunyuan-video: swapped) and half
+    sections of 2 mod 4 columns (their halves odd: pairs broken), forward and transpose."""
+    from rome.structure import describe
+
+    m = rome.rotation_matrix(sections, mode)
+    for transpose in (False, True):
+        src = launch._signed_gather(describe(m), transpose)[0]
+        assert int(src[-1]) == getattr(launch, f"PAIRS_{want}")
+
+
+@pytest.mark.parametrize("x_dtype", [BF16, FP32])
+@pytest.mark.parametrize("how", ["kept", "swapped", "none", "partial"])
+def test_each_pair_class_bitwise_the_torch_backend(how, x_dtype):
+    """Each way the kernel reads the partner (a program's branch on src[D]), q and k of other head
+    counts (3 heads a program under the interpreter: batches of two heads cut at q's and k's last),
+    forward, backward and in place, bitwise the torch backend's float64 formula."""
+    d = 48
+    if how == "partial":  # pass-through columns (sign 0, src j) beside a half rotation: kept pairs
+        m = torch.block_diag(rome.rotation_matrix((32,), "half"), torch.eye(16))
+    else:
+        m = rome.rotation_matrix({"kept": (16, 16, 16), "swapped": (16, 16, 16), "none": (14, 14, 20)}[how],
+                                 "interleave" if how == "swapped" else "half")
+    m = m.to(DEVICE)
+    q = torch.randn(2, 5, 7, d, device=DEVICE).to(x_dtype)
+    k = torch.randn(2, 3, 7, d, device=DEVICE).to(x_dtype)
+    cos, sin = random_tables((7, d))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def run(backend):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        torch.autograd.backward(out, (dq, dk))
+        return (*out, qg.grad, kg.grad)
+
+    for g, w in zip(run("triton"), run("torch")):
+        assert torch.equal(g, w)
+    q2, k2 = q.clone(), k.clone()
+    rome.apply_qk_(q2, k2, cos, sin, m, backend="triton")
+    want = rome.apply_qk(q, k, cos, sin, m, backend="torch")
+    assert torch.equal(q2, want[0]) and torch.equal(k2, want[1])
+
+
+def test_gather_tile_overrides_the_launch_and_the_tuner():
+    m = rome.rotation_matrix((128,), "half")
+    base = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
+    assert len(base.candidates) > 1  # tuned by default
+    with launch.gather_tile(4, 8, 96):
+        p = launch.plan(m, BF16, FP32, transpose=True, interpret=False)
+        assert (p.config.block_r, p.config.num_warps, p.config.maxnreg) == (4, 8, 96)
+        assert p.candidates == (p.config,) and p.config.transpose
+        with launch.product("dot"):  # the dot keeps its tile
+            assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.block_r == 32
+    with launch.gather_tile(num_warps=8):
+        p = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
+        assert (p.config.block_r, p.config.num_warps) == (base.config.block_r, 8)
+    assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config == base.config
+    with pytest.raises(ValueError, match="block_r must be a positive int"):
+        with launch.gather_tile(block_r=0):
+            pass
+
+
+@pytest.mark.parametrize("mode, sections", [("interleave", (2,)), ("interleave", (16, 16, 16)),
+                                            ("half", (16, 16, 16)), ("half", (14, 14, 20))])
+def test_transpose_at_several_axes_reads_sin_at_src(mode, sections):
+    """The backward with positions over several axes (sin at row pos[t, axis[src[j]]], column
+    src[j]) equals the table path's on the gathered rows and the torch backend's (make fuzz found
+    it read at column j)."""
+    m = rome.rotation_matrix(sections, mode, device=DEVICE)
+    d = sum(sections)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 5, d, generator=g).to(DEVICE)
+    cache_c, cache_s = (torch.randn(7, d, generator=g).to(DEVICE) for _ in range(2))
+    pos = torch.randint(0, 7, (2, 1, 5, 2), generator=g).to(DEVICE)
+    axis = torch.randint(0, 2, (d,), generator=g).to(DEVICE)
+    cos, sin = rome.positions.gather_rows(cache_c, pos, axis), rome.positions.gather_rows(cache_s, pos, axis)
+    want = torch.ops.rome.apply_transposed(x, cos, sin, m, "torch")
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cos, sin, m, "triton"), want)
+    assert torch.equal(torch.ops.rome.apply_transposed(x, cache_c, cache_s, m, "triton", pos, axis), want)
