@@ -744,15 +744,18 @@ def _rome_gather_kernel(
 
     # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
     # the permutation's class, read below, tells how many)
-    if I64:  # (else every offset of x, a head's too, fits in int32: fewer registers)
+    if I64:  # (else every offset of x and out, a head's too, fits in int32: fewer registers)
+        # every head stride, q's and k's, x's and out's: a head offset h * stride is formed in the
+        # strides' type (out's left int32 wrapped past 2**31 elements: those rows were never
+        # written — tests/test_gpu.py::test_offsets_past_2_pow_31_elements on an H200)
         a_sxh0 = a_sxh0.to(tl.int64)
         a_sxh1 = a_sxh1.to(tl.int64)
-        a_soh0 = a_soh0
-        a_soh1 = a_soh1
-        b_sxh0 = b_sxh0
-        b_sxh1 = b_sxh1
-        b_soh0 = b_soh0
-        b_soh1 = b_soh1
+        a_soh0 = a_soh0.to(tl.int64)
+        a_soh1 = a_soh1.to(tl.int64)
+        b_sxh0 = b_sxh0.to(tl.int64)
+        b_sxh1 = b_sxh1.to(tl.int64)
+        b_soh0 = b_soh0.to(tl.int64)
+        b_soh1 = b_soh1.to(tl.int64)
     xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
     ax_off = xrow_a + cols[None, :]
     q_lo = tl.minimum(h_lo, a_H)
