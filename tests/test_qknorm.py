@@ -99,7 +99,7 @@ def test_gradients_against_the_oracles_autograd(norm, over):
         bq, bk = bq.double().requires_grad_(), bk.double().requires_grad_()
         params += [bq, bk]
     gq, gk = torch.randn_like(q), torch.randn_like(k)
-    out = rome.apply_qk_norm(q, k, cos, sin, rome.rotation_matrix(SECTIONS, MODE, dtype=torch.float64), wq, wk,
+    out = rome.apply_qk_norm(q, k, cos, sin, rome.rotation_matrix(SECTIONS, MODE, dtype=torch.float64, device=DEVICE), wq, wk,
                              norm=norm, over=over, q_bias=bq, k_bias=bk, backend="torch")
     got = torch.autograd.grad(out, params, (gq, gk))
     ref = (_oracle(q, wq, bq, cos, sin, norm=norm, over=over, eps=1e-6, offset=0.0),
