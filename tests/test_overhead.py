@@ -224,9 +224,11 @@ def test_position_ops_read_nothing_on_the_host(backend, no_host_reads):
     freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq))
     _, c1, s1, m1, _ = _setup(n_axes=1)
     one = torch.randn(1, 1, 1, 32, device=DEVICE)
-    for mm in (m, m1):
-        rome.apply_qk_at(one, one, cache_c, cache_s, mm, torch.zeros(1, 1, 1, 3, dtype=torch.int64, device=DEVICE),
-                         axis=axis, backend=backend)
+    for mm in (m, m1):  # each matrix's forward and transpose gathers (read once per matrix)
+        o = one.clone().requires_grad_()
+        out0 = rome.apply_qk_at(o, o, cache_c, cache_s, mm,
+                                torch.zeros(1, 1, 1, 3, dtype=torch.int64, device=DEVICE), axis=axis, backend=backend)
+        torch.autograd.grad(out0, (o,), (torch.ones_like(out0[0]), torch.ones_like(out0[1])))
     q = torch.randn(2, 4, 3, 32, device=DEVICE, requires_grad=True)
     k = torch.randn(2, 2, 3, 32, device=DEVICE, requires_grad=True)
     for i in range(3):
