@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from rome.integrations import patch  # noqa: E402
 from rome.integrations import transformers as rome_tf  # noqa: E402
+from helpers import RomeCalls  # noqa: E402
 
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8, vocab_size=64, max_position_embeddings=64, pad_token_id=0)
@@ -37,15 +38,7 @@ def _model(kind):
 
 @pytest.fixture
 def rome_calls(monkeypatch):
-    count = [0]
-    real = rome_tf.apply_qk
-
-    def counting(*args, **kwargs):
-        count[0] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(rome_tf, "apply_qk", counting)
-    return count
+    return RomeCalls(monkeypatch, rome_tf)  # the shared spy (tests/helpers.py): .n
 
 
 IDS = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
@@ -58,10 +51,10 @@ def test_discovered_family_patches_matches_and_undoes(kind, rome_calls):
     with torch.no_grad():
         want = model(IDS).logits
     handle = patch(model, backend="torch")
-    before = rome_calls[0]  # (the patch's own probes call it too)
+    before = rome_calls.n  # (the patch's own probes call it too)
     with torch.no_grad():
         got = model(IDS).logits
-    assert rome_calls[0] - before == TINY["num_hidden_layers"], rome_calls[0] - before
+    assert rome_calls.n - before == TINY["num_hidden_layers"], rome_calls.n - before
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
     handle.undo()
     with torch.no_grad():
@@ -108,10 +101,10 @@ def test_patch_of_a_users_module_patches_every_model_inside(rome_calls):
     with torch.no_grad():
         want = wrapper(IDS)
     handle = patch(wrapper, backend="torch")
-    before = rome_calls[0]
+    before = rome_calls.n
     with torch.no_grad():
         got = wrapper(IDS)
-    assert rome_calls[0] - before == 2 * TINY["num_hidden_layers"]
+    assert rome_calls.n - before == 2 * TINY["num_hidden_layers"]
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     handle.undo()
     with torch.no_grad():
