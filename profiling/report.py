@@ -179,6 +179,11 @@ def _write_csv(path: Path, rows: list[dict]):
         writer.writerows(flat)
 
 
+def _speed_plot(results: dict) -> str:
+    """The speed plot's file: GB/s against copy on a GPU, speed relative to v1 on a CPU."""
+    return "speed_vs_v1.png" if str(results["environment"]["device"]).startswith("CPU") else "gbps.png"
+
+
 def _plots(out: Path, results: dict):
     import matplotlib
 
@@ -187,21 +192,31 @@ def _plots(out: Path, results: dict):
 
     speed_rows = results["speed"]
     if speed_rows:
+        # on a GPU: GB/s against the copy bandwidth measured in the same run. On a CPU a bandwidth
+        # line says nothing (the op is compute- and dispatch-bound there, bars of a few GB/s under a
+        # copy line of hundreds): the plot is each variant's speed relative to v1, the seed's
+        # slice-and-concat chain, measured in the same rounds (>1 faster than v1)
         names = list(dict.fromkeys(r["variant"] for r in speed_rows))
+        on_gpu = _speed_plot(results) == "gbps.png"
+        field = "gbps" if on_gpu else "speedup_vs_v1"
         fig, ax = plt.subplots(figsize=(10, 4.5))
         width = 0.8 / len(speed.PASSES)
         for i, p in enumerate(speed.PASSES):
-            vals = [next((r["gbps"] for r in speed_rows if r["variant"] == n and r["pass"] == p), 0) for n in names]
+            vals = [next((r[field] or 0 for r in speed_rows if r["variant"] == n and r["pass"] == p), 0) for n in names]
             ax.bar([j + i * width for j in range(len(names))], vals, width, label=p)
-        ax.axhline(results["copy_bandwidth"]["gbps"], color="k", ls="--", label="copy bandwidth")
+        if on_gpu:
+            ax.axhline(results["copy_bandwidth"]["gbps"], color="k", ls="--", label="copy bandwidth")
+            ax.set_ylabel("GB/s (bytes the op must move / median time)")
+        else:
+            ax.axhline(1.0, color="k", ls="--", label="v1 slice+concat")
+            ax.set_ylabel("speed relative to v1 (v1 median time / median time)")
         ax.set_xticks([j + width for j in range(len(names))], names, rotation=20, ha="right")
-        ax.set_ylabel("GB/s (bytes the op must move / median time)")
         shape = results["speed_shape"]
         ax.set_title(f"{results['workload']['name']}: q {shape['q']}, k {shape['k']} on {results['environment']['device']}",
                      fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "gbps.png", dpi=120)
+        fig.savefig(out / _speed_plot(results), dpi=120)
         plt.close(fig)
 
     w = results["workload"]
@@ -377,7 +392,7 @@ def markdown(r: dict) -> str:
     lines += [angles_section(r)]
     lines += [models_section(r)]
     lines += [kernels.kernels_section(r)]
-    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, gbps.png, ulp_hist.png, traces/ "
+    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, " + ("gbps.png" if r["environment"]["device"] and not str(r["environment"]["device"]).startswith("CPU") else "speed_vs_v1.png") + ", ulp_hist.png, traces/ "
               "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
     return "\n".join(lines)
 
@@ -490,12 +505,19 @@ def report(args) -> Path:
     write_report(out, results)
 
     summary = Table(title=f"rome report: {w.name} on {results['environment']['device']}")
-    for col in ("variant", "pass", "median ms", "GB/s", "% copy", "x v1", "x compiled", "kernels/call"):
-        summary.add_column(col)
+    # readable in an 80-column log: short headers, variant names folded rather than cut, and on a
+    # CPU no bandwidth columns (a copy line means nothing there: the plot shows x v1 instead)
+    cols = [("variant", "variant", None), ("pass", "pass", None), ("ms", "median_ms", ".4g"),
+            ("GB/s", "gbps", ".1f"), ("%copy", "pct_copy_bw", ".1f"), ("x v1", "speedup_vs_v1", ".2f"),
+            ("x comp", "speedup_vs_compiled", ".2f"), ("kern", "kernels_per_call", ".3g")]
+    if device.type != "cuda":
+        cols = [c for c in cols if c[1] not in ("gbps", "pct_copy_bw")]
+    for head, _, _ in cols:
+        summary.add_column(head, overflow="fold", min_width=12 if head == "variant" else None)
     for row in speed_rows:
-        summary.add_row(row["variant"], row["pass"], _fmt(row["median_ms"], ".4g"), _fmt(row["gbps"], ".1f"),
-                        _fmt(row["pct_copy_bw"], ".1f"), _fmt(row["speedup_vs_v1"], ".2f"),
-                        _fmt(row["speedup_vs_compiled"], ".2f"), _fmt(row["kernels_per_call"], ".3g"))
+        summary.add_row(*(row[f] if fmt is None else _fmt(row[f], fmt) for _, f, fmt in cols))
+    summary.caption = ("ms: median; x v1 / x comp: speed relative to v1 slice+concat / v3 torch.compile; "
+                       "kern: kernels per call")
     console.print(summary)
     ptab = Table(title=f"precision, {w.dtype} {w.mode} (max ulp vs float64 oracle, per table dtype)")
     for col in ("variant", "backend", "fp32 tables", "ok", f"{accuracy.dtype_name(w.dtype)} tables", "ok "):

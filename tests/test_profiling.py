@@ -339,13 +339,21 @@ def test_passes_and_kernel_counts_on_cpu(tmp_path):
     assert speed.io_bytes(q, k, t.cos, t.sin) == 2 * 4 * (q.numel() + k.numel()) + 4 * 2 * t.cos.numel()
 
 
-def test_report_cli_end_to_end(tmp_path):
+def test_report_cli_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "rep"
+    monkeypatch.setenv("COLUMNS", "80")  # a CI log's width: the console tables must stay readable
     main(["report", "--workload", "cogvideox", "--shape", "1,2,1,32,64", "--precision-tokens", "32", "--out", str(out),
           "--skip-kernels", "--skip-models"])  # each section has its own tests (kernels: minutes)
-    for f in ("report.md", "results.json", "speed.csv", "precision.csv", "gbps.png", "ulp_hist.png"):
-        assert (out / f).stat().st_size > 0, f
+    console = capsys.readouterr().out
+    assert max(len(line) for line in console.splitlines()) <= 80
+    for name in ("rome.apply_qk_at", "rome.apply_qk_angles", "v3 torch.compile"):  # whole, not "rome.ap…"
+        assert f"│ {name} " in console, name
     r = json.loads((out / "results.json").read_text())
+    # the speed plot suits the device: GB/s against copy on a GPU, speed relative to v1 on a CPU
+    plot = "gbps.png" if torch.cuda.is_available() else "speed_vs_v1.png"
+    for f in ("report.md", "results.json", "speed.csv", "precision.csv", plot, "ulp_hist.png"):
+        assert (out / f).stat().st_size > 0, f
+    assert not (out / ("speed_vs_v1.png" if torch.cuda.is_available() else "gbps.png")).exists()
     assert {"device", "torch", "triton", "commit"} <= set(r["environment"])
     ran = {s["variant"] for s in r["variants"] if s["status"] == "ok"}
     assert {"v1 slice+concat", "v1 torch.compile", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
