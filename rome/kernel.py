@@ -505,6 +505,11 @@ PAIRS_NONE = tl.constexpr(0)  # any permutation: one 2- or 4-byte load per eleme
 PAIRS_KEPT = tl.constexpr(1)  # src[2i] even, src[2i+1] = src[2i] + 1: one load per pair
 PAIRS_SWAPPED = tl.constexpr(2)  # src[j] = j ^ 1 (interleave): the partner is in x's own registers
 
+# the gather kernel's QK-norm prologue (forward only): none, RMSNorm, LayerNorm over each head's D
+NORM_NONE = tl.constexpr(0)
+NORM_RMS = tl.constexpr(1)
+NORM_LAYER = tl.constexpr(2)
+
 
 @triton.jit
 def _pair_swap(v, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -529,13 +534,44 @@ def _next_head(ha, hb, H1):
 
 
 @triton.jit
-def _head(o_ptr, x, g, ho, o_off, m, c, s, w, PAIR: tl.constexpr,
+def _normed(v, mean, rstd, nw, nb, NORM: tl.constexpr):
+    # the norm's affine step in fp32: (v - mean) * rstd * weight (+ bias for LayerNorm); rstd and
+    # mean [BLOCK_R, 1] per row, nw/nb the weight and bias at v's columns
+    if NORM == NORM_LAYER:
+        return (v - mean) * rstd * nw + nb
+    return v * rstd * nw
+
+
+@triton.jit
+def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
+    # mean (LayerNorm; 0 for RMSNorm) and 1/sqrt(var + eps) over a head's D columns, per row,
+    # in fp32 (padded columns and masked rows are 0 in xw); the square root and the division
+    # correctly rounded (sqrt_rn, div_rn), not the approximate rsqrt
+    if NORM == NORM_LAYER:
+        mean = tl.sum(xw, axis=1)[:, None] / D
+        xc = tl.where(m, xw - mean, 0.0)
+        var = tl.sum(xc * xc, axis=1)[:, None] / D
+    else:
+        mean = tl.zeros([xw.shape[0], 1], dtype=tl.float32)
+        var = tl.sum(xw * xw, axis=1)[:, None] / D
+    return mean, tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
+
+
+@triton.jit
+def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, PAIR: tl.constexpr,
           DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
+          NORM: tl.constexpr):
     # one head's math and store (m: the store's mask) from its x tile and partner g = x[:, src],
     # loaded earlier. The product x @ M: g (PAIRS_SWAPPED: x's own pairs swapped in registers, g
-    # unused), or with DOT the dot x @ w (the program's matrix)
+    # unused), or with DOT the dot x @ w (the program's matrix). NORM: x normalised first, over
+    # the head's D values of each row (all in the tile): the partner is the same row, so it
+    # shares the row's mean and rstd and takes the weight (bias) at src (nws, nbs); the
+    # normalised values stay fp32 into the rotation, rounded once at the store
     xw = _widen(x, RAW_X)
+    if NORM != NORM_NONE:
+        mean, rstd = _row_stats(xw, m, eps, D, NORM)
+        xw = _normed(xw, mean, rstd, nw, nb, NORM)
     if DOT:
         if SPLIT > 1 or FP32_DOT:  # fp32 x as pieces; fp32 operands (the interpreter)
             v = xw
@@ -546,6 +582,8 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, PAIR: tl.constexpr,
         r = _pair_swap(xw, BLOCK_R, BLOCK_D)
     else:
         r = _widen(g, RAW_X)
+        if NORM != NORM_NONE:
+            r = _normed(r, mean, rstd, nws, nbs, NORM)
     y = _dot2(xw, c, r, s, F64)
     _store(o_ptr + ho, o_off, y, m, RAW_X)
 
@@ -561,9 +599,10 @@ def _partner(x_ptr, g_off, m, x, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: t
 
 @triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  mask, c, s, w, x0, LOADED: tl.constexpr, PAIR: tl.constexpr,
+                  mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, LOADED: tl.constexpr, PAIR: tl.constexpr,
                   DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
+                  NORM: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
     # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
@@ -572,7 +611,29 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # before its use, or its register moves wait on it; a load used only after the loop's back
     # edge stays in flight for the iteration.) Heads past h_hi in the last batch: no loads, no store
     # (head offsets: int64 where the strides are, I64 launches; else int32: every offset of x fits)
-    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH  # (any permutation's: 8 more registers a head)
+    # (any permutation's: 8 more registers a head)
+    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH
+    # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
+    # read once for all its heads (weight + offset formed on the host)
+    nw = s
+    nws = s
+    nb = s
+    nbs = s
+    if NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
+        cols = tl.arange(0, BLOCK_D)
+        cm = cols < D
+        src = tl.load(src_ptr + cols, mask=cm, other=0)
+        nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]
+        nws = nw
+        if PAIR != PAIRS_SWAPPED:
+            nws = tl.load(nw_ptr + src, mask=cm, other=0.0)[None, :]
+        nb = nw
+        nbs = nws
+        if NORM == NORM_LAYER:
+            nb = tl.load(nb_ptr + cols, mask=cm, other=0.0)[None, :]
+            nbs = nb
+            if PAIR != PAIRS_SWAPPED:
+                nbs = tl.load(nb_ptr + src, mask=cm, other=0.0)[None, :]
     ha = h_lo // H1  # the head loaded next (once per program: a division)
     hb = h_lo % H1
     hac = ha  # the head stored next (its offset formed at the store: fewer registers held)
@@ -616,16 +677,16 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
             m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
         # this batch
-        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, PAIR, DOT, SPLIT, OP_DTYPE,
-              FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
+              PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
         if K >= 2:
             hac, hbc = _next_head(hac, hbc, H1)
             _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
-                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+                  nw, nws, nb, nbs, eps, D, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
         if K >= 3:
             hac, hbc = _next_head(hac, hbc, H1)
             _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
-                  PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+                  nw, nws, nb, nbs, eps, D, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
         hac, hbc = _next_head(hac, hbc, H1)
         x0 = n0
         x1 = n1
@@ -639,11 +700,11 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                  h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0,
-                 s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask,
+                 s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D,
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
-                 F64: tl.constexpr):
+                 F64: tl.constexpr, NORM: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's
@@ -663,14 +724,14 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
     ag_off = xrow_a + src2
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
-                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, True, PAIR,
-                  DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, a_nw, a_nb, src_ptr,
+                  eps, D, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
     # (k's partner offsets from q's: src's tile is not held through q's loop)
     _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                   (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                  tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, False, PAIR,
-                  DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64)
+                  tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, b_nw, b_nb, src_ptr,
+                  eps, D, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
 
 
 @triton.jit
@@ -697,6 +758,8 @@ def _rome_gather_kernel(
     a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
     b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1,
     D,  # head_dim
+    # NORM: q's and k's norm weight (weight + offset) and LayerNorm bias (fp32 [D]), and eps
+    a_nw, a_nb, b_nw, b_nb, eps,
     HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of heads
          # [g*HB, +HB) of q's heads followed by k's
     POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
@@ -709,6 +772,7 @@ def _rome_gather_kernel(
     I64: tl.constexpr,  # 64-bit offsets inside a tile (some tensor spans 2**31 elements or more)
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
+    NORM: tl.constexpr,  # forward: x normalised per head first (NORM_RMS, NORM_LAYER): the QK-norm prologue
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -833,29 +897,29 @@ def _rome_gather_kernel(
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

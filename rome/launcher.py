@@ -19,7 +19,7 @@ every table that broadcasts to both.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import torch
@@ -136,6 +136,7 @@ class _Rows:
     h: list  # [(size, x stride, out stride)] * 2
     data: list  # per data view (cos, sin or positions): [stride of T dim 0, of T dim 1]
     views: tuple  # the data views (cos, sin or positions) these strides belong to
+    index: int = 0  # which of the launch's tensors (q 0, k 1) the rows are of
 
     @property
     def t_key(self):
@@ -179,17 +180,20 @@ def _span(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0)
 
 
-def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan):
-    """(args, t rows, heads of a, heads of b, largest head count) per launch of the gather kernel."""
+def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan, norm=None):
+    """(args, t rows, heads of a, heads of b, largest head count) per launch of the gather kernel.
+    ``norm``: ``(eps, [(weight, bias) per x])`` for the norm prologue (fp32 [D] each)."""
     blocks = []
-    for x, out in zip(xs, outs):
+    for i, (x, out) in enumerate(zip(xs, outs)):
         if not x.numel():
             continue
         if positions is None:
             views = (cos.expand(x.shape), sin.expand(x.shape))
         else:
             views = (positions.expand(*x.shape[:-1], positions.shape[-1]),)
-        blocks += _gather_rows(x, out, views)
+        for r in _gather_rows(x, out, views):
+            r.index = i
+            blocks.append(r)
     groups = []
     while blocks:  # q and k share a launch where they read the same T rows of the same data
         a = blocks.pop(0)
@@ -199,6 +203,13 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
         groups.append((a, b))
     dev = xs[0].device
     dummy = launch._dummy(dev)
+
+    def norm_args(r):  # (weight, bias) of the tensor r's rows come from
+        if norm is None or r is None:
+            return dummy, dummy
+        w, b = norm[1][r.index]
+        return w, dummy if b is None else b
+
     w = p.operand  # the dot's matrix (M, read as Mᵀ by strides in the transpose; unused by the gather)
     swk, swn = w.stride()
     if p.config.transpose:
@@ -233,7 +244,8 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
 
         ta, tb = tensor_args(a), tensor_args(b)
         heads = (ta[-2], tb[-2])
-        args = (p.src, p.sign, w, swk, swn, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1])
+        args = (p.src, p.sign, w, swk, swn, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1],
+                *norm_args(a), *norm_args(b), 0.0 if norm is None else norm[0])
         out.append((args, n_t, heads, i64))
     return out
 
@@ -244,7 +256,8 @@ _GATHER_OUT = tuple(kernel._rome_gather_kernel.arg_names.index(n) for n in ("a_o
 _DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
 
 
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False,
+           norm=None) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -259,6 +272,11 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
 
     cos and sin may have different dtypes (each is read as its own).
+
+    ``norm`` (forward, gather kernel only: the caller checks ``norm_fusable``): ``(kind, eps,
+    [(weight, bias) per x])``, kind ``"rms"`` or ``"layer"``, weight (weight + offset) and bias
+    fp32 ``[D]`` contiguous (bias None for RMSNorm): each x normalised over its head's D values
+    first, in fp32, the result rounded once (the QK-norm prologue).
 
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
@@ -281,8 +299,14 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     if rec is not None:
         kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
         rec.constants.update((t.data_ptr(), t.dtype) for t in kept if t is not None)
+    if norm is not None and not (plan.config.heads and plan.config.product != "dot" and not transpose):
+        raise ValueError("the norm prologue is in the gather kernel's forward only (a signed permutation, "
+                         "not the dot formulation): rome.launcher.norm_fusable says where")
+    if norm is not None:  # the prologue's row statistics and weights: a higher register cap
+        plan = replace(plan, config=replace(plan.config, maxnreg=NORM_MAXNREG),
+                       candidates=tuple(replace(c, maxnreg=NORM_MAXNREG) for c in plan.candidates))
     if plan.config.heads:
-        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
+        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm)
     else:
         _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode)
 
@@ -441,15 +465,32 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
     return cfg
 
 
-def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements):
+def norm_fusable(matrix, x_dtype, table_dtype, sin_dtype=None, *, positions: int = 0, angles=False) -> bool:
+    """Whether the gather kernel's forward takes this rotation, so the norm prologue can be fused
+    into it (a signed permutation, head_dim the kernel takes, not the dot formulation)."""
+    plan = launch.plan(matrix, x_dtype, table_dtype, transpose=False, interpret=INTERPRET,
+                       positions=positions, angles=angles, sin_dtype=sin_dtype or table_dtype)
+    return bool(plan.config.heads) and plan.config.product != "dot"
+
+
+_NORMS = {None: 0, "rms": 1, "layer": 2}  # kernel.NORM_NONE, NORM_RMS, NORM_LAYER
+
+# the norm prologue's register cap: at the gather's 128 its row statistics, weights and biases
+# spill 8-32 B (sm_90/sm_100) with two heads a batch; 168 keeps 3 programs (12 warps) per SM
+NORM_MAXNREG = 168
+
+
+def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None):
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
-                  RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+                  RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET,
+                  NORM=_NORMS[None if norm is None else norm[0]])
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
     cfg = None
-    for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan):
+    for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
+                                                     None if norm is None else norm[1:]):
         c = dict(consts, I64=i64)
         # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1)
         heads = 3 if INTERPRET else launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
@@ -560,11 +601,19 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
+            if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables): the chosen tile
+                for norm in ("rms", "layer"):
+                    out += _gather_configs(x_dtype, d, False, torch.float32, 0, False, norm=norm)[:1]
     return out
 
 
+# head dims whose norm-prologue launches the static table compiles (the models': Flux, Wan, Qwen3
+# use 128; 64 for smaller heads)
+NORM_HEAD_DIMS = (64, 128)
+
+
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
-                    product: str = "gather") -> list[launch.KernelConfig]:
+                    product: str = "gather", norm: str | None = None) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be."""
@@ -583,15 +632,20 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         pos = torch.zeros(1, 1, s, a, dtype=torch.int64)
         cos = sin = torch.zeros(2 if angles else 2 * s, d, dtype=torch.float32)
         axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
+    nargs = {}
+    if norm is not None:
+        w = torch.zeros(d, dtype=torch.float32)
+        nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None)] * 2))
     with capture(num_sms=1) as got, launch.product(product):
         rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
-               positions=pos, axis=axis, angles=angles)
+               positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
     alts = launch.candidates(first.config)[1:]
-    label = " M=rotation"
+    label = " M=rotation" + (f" norm={norm}" if norm else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
                                         elements_per_tile=c.block_r * c.head_dim,
-                                        tuned_candidate=c is not first.config, matrix="rotation"))
+                                        tuned_candidate=c is not first.config, matrix="rotation",
+                                        norm=norm))
             for c in (first.config, *alts)]

@@ -423,9 +423,10 @@ def _unit_last(t: Tensor) -> Tensor:
 
 
 def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None,
-            angles=False, outs=None) -> list[Tensor]:
+            angles=False, outs=None, norm=None) -> list[Tensor]:
     """The one launcher: into ``outs`` (x's shape and dtype, unit last stride; rome.inplace checks
-    them and whether one may be its x) or, by default, into new tensors."""
+    them and whether one may be its x) or, by default, into new tensors. ``norm``: the kernel's
+    QK-norm prologue (``rome.launcher.rotate``'s; triton only, rome.qknorm decides)."""
     names = ("q", "k") if len(xs) == 2 else ("x",)
     backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     if positions is not None:
@@ -446,10 +447,13 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
                 kernel.rotate(
                     [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
                     transpose=transpose, positions=positions, axis=axis, angles=angles,
+                    **({} if norm is None else {"norm": norm}),
                 )
         if learn is not None:
             learn.rec, learn.warn = rec, warn
     else:
+        if norm is not None:
+            raise ValueError("the QK-norm prologue is the triton backend's (the torch backend normalises first)")
         _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles)
     return outs
 

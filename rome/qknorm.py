@@ -18,14 +18,20 @@ over="head", weight_offset=0.0, q_bias=None, k_bias=None, backend="auto") -> (q_
 Precision: the normalised value is never rounded to q's dtype before the rotation; the result
 is rounded once at the end. The torch backend (CPU tensors, ``backend="torch"``) computes the
 norm and the rotation in float64: within half an ulp of a float64 oracle of norm-then-rotate
-(plus the rounding of the float64 steps). On a GPU (``backend="triton"``, or ``"auto"`` on CUDA)
-the norm is computed in float32 and fed to ``rome.apply_qk``'s kernel as float32, rounded once to
-q's dtype: within 1 ulp for bf16/fp16.
+(plus the rounding of the float64 steps). The triton backend computes the norm in float32:
+within 1 ulp for bf16/fp16, 2e-6 relative for fp32.
 
-Speed: **not fused yet** — on a GPU this is the norm's float32 torch ops followed by one
-``rome.apply_qk`` launch (issue 29's fused prologue in the gather kernel is the work left); it
-gives models the one call and its exact rounding today. Autograd: dq, dk, and the weights' and
-biases' gradients, through torch's autograd of these steps.
+Fused (``over="head"``, the triton backend, a rotation the gather kernel takes, tables that need
+no gradient): one launch of the gather kernel with its norm prologue (``rome::apply_qk_norm``, a
+torch.library op: torch.compile traces it without a break). Each head's D values are one row of
+the kernel's tile, so the row's mean and 1/sqrt(var + eps) (sqrt and division correctly rounded)
+come from registers, the partner ``x[:, src]`` shares them and takes the weight at src: q and k
+are read and written once, as by ``rome.apply_qk`` alone. The backward: one launch of the
+transposed kernel on the output gradients in fp32, then the norm's backward per head in fp32
+torch ops (``dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))``, ``dw = Σ g·x̂``, ``db = Σ g``);
+no double backward. Elsewhere (``over="heads"``, the seed's dot under ``product("dot")``, a
+general matrix, tables requiring grad) the norm's float32 torch ops then one ``rome.apply_qk``
+launch, the same rounding; autograd through torch's autograd of these steps.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from . import ops
 from .ops import BACKENDS, apply_qk
 
 __all__ = ["NORMS", "OVER", "apply_qk_norm"]
@@ -126,6 +133,9 @@ def apply_qk_norm(
         _check_weight(name, b, x, over, required=False)
     torch_path = backend == "torch" or (backend == "auto" and q.device.type != "cuda") \
         or q.dtype == torch.float64
+    if not torch_path and _fusable(q, k, cos, sin, matrix, over, backend):
+        return _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, norm=norm,
+                           eps=float(eps), offset=float(weight_offset), backend=backend)
     dt = torch.float64 if torch_path else torch.float32
     kw = dict(norm=norm, over=over, eps=float(eps), offset=float(weight_offset), dt=dt)
     qn = _normalised(q, q_weight, q_bias, **kw)
@@ -133,3 +143,107 @@ def apply_qk_norm(
     m = matrix.to(dt) if isinstance(matrix, Tensor) else matrix
     q_out, k_out = apply_qk(qn, kn, cos, sin, m, backend="torch" if torch_path else backend)
     return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+# --- the fused path: the norm as the gather kernel's prologue ------------------------------
+
+
+def _fusable(q: Tensor, k: Tensor, cos, sin, matrix, over: str, backend: str) -> bool:
+    """Whether to take ``rome::apply_qk_norm`` (the norm as the gather kernel's prologue): a norm
+    over each head (its D values are one row of the kernel's tile), a matrix given as a tensor,
+    tables that need no gradient (the fused backward gives none). Only metadata is read here (so
+    torch.compile traces it); the op itself checks whether the kernel takes the rotation and
+    otherwise runs the same steps unfused."""
+    if over != "head" or not isinstance(matrix, Tensor) or not isinstance(cos, Tensor) \
+            or not isinstance(sin, Tensor) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    return not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad or matrix.requires_grad))
+
+
+def _affine(w: Tensor | None, b: Tensor | None, x: Tensor, offset: float, layer: bool) -> tuple[Tensor, Tensor | None]:
+    """The kernel's weight ``w + offset`` and bias as fp32 ``[D]`` (differentiable: the weights'
+    gradients flow back through these ops)."""
+    d = x.shape[-1]
+    w = torch.ones(d, dtype=torch.float32, device=x.device) if w is None else w.to(torch.float32)
+    if offset:
+        w = w + offset
+    if layer:
+        b = torch.zeros(d, dtype=torch.float32, device=x.device) if b is None else b.to(torch.float32)
+    return w.contiguous(), (None if b is None else b.contiguous())
+
+
+def _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, *, norm, eps, offset, backend):
+    layer = norm == "layer"
+    qw, qb = _affine(q_weight, q_bias, q, offset, layer)
+    kw, kb = _affine(k_weight, k_bias, k, offset, layer)
+    return tuple(_fused(q, k, cos, sin, matrix, qw, kw, qb, kb, eps, norm, backend))
+
+
+@torch.library.custom_op("rome::apply_qk_norm", mutates_args=())
+def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_weight: Tensor, k_weight: Tensor,
+           q_bias: Tensor | None, k_bias: Tensor | None, eps: float, norm: str,
+           backend: str = "auto") -> tuple[Tensor, Tensor]:
+    """q and k normalised per head (fp32 weights [D] with the offset, biases for LayerNorm) and
+    rotated: one launch of the gather kernel with its norm prologue where the kernel takes the
+    rotation, else the norm in fp32 torch ops and one ``rome.apply_qk`` launch (same result)."""
+    be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend)
+    norms = [(q_weight, q_bias), (k_weight, k_bias)]
+    if be == "triton" and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype):
+        q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, norm=(norm, eps, norms))
+        return q_out, k_out
+    qn, kn = (_normalised(x, w, b, norm=norm, over="head", eps=eps, offset=0.0, dt=torch.float32)
+              for x, (w, b) in zip((q, k), norms))
+    q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False)
+    return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+@_fused.register_fake
+def _fused_fake(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend="auto"):
+    return ops._out_like(q), ops._out_like(k)
+
+
+def _norm_backward(x: Tensor, g: Tensor, w: Tensor, eps: float, layer: bool, need_w: bool, need_b: bool):
+    """The norm's backward per head in fp32, from ``g`` = the gradient of the normalised value
+    (``norm(x) * w + b``): ``dx = rstd * (g*w - mean(g*w) - x̂ * mean(g*w * x̂))`` (no ``mean(g*w)``
+    term for RMSNorm), ``dw = Σ g * x̂``, ``db = Σ g`` over every row."""
+    x = x.to(torch.float32)
+    if layer:
+        x = x - x.mean(dim=-1, keepdim=True)
+    rstd = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
+    xhat = x * rstd
+    gw = g * w
+    inner = gw - xhat * (gw * xhat).mean(dim=-1, keepdim=True)
+    if layer:
+        inner = inner - gw.mean(dim=-1, keepdim=True)
+    dx = rstd * inner
+    rows = tuple(range(x.ndim - 1))
+    dw = (g * xhat).sum(dim=rows) if need_w else None
+    db = g.sum(dim=rows) if need_b else None
+    return dx, dw, db
+
+
+def _fused_setup(ctx, inputs, output):
+    q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend = inputs
+    ctx.save_for_backward(q, k, cos, sin, matrix, q_weight, k_weight)
+    ctx.backend = backend
+    ctx.eps, ctx.layer = eps, norm == "layer"
+    ctx.has_bias = (q_bias is not None, k_bias is not None)
+
+
+def _fused_backward(ctx, gq, gk):
+    """The rotation's adjoint on the gradients (one launch of the transposed kernel, in fp32: the
+    gradient of the fp32 normalised value is never rounded to q's dtype), then the norm's backward
+    per head in fp32 torch ops."""
+    q, k, cos, sin, matrix, q_weight, k_weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    gq = torch.zeros_like(q) if gq is None else gq
+    gk = torch.zeros_like(k) if gk is None else gk
+    dqn, dkn = torch.ops.rome.apply_qk_transposed(gq.to(torch.float32), gk.to(torch.float32), cos, sin,
+                                                  matrix.to(torch.float32), ctx.backend)
+    dq, dqw, dqb = _norm_backward(q, dqn, q_weight, ctx.eps, ctx.layer, need[5], need[7] and ctx.has_bias[0])
+    dk, dkw, dkb = _norm_backward(k, dkn, k_weight, ctx.eps, ctx.layer, need[6], need[8] and ctx.has_bias[1])
+    return (dq.to(q.dtype) if need[0] else None, dk.to(k.dtype) if need[1] else None, None, None, None,
+            dqw, dkw, dqb, dkb, None, None, None)
+
+
+_fused.register_autograd(_fused_backward, setup_context=_fused_setup)

@@ -134,3 +134,120 @@ def test_bad_arguments_are_refused_by_name():
         call(wk=torch.ones(D, dtype=torch.int64, device=DEVICE))
     with pytest.raises(ValueError, match="backend must be one of"):
         call(backend="cuda")
+
+
+# --- the fused path: the norm as the gather kernel's prologue (triton backend, over="head") ---
+
+def _half_case(dtype, *, mode="half", s=5, hq=3, hk=2, d=32, requires_grad=False):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, s, hq, d, generator=gen).mul(2).to(dtype).transpose(1, 2).to(DEVICE)  # BSHD viewed
+    k = torch.randn(2, s, hk, d, generator=gen).mul(2).to(dtype).transpose(1, 2).to(DEVICE)
+    ang = torch.randn(s, d, generator=gen, dtype=torch.float64)
+    cos, sin = ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
+    m = rome.rotation_matrix([d], mode, dtype=dtype, device=DEVICE)
+    if requires_grad:
+        q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+    return q, k, cos, sin, m
+
+
+def _oracle_rot(x, w, b, cos, sin, m, *, norm, eps, offset):
+    """float64: the norm per head by its formula, then x*cos + (x @ M)*sin (M's signed permutation)."""
+    x = x.double()
+    if norm == "layer":
+        x = x - x.mean(-1, keepdim=True)
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (w.double() + offset)
+    if b is not None:
+        y = y + b.double()
+    return y * cos.double() + (y @ m.double()) * sin.double()
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_fused_is_one_launch_with_the_norm_prologue(mode, norm, monkeypatch):
+    """The triton path over heads of D is one launch of the gather kernel with NORM set (no norm
+    kernels before it), for q and k together."""
+    from rome import launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append((fn, consts)), run(fn, grid, args, consts, *a, **kw)))
+    q, k, cos, sin, m = _half_case(torch.bfloat16, mode=mode)
+    gen = torch.Generator().manual_seed(4)
+    wq, wk = (torch.rand(32, generator=gen).add(0.5).to(DEVICE) for _ in range(2))
+    bq, bk = (torch.randn(32, generator=gen).to(DEVICE) for _ in range(2)) if norm == "layer" else (None, None)
+    got = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, norm=norm, backend="triton", q_bias=bq, k_bias=bk)
+    assert [(fn, c["NORM"], c["TRANSPOSE"]) for fn, c in launches] == \
+        [(launcher.kernel._rome_gather_kernel, {"rms": 1, "layer": 2}[norm], False)]
+    want = [_oracle_rot(x, w, b, cos, sin, m.double(), norm=norm, eps=1e-6, offset=0.0)
+            for x, w, b in ((q, wq, bq), (k, wk, bk))]
+    for out, w64 in zip(got, want):
+        assert _ulps(out, w64, torch.bfloat16) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fused_forward_and_gradients_against_float64(mode, norm, dtype):
+    """Forward within 1 ulp (2e-6 relative in fp32) of norm-then-rotate in float64; dq, dk, the
+    weights' and biases' gradients of the fused op against the float64 oracle's autograd (the
+    backward: the transposed kernel in fp32, then the norm's backward in fp32: 1e-5 relative)."""
+    q, k, cos, sin, m = _half_case(dtype, mode=mode, requires_grad=True)
+    d = q.shape[-1]
+    gen = torch.Generator().manual_seed(5)
+    wq, wk = (torch.rand(d, generator=gen).add(0.5).to(DEVICE).requires_grad_() for _ in range(2))
+    layer = norm == "layer"
+    bq, bk = ((torch.randn(d, generator=gen).mul(0.1).to(DEVICE).requires_grad_() for _ in range(2))
+              if layer else (None, None))
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, norm=norm, weight_offset=0.25, q_bias=bq, k_bias=bk,
+                             backend="triton")
+    params = [q, k, wq, wk] + ([bq, bk] if layer else [])
+    want = [_oracle_rot(x, w, b, cos, sin, m.double(), norm=norm, eps=1e-6, offset=0.25)
+            for x, w, b in ((q, wq, bq), (k, wk, bk))]
+    for got, w64 in zip(out, want):
+        if dtype == torch.float32:
+            torch.testing.assert_close(got.double(), w64.detach(), rtol=2e-6, atol=2e-6 * w64.abs().max().item())
+        else:
+            assert _ulps(got, w64.detach(), dtype) <= 1.0 + 1e-6
+    gen = torch.Generator().manual_seed(7)
+    gq, gk = (torch.randn(x.shape, generator=gen).to(dtype).to(DEVICE) for x in (q, k))
+    got = torch.autograd.grad(out, params, (gq, gk))
+    ref = torch.autograd.grad(want, params, (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk", "dbq", "dbk"), got, ref):
+        # (the oracle's dq/dk come back in q's dtype: autograd rounds a leaf's gradient to it)
+        assert a.dtype == b.dtype == (dtype if name in ("dq", "dk") else torch.float32), name
+        if name in ("dq", "dk") and dtype != torch.float32:  # both rounded once to the half dtype
+            assert _ulps(a, b.double(), dtype) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_fused_op_opcheck_and_compile():
+    """rome::apply_qk_norm as a torch.library op: opcheck (schema, fake impl, autograd
+    registration), and torch.compile(fullgraph=True) of the call without a graph break."""
+    q, k, cos, sin, m = _half_case(torch.float32)
+    d = q.shape[-1]
+    w = torch.rand(d).add(0.5).to(DEVICE)
+    torch.library.opcheck(torch.ops.rome.apply_qk_norm.default, (q, k, cos, sin, m, w, w, None, None, 1e-6, "rms", "triton"),
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    eager = rome.apply_qk_norm(q, k, cos, sin, m, w, w, backend="triton")
+    f = torch.compile(lambda *a: rome.apply_qk_norm(*a, backend="triton"), fullgraph=True, backend="eager")
+    for a, b in zip(f(q, k, cos, sin, m, w, w), eager):
+        assert torch.equal(a, b)
+
+
+def test_fused_op_runs_unfused_where_the_gather_kernel_does_not_take_the_rotation(monkeypatch):
+    """Under product("dot") (the seed's formulation) the op normalises in fp32 torch ops and makes
+    one rotation launch without the prologue: the same result within the same bounds."""
+    from rome import launch, launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    q, k, cos, sin, m = _half_case(torch.bfloat16)
+    w = torch.rand(32, generator=torch.Generator().manual_seed(9)).add(0.5).to(DEVICE)
+    with launch.product("dot"):
+        got = rome.apply_qk_norm(q, k, cos, sin, m, w, w, backend="triton")
+    assert len(launches) == 1 and launches[0].get("NORM", 0) == 0 and launches[0].get("DOT", True)
+    for out, x in zip(got, (q, k)):
+        want = _oracle_rot(x, w, None, cos, sin, m.double(), norm="rms", eps=1e-6, offset=0.0)
+        assert _ulps(out, want, torch.bfloat16) <= 1.0 + 1e-6
