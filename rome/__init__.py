@@ -24,7 +24,7 @@ from .layouts import (
 from .matrices import MODES, half_matrix, interleave_matrix, rotation_matrix
 from .module import RoPE, registry_bytes
 from .ops import BACKENDS, apply, apply_at, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
-from .qknorm import apply_qk_norm
+from .qknorm import QKNorm, apply_qk_norm, apply_qk_norm_at
 from .tables import grid_positions, rope_angles, rope_cos_sin
 from .types import AngleSource, Backend, Mode, QkvLayout
 
@@ -54,7 +54,9 @@ __all__ = [
     "apply_at",
     "apply_qk_angles",
     "apply_qk_at",
+    "QKNorm",
     "apply_qk_norm",
+    "apply_qk_norm_at",
     "positions_checked",
     "apply_out",
     "apply_qk",

@@ -88,6 +88,7 @@ from .matrices import check_mode, kept_matrix
 from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
                   positions_checked)
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
+from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
@@ -617,13 +618,19 @@ class RoPE(nn.Module):
             _keep(self._axes, device, axis)
         return axis
 
-    def _cached(self, q, k, pos, device, dtype, rows, graph):
+    def _cached(self, q, k, pos, device, dtype, rows, graph, norm=None):
         """Rotate with the cache read at the positions inside the op: pos ``[B', S, A]``
         (``[T, A]`` packed) broadcast over heads as ``[B', 1, S, A]`` (``[T, 1, A]``). ``graph``:
         traced or captured, so ``rows`` is unknown and nothing is checked or grown here."""
         m = self.matrix(q.dtype, device)
         pos = pos[:, None]
         if self.angles == "kernel" and dtype == torch.float32:
+            if norm is not None:  # (no norm prologue with kernel angles: the norm's fp32 ops first)
+                qn, kn = (_normalised(x, w, b, norm=norm.norm, over=norm.over, eps=norm.eps,
+                                      offset=norm.weight_offset, dt=torch.float32)
+                          for x, w, b in ((q, norm.q_weight, norm.q_bias), (k, norm.k_weight, norm.k_bias)))
+                qo, ko = self._cached(qn, kn, pos[:, 0], device, dtype, rows, graph)
+                return qo.to(q.dtype), ko.to(k.dtype)
             freqs = self._freqs.get(device)
             if freqs is None:
                 freqs = tuple(
@@ -642,13 +649,13 @@ class RoPE(nn.Module):
                     f"rome.RoPE has no {dtype} cache on {device} yet: call rope.reserve(n, device=..., "
                     f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture"
                 )
-            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+            return self._at(q, k, cache.cos, cache.sin, m, pos, self._axis(device), norm)
         rows = max(rows or 1, 1)
         cache.reserve(rows, self._bound(rows))
         with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
-            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+            return self._at(q, k, cache.cos, cache.sin, m, pos, self._axis(device), norm)
 
-    def _fast(self, q, k, positions, offsets, axes_dim):
+    def _fast(self, q, k, positions, offsets, axes_dim, norm=None):
         """The call as ``_cached`` makes it, where an earlier call normalised and checked these
         positions (``_remember``) and built what it reads: None otherwise (the full path)."""
         if type(q) is not Tensor or type(k) is not Tensor or self.dynamic is not None or self.angles != "cache" \
@@ -674,6 +681,9 @@ class RoPE(nn.Module):
             axis = None
         elif (axis := self._axes.get(device)) is None:
             return None
+        if norm is not None:
+            with positions_checked():
+                return self._at(q, k, cache.cos, cache.sin, m, pos, axis, norm)
         return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend)
 
     def _layout_for(self, length: int) -> RopeLayout | None:
@@ -743,6 +753,7 @@ class RoPE(nn.Module):
         cu_seqlens: Tensor | None = None,
         unrotated=None,
         axes_dim: int | None = None,
+        norm: QKNorm | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Rotated ``(q, k)``, new tensors in q's dtype.
 
@@ -754,9 +765,16 @@ class RoPE(nn.Module):
         are (a slice, slices, or a bool mask ``[S]``/``[B, S]``). axes_dim: the dimension of
         positions that indexes the axes (0 for ``[A, B, S]``, -1 for ``[.., S, A]``), needed only
         where the shape matches two forms (B = S = A): a ValueError says so. See ``rome.positions``.
+        norm: a ``rome.QKNorm`` (the model's q/k norm, e.g. ``QKNorm.from_modules(attn.norm_q,
+        attn.norm_k)``): q and k are normalised first, in the same pass where fused
+        (``rome.apply_qk_norm``; BNSD q/k). The normalised values are never rounded to q's dtype.
         """
+        if norm is not None and not isinstance(norm, QKNorm):
+            raise TypeError(f"norm must be a rome.QKNorm or None, got {type(norm).__name__}")
+        if norm is not None and (cu_seqlens is not None or q.ndim != 4):
+            raise ValueError("norm= takes BNSD q/k ([B, N, S, D]), not packed ones (cu_seqlens)")
         if cu_seqlens is None and unrotated is None:
-            out = self._fast(q, k, positions, offsets, axes_dim)
+            out = self._fast(q, k, positions, offsets, axes_dim, norm)
             if out is not None:
                 return out
         packed = cu_seqlens is not None
@@ -795,7 +813,7 @@ class RoPE(nn.Module):
         kernel_angles = self.angles == "kernel" and dtype == torch.float32
         if (not pos.is_floating_point() and layout is self.layout and unrotated is None
                 and not _is_dtensor(q, k) and (kernel_angles or not beyond)):
-            out = self._cached(q, k, pos, device, dtype, rows, graph)
+            out = self._cached(q, k, pos, device, dtype, rows, graph, norm)
             if not graph and not packed and rows is not None:
                 _remember(positions, offsets, self.n_axes, batch, seq, device, axes_dim, pos[:, None], rows)
             return out
@@ -811,7 +829,17 @@ class RoPE(nn.Module):
             cos, sin = cos[0], sin[0]  # [S, D]
         else:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
+        if norm is not None:
+            return apply_qk_norm(q, k, cos, sin, self.matrix(q.dtype, device), norm.q_weight, norm.k_weight,
+                                 backend=self.backend, **norm.kwargs())
         return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+
+    def _at(self, q, k, cos, sin, m, pos, axis, norm):
+        """``apply_qk_at`` of the cache, or with ``norm`` ``apply_qk_norm_at``."""
+        if norm is None:
+            return apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=self.backend)
+        return apply_qk_norm_at(q, k, cos, sin, m, pos, norm.q_weight, norm.k_weight, axis=axis,
+                                backend=self.backend, **norm.kwargs())
 
 
 # --- positions checked once per positions tensor -----------------------------------------------

@@ -38,17 +38,70 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from . import ops
-from .ops import BACKENDS, apply_qk
+from .ops import BACKENDS, apply_qk, apply_qk_at
 
-__all__ = ["NORMS", "OVER", "apply_qk_norm"]
+__all__ = ["NORMS", "OVER", "QKNorm", "apply_qk_norm", "apply_qk_norm_at"]
 
 NORMS = ("rms", "layer")
 OVER = ("head", "heads")
+
+
+@dataclass(frozen=True, eq=False)
+class QKNorm:
+    """A model's q/k norm, for ``rome.RoPE``'s ``norm=`` (its call then runs ``apply_qk_norm`` /
+    ``apply_qk_norm_at``: the norm and the rotation in one pass where fused). The fields are
+    ``apply_qk_norm``'s arguments; ``from_modules`` reads them off the model's norm modules."""
+
+    q_weight: Tensor | None = None
+    k_weight: Tensor | None = None
+    eps: float = 1e-6
+    norm: str = "rms"
+    over: str = "head"
+    weight_offset: float = 0.0
+    q_bias: Tensor | None = None
+    k_bias: Tensor | None = None
+
+    @classmethod
+    def from_modules(cls, q_norm: torch.nn.Module, k_norm: torch.nn.Module, *, over: str = "head",
+                     weight_offset: float = 0.0) -> QKNorm:
+        """The spec of two norm modules: ``torch.nn.RMSNorm`` / ``LayerNorm``, transformers'
+        ``*RMSNorm`` (``variance_epsilon``), diffusers' ``RMSNorm`` / ``LayerNorm``: weight (None
+        without an affine), bias (LayerNorm), eps; RMS unless the module is a LayerNorm.
+        ``weight_offset``: 1.0 for Gemma's ``(1 + w)`` (its module does not say so)."""
+        specs = [_module_spec(name, m) for name, m in (("q_norm", q_norm), ("k_norm", k_norm))]
+        (qn, qeps, qw, qb), (kn, keps, kw, kb) = specs
+        if qn != kn or qeps != keps:
+            raise ValueError(f"q_norm and k_norm must be the same kind of norm with the same eps, got "
+                             f"{type(q_norm).__name__}(eps={qeps}) and {type(k_norm).__name__}(eps={keps})")
+        return cls(qw, kw, eps=qeps, norm=qn, over=over, weight_offset=weight_offset, q_bias=qb, k_bias=kb)
+
+    def kwargs(self) -> dict:
+        """The keyword arguments of ``apply_qk_norm`` (weights excluded)."""
+        return dict(eps=self.eps, norm=self.norm, over=self.over, weight_offset=self.weight_offset,
+                    q_bias=self.q_bias, k_bias=self.k_bias)
+
+
+def _module_spec(name: str, m) -> tuple[str, float, Tensor | None, Tensor | None]:
+    if not isinstance(m, torch.nn.Module):
+        raise TypeError(f"{name} must be a norm module, got {type(m).__name__}")
+    kind = "layer" if isinstance(m, torch.nn.LayerNorm) or "LayerNorm" in type(m).__name__ else "rms"
+    eps = getattr(m, "eps", None)
+    if eps is None:
+        eps = getattr(m, "variance_epsilon", None)
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise ValueError(f"{name} ({type(m).__name__}) has no eps rome can read (eps or variance_epsilon)")
+    w = getattr(m, "weight", None)
+    b = getattr(m, "bias", None) if kind == "layer" else None
+    shape = getattr(m, "normalized_shape", None)
+    if isinstance(shape, (tuple, list)) and len(shape) != 1:
+        raise ValueError(f"{name} normalises over {tuple(shape)}: rome's norm is over one dimension")
+    return kind, float(eps), w if isinstance(w, Tensor) else None, b if isinstance(b, Tensor) else None
 
 
 def _check_weight(name: str, w, x: Tensor, over: str, *, required: bool) -> None:
@@ -104,6 +157,25 @@ def apply_qk_norm(
     """q and k normalised (``norm`` over ``over``, scaled by ``weight + weight_offset``, plus the
     biases for ``norm="layer"``), then rotated as ``rome.apply_qk(q, k, cos, sin, matrix)``; see
     the module doc. ``q_weight``/``k_weight`` None: no scale (``elementwise_affine=False``)."""
+    return _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, None, None, eps=eps, norm=norm, over=over,
+                      weight_offset=weight_offset, q_bias=q_bias, k_bias=k_bias, backend=backend)
+
+
+def apply_qk_norm_at(
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor,
+    q_weight: Tensor | None, k_weight: Tensor | None, *, axis: Tensor | None = None, eps: float = 1e-6,
+    norm: str = "rms", over: str = "head", weight_offset: float = 0.0, q_bias: Tensor | None = None,
+    k_bias: Tensor | None = None, backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """``apply_qk_norm`` with cos/sin caches ``[P, D]`` read at ``positions`` (and ``axis`` for
+    several position axes), as ``rome.apply_qk_at``: a decode step's or a model's whole
+    "norm → rope" in one call (one launch where fused)."""
+    return _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, eps=eps, norm=norm, over=over,
+                      weight_offset=weight_offset, q_bias=q_bias, k_bias=k_bias, backend=backend)
+
+
+def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, eps, norm, over, weight_offset,
+               q_bias, k_bias, backend):
     for name, x in (("q", q), ("k", k)):
         if not isinstance(x, Tensor):
             raise TypeError(f"{name} must be a tensor, got {type(x).__name__}")
@@ -131,17 +203,24 @@ def apply_qk_norm(
         if b is not None and norm != "layer":
             raise ValueError(f"{name} is for norm='layer' (LayerNorm's bias); norm={norm!r} has none")
         _check_weight(name, b, x, over, required=False)
+    if positions is not None and not isinstance(positions, Tensor):
+        raise TypeError(f"positions must be an integer tensor, got {type(positions).__name__}")
     torch_path = backend == "torch" or (backend == "auto" and q.device.type != "cuda") \
         or q.dtype == torch.float64
     if not torch_path and _fusable(q, k, cos, sin, matrix, over, backend):
         return _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, norm=norm,
-                           eps=float(eps), offset=float(weight_offset), backend=backend)
+                           eps=float(eps), offset=float(weight_offset), backend=backend, positions=positions,
+                           axis=axis)
     dt = torch.float64 if torch_path else torch.float32
     kw = dict(norm=norm, over=over, eps=float(eps), offset=float(weight_offset), dt=dt)
     qn = _normalised(q, q_weight, q_bias, **kw)
     kn = _normalised(k, k_weight, k_bias, **kw)
     m = matrix.to(dt) if isinstance(matrix, Tensor) else matrix
-    q_out, k_out = apply_qk(qn, kn, cos, sin, m, backend="torch" if torch_path else backend)
+    be = "torch" if torch_path else backend
+    if positions is None:
+        q_out, k_out = apply_qk(qn, kn, cos, sin, m, backend=be)
+    else:
+        q_out, k_out = apply_qk_at(qn, kn, cos, sin, m, positions, axis=axis, backend=be)
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
@@ -172,33 +251,38 @@ def _affine(w: Tensor | None, b: Tensor | None, x: Tensor, offset: float, layer:
     return w.contiguous(), (None if b is None else b.contiguous())
 
 
-def _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, *, norm, eps, offset, backend):
+def _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, *, norm, eps, offset, backend,
+                positions=None, axis=None):
     layer = norm == "layer"
     qw, qb = _affine(q_weight, q_bias, q, offset, layer)
     kw, kb = _affine(k_weight, k_bias, k, offset, layer)
-    return tuple(_fused(q, k, cos, sin, matrix, qw, kw, qb, kb, eps, norm, backend))
+    return tuple(_fused(q, k, cos, sin, matrix, qw, kw, qb, kb, eps, norm, backend, positions, axis))
 
 
 @torch.library.custom_op("rome::apply_qk_norm", mutates_args=())
 def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_weight: Tensor, k_weight: Tensor,
-           q_bias: Tensor | None, k_bias: Tensor | None, eps: float, norm: str,
-           backend: str = "auto") -> tuple[Tensor, Tensor]:
+           q_bias: Tensor | None, k_bias: Tensor | None, eps: float, norm: str, backend: str = "auto",
+           positions: Tensor | None = None, axis: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """q and k normalised per head (fp32 weights [D] with the offset, biases for LayerNorm) and
-    rotated: one launch of the gather kernel with its norm prologue where the kernel takes the
-    rotation, else the norm in fp32 torch ops and one ``rome.apply_qk`` launch (same result)."""
-    be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend)
+    rotated (tables, or caches read at ``positions``): one launch of the gather kernel with its
+    norm prologue where the kernel takes the rotation, else the norm in fp32 torch ops and one
+    rotation launch (same result)."""
+    be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend, positions, axis)
     norms = [(q_weight, q_bias), (k_weight, k_bias)]
-    if be == "triton" and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype):
-        q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, norm=(norm, eps, norms))
+    mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
+    if be == "triton" and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype, positions=mode):
+        q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, positions, axis,
+                                   norm=(norm, eps, norms))
         return q_out, k_out
     qn, kn = (_normalised(x, w, b, norm=norm, over="head", eps=eps, offset=0.0, dt=torch.float32)
               for x, (w, b) in zip((q, k), norms))
-    q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False)
+    q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False, positions, axis)
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
 @_fused.register_fake
-def _fused_fake(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend="auto"):
+def _fused_fake(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend="auto",
+                positions=None, axis=None):
     return ops._out_like(q), ops._out_like(k)
 
 
@@ -223,8 +307,8 @@ def _norm_backward(x: Tensor, g: Tensor, w: Tensor, eps: float, layer: bool, nee
 
 
 def _fused_setup(ctx, inputs, output):
-    q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend = inputs
-    ctx.save_for_backward(q, k, cos, sin, matrix, q_weight, k_weight)
+    q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend, positions, axis = inputs
+    ctx.save_for_backward(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis)
     ctx.backend = backend
     ctx.eps, ctx.layer = eps, norm == "layer"
     ctx.has_bias = (q_bias is not None, k_bias is not None)
@@ -234,16 +318,16 @@ def _fused_backward(ctx, gq, gk):
     """The rotation's adjoint on the gradients (one launch of the transposed kernel, in fp32: the
     gradient of the fp32 normalised value is never rounded to q's dtype), then the norm's backward
     per head in fp32 torch ops."""
-    q, k, cos, sin, matrix, q_weight, k_weight = ctx.saved_tensors
+    q, k, cos, sin, matrix, q_weight, k_weight, positions, axis = ctx.saved_tensors
     need = ctx.needs_input_grad
     gq = torch.zeros_like(q) if gq is None else gq
     gk = torch.zeros_like(k) if gk is None else gk
     dqn, dkn = torch.ops.rome.apply_qk_transposed(gq.to(torch.float32), gk.to(torch.float32), cos, sin,
-                                                  matrix.to(torch.float32), ctx.backend)
+                                                  matrix.to(torch.float32), ctx.backend, positions, axis)
     dq, dqw, dqb = _norm_backward(q, dqn, q_weight, ctx.eps, ctx.layer, need[5], need[7] and ctx.has_bias[0])
     dk, dkw, dkb = _norm_backward(k, dkn, k_weight, ctx.eps, ctx.layer, need[6], need[8] and ctx.has_bias[1])
     return (dq.to(q.dtype) if need[0] else None, dk.to(k.dtype) if need[1] else None, None, None, None,
-            dqw, dkw, dqb, dkb, None, None, None)
+            dqw, dkw, dqb, dkb, None, None, None, None, None)
 
 
 _fused.register_autograd(_fused_backward, setup_context=_fused_setup)

@@ -251,3 +251,92 @@ def test_fused_op_runs_unfused_where_the_gather_kernel_does_not_take_the_rotatio
     for out, x in zip(got, (q, k)):
         want = _oracle_rot(x, w, None, cos, sin, m.double(), norm="rms", eps=1e-6, offset=0.0)
         assert _ulps(out, want, torch.bfloat16) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_positions_form_is_the_table_form_at_gathered_rows(backend, norm, monkeypatch):
+    """apply_qk_norm_at(caches, positions) equals apply_qk_norm on the rows the positions pick,
+    bitwise (the same kernel reads the same values); on the triton backend one launch with the
+    norm prologue and POSITIONS set; gradients flow to q, k and the weights."""
+    from rome import launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    q, k, _, _, m = _half_case(torch.bfloat16, requires_grad=True)
+    gen = torch.Generator().manual_seed(11)
+    ang = torch.randn(40, 32, generator=gen, dtype=torch.float64)
+    cos_c, sin_c = ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
+    pos = torch.randint(0, 40, (2, 1, q.shape[2], 1), generator=gen).to(DEVICE)
+    w = [torch.rand(32, generator=gen).add(0.5).to(DEVICE).requires_grad_() for _ in range(2)]
+    b = [torch.randn(32, generator=gen).to(DEVICE) for _ in range(2)] if norm == "layer" else [None, None]
+    got = rome.apply_qk_norm_at(q, k, cos_c, sin_c, m, pos, w[0], w[1], norm=norm, q_bias=b[0], k_bias=b[1],
+                                backend=backend)
+    if backend == "triton":
+        assert [(c["NORM"], c["POSITIONS"]) for c in launches] == [({"rms": 1, "layer": 2}[norm], 1)]
+    rows = pos[..., 0]  # [B, 1, S]
+    want = rome.apply_qk_norm(q, k, cos_c[rows], sin_c[rows], m, w[0], w[1], norm=norm, q_bias=b[0], k_bias=b[1],
+                              backend=backend)
+    for a, e in zip(got, want):
+        assert torch.equal(a, e)
+    gq, gk = torch.ones_like(q), torch.ones_like(k)
+    g1 = torch.autograd.grad(got, [q, k, *w], (gq, gk))
+    g2 = torch.autograd.grad(want, [q, k, *w], (gq, gk))
+    for a, e in zip(g1, g2):
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer"])
+def test_rope_module_norm_option(kind, monkeypatch):
+    """rome.RoPE(q, k, positions, norm=QKNorm.from_modules(q_norm, k_norm)): on the triton backend
+    one launch with the norm prologue per call (the first and the repeated call), within 1 ulp of
+    the float64 module applied to the float64-normalised q, k; the modules' own forward is not called."""
+    from rome import launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    d = 32
+    mods = [torch.nn.RMSNorm(d, eps=1e-5) if kind == "rms" else torch.nn.LayerNorm(d, eps=1e-5) for _ in range(2)]
+    gen = torch.Generator().manual_seed(13)
+    with torch.no_grad():
+        for mod in mods:
+            mod.weight.copy_(torch.rand(d, generator=gen).add(0.5))
+            if kind == "layer":
+                mod.bias.copy_(torch.randn(d, generator=gen))
+    for mod in mods:
+        monkeypatch.setattr(mod, "forward", lambda *a: pytest.fail("the norm module ran"))
+    spec = rome.QKNorm.from_modules(*mods)
+    assert (spec.norm, spec.eps) == (kind, 1e-5)
+    q = torch.randn(2, 5, 3, d, generator=gen).to(torch.bfloat16).transpose(1, 2)
+    k = torch.randn(2, 5, 2, d, generator=gen).to(torch.bfloat16).transpose(1, 2)
+    pos = torch.arange(5)[None].expand(2, 5) + 3
+    rope = rome.RoPE.sections([d], mode="half", backend="triton")
+    rope64 = rome.RoPE.sections([d], mode="half", backend="torch")
+    want = rope64(*(_oracle_norm(x, m, kind) for x, m in ((q, mods[0]), (k, mods[1]))), pos)
+    for call in range(2):
+        launches.clear()
+        got = rope(q, k, pos, norm=spec)
+        assert [c["NORM"] for c in launches] == [{"rms": 1, "layer": 2}[kind]], call
+        for a, e in zip(got, want):
+            assert a.dtype == torch.bfloat16 and _ulps(a, e, torch.bfloat16) <= 1.0 + 1e-6
+
+
+def _oracle_norm(x, mod, kind):
+    x = x.double()
+    if kind == "layer":
+        x = x - x.mean(-1, keepdim=True)
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + mod.eps) * mod.weight.detach().double()
+    return y + mod.bias.detach().double() if kind == "layer" else y
+
+
+def test_qknorm_spec_refuses_what_it_cannot_read():
+    with pytest.raises(TypeError, match="q_norm must be a norm module"):
+        rome.QKNorm.from_modules("rms", torch.nn.RMSNorm(8))
+    with pytest.raises(ValueError, match="same kind of norm"):
+        rome.QKNorm.from_modules(torch.nn.RMSNorm(8, eps=1e-6), torch.nn.LayerNorm(8, eps=1e-6))
+    with pytest.raises(ValueError, match="no eps"):
+        rome.QKNorm.from_modules(torch.nn.Identity(), torch.nn.Identity())
+    with pytest.raises(TypeError, match="norm must be a rome.QKNorm"):
+        rome.RoPE.sections([8])(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), norm="rms")
