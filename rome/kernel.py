@@ -509,6 +509,7 @@ PAIRS_SWAPPED = tl.constexpr(2)  # src[j] = j ^ 1 (interleave): the partner is i
 NORM_NONE = tl.constexpr(0)
 NORM_RMS = tl.constexpr(1)
 NORM_LAYER = tl.constexpr(2)
+NORM_RMS_HEADS = tl.constexpr(3)  # RMSNorm over all heads of a token (the program holds them all)
 
 
 @triton.jit
@@ -558,7 +559,7 @@ def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
 
 
 @triton.jit
-def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, PAIR: tl.constexpr,
+def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_heads, PAIR: tl.constexpr,
           DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
           NORM: tl.constexpr):
@@ -567,9 +568,14 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, PAIR: tl
     # unused), or with DOT the dot x @ w (the program's matrix). NORM: x normalised first, over
     # the head's D values of each row (all in the tile): the partner is the same row, so it
     # shares the row's mean and rstd and takes the weight (bias) at src (nws, nbs); the
-    # normalised values stay fp32 into the rotation, rounded once at the store
+    # normalised values stay fp32 into the rotation, rounded once at the store. NORM_RMS_HEADS:
+    # the rows' 1/rms over all the token's heads is rstd_heads, and nw/nws this head's weights
     xw = _widen(x, RAW_X)
-    if NORM != NORM_NONE:
+    if NORM == NORM_RMS_HEADS:
+        mean = rstd_heads * 0.0
+        rstd = rstd_heads
+        xw = _normed(xw, mean, rstd, nw, nb, NORM)
+    elif NORM != NORM_NONE:
         mean, rstd = _row_stats(xw, m, eps, D, NORM)
         xw = _normed(xw, mean, rstd, nw, nb, NORM)
     if DOT:
@@ -598,6 +604,17 @@ def _partner(x_ptr, g_off, m, x, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: t
 
 
 @triton.jit
+def _head_weights(nw_ptr, h, cols, src, cm, D, PAIR: tl.constexpr):
+    # head h's norm weights ([H*D] head-major, fp32) at the columns and at src, as [1, BLOCK_D]
+    # rows (L1/L2 hits: 2 * 4 * D bytes a head against its tile's BLOCK_R * D * 2 * x bytes)
+    nw = tl.load(nw_ptr + h * D + cols, mask=cm, other=0.0)[None, :]
+    nws = nw
+    if PAIR != PAIRS_SWAPPED:
+        nws = tl.load(nw_ptr + h * D + src, mask=cm, other=0.0)[None, :]
+    return nw, nws
+
+
+@triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
                   mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, LOADED: tl.constexpr, PAIR: tl.constexpr,
                   DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -619,10 +636,27 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     nws = s
     nb = s
     nbs = s
-    if NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
-        cols = tl.arange(0, BLOCK_D)
-        cm = cols < D
+    rstd = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
+    cols = tl.arange(0, BLOCK_D)
+    cm = cols < D
+    src = cols
+    if NORM != NORM_NONE:
         src = tl.load(src_ptr + cols, mask=cm, other=0)
+    if NORM == NORM_RMS_HEADS:
+        nw = tl.zeros([1, BLOCK_D], dtype=tl.float32)  # (set per head in the loop)
+        nws = nw
+        # first sweep: the sum of squares over the token's heads [h_lo, h_hi) (the launch gives a
+        # program all of them); the second sweep below re-reads each head (L1/L2 hits)
+        acc = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
+        sa = h_lo // H1
+        sb = h_lo % H1
+        for hh in range(h_lo, h_hi):
+            v = _widen(_fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh, h_hi), RAW_X), RAW_X)
+            acc += tl.sum(v * v, axis=1)[:, None]
+            sa, sb = _next_head(sa, sb, H1)
+        var = acc / ((h_hi - h_lo) * D).to(tl.float32)
+        rstd = tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
+    elif NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
         nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]
         nws = nw
         if PAIR != PAIRS_SWAPPED:
@@ -676,17 +710,25 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             nx2 = ha * sxh0 + hb * sxh1
             n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
             m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
-        # this batch
-        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
+        # this batch (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
+        if NORM == NORM_RMS_HEADS:
+            nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
+        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd,
               PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
         if K >= 2:
             hac, hbc = _next_head(hac, hbc, H1)
+            if NORM == NORM_RMS_HEADS:
+                nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
             _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
-                  nw, nws, nb, nbs, eps, D, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
+                  nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
+                  F64, NORM)
         if K >= 3:
             hac, hbc = _next_head(hac, hbc, H1)
+            if NORM == NORM_RMS_HEADS:
+                nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
             _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
-                  nw, nws, nb, nbs, eps, D, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
+                  nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
+                  F64, NORM)
         hac, hbc = _next_head(hac, hbc, H1)
         x0 = n0
         x1 = n1

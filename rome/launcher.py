@@ -182,8 +182,11 @@ def _span(t: torch.Tensor) -> int:
 
 def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan, norm=None):
     """(args, t rows, heads of a, heads of b, largest head count) per launch of the gather kernel.
-    ``norm``: ``(eps, [(weight, bias) per x])`` for the norm prologue (fp32 [D] each)."""
+    ``norm``: ``(eps, [(weight, bias) per x], over_heads)`` for the norm prologue (fp32 weights).
+    Over heads (BNSD x): every row dim but the heads (dim 1) is a T dim, so that a program's head
+    group is all the heads of its tokens."""
     blocks = []
+    over_heads = norm is not None and norm[2]
     for i, (x, out) in enumerate(zip(xs, outs)):
         if not x.numel():
             continue
@@ -191,8 +194,13 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
             views = (cos.expand(x.shape), sin.expand(x.shape))
         else:
             views = (positions.expand(*x.shape[:-1], positions.shape[-1]),)
+        if over_heads:  # a marker varying along every row dim but the heads' (no data: meta)
+            b, _, s, d = x.shape
+            views += (torch.empty_strided(x.shape, (s * d, 0, d, 1), device="meta"),)
         for r in _gather_rows(x, out, views):
             r.index = i
+            if over_heads:
+                r.data, r.views = r.data[:-1], r.views[:-1]
             blocks.append(r)
     groups = []
     while blocks:  # q and k share a launch where they read the same T rows of the same data
@@ -274,9 +282,10 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     cos and sin may have different dtypes (each is read as its own).
 
     ``norm`` (forward, gather kernel only: the caller checks ``norm_fusable``): ``(kind, eps,
-    [(weight, bias) per x])``, kind ``"rms"`` or ``"layer"``, weight (weight + offset) and bias
-    fp32 ``[D]`` contiguous (bias None for RMSNorm): each x normalised over its head's D values
-    first, in fp32, the result rounded once (the QK-norm prologue).
+    [(weight, bias) per x])``, kind ``"rms"`` or ``"layer"`` (over each head's D values: weight
+    (weight + offset) and bias fp32 ``[D]`` contiguous, bias None for RMSNorm) or ``"rms_heads"``
+    (RMSNorm over all H·D values of a token, BNSD x: weight fp32 ``[H·D]`` head-major): each x
+    normalised first, in fp32, the result rounded once (the QK-norm prologue).
 
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
@@ -473,7 +482,7 @@ def norm_fusable(matrix, x_dtype, table_dtype, sin_dtype=None, *, positions: int
     return bool(plan.config.heads) and plan.config.product != "dot"
 
 
-_NORMS = {None: 0, "rms": 1, "layer": 2}  # kernel.NORM_NONE, NORM_RMS, NORM_LAYER
+_NORMS = {None: 0, "rms": 1, "layer": 2, "rms_heads": 3}  # kernel.NORM_NONE, _RMS, _LAYER, _RMS_HEADS
 
 # the norm prologue's register cap: at the gather's 128 its row statistics, weights and biases
 # spill 8-32 B (sm_90/sm_100) with two heads a batch; 168 keeps 3 programs (12 warps) per SM
@@ -489,11 +498,14 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
     cfg = None
+    over_heads = norm is not None and norm[0] == "rms_heads"
     for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
-                                                     None if norm is None else norm[1:]):
+                                                     None if norm is None else (*norm[1:], over_heads)):
         c = dict(consts, I64=i64)
-        # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1)
-        heads = 3 if INTERPRET else launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
+        # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1); a
+        # norm over heads: all of them (q's and k's heads of the program's tokens)
+        heads = ha + hb if over_heads else 3 if INTERPRET else \
+            launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
         full = (*args, heads)
 
         def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
@@ -602,7 +614,7 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables): the chosen tile
-                for norm in ("rms", "layer"):
+                for norm in ("rms", "layer", "rms_heads"):
                     out += _gather_configs(x_dtype, d, False, torch.float32, 0, False, norm=norm)[:1]
     return out
 
@@ -634,8 +646,9 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
     nargs = {}
     if norm is not None:
-        w = torch.zeros(d, dtype=torch.float32)
-        nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None)] * 2))
+        heads = norm == "rms_heads"
+        ws = [torch.zeros(d * (x.shape[1] if heads else 1), dtype=torch.float32) for x in (q, k)]
+        nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None) for w in ws]))
     with capture(num_sms=1) as got, launch.product(product):
         rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles, **nargs)

@@ -207,8 +207,9 @@ def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, e
         raise TypeError(f"positions must be an integer tensor, got {type(positions).__name__}")
     torch_path = backend == "torch" or (backend == "auto" and q.device.type != "cuda") \
         or q.dtype == torch.float64
-    if not torch_path and _fusable(q, k, cos, sin, matrix, over, backend):
-        return _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, norm=norm,
+    if not torch_path and _fusable(q, k, cos, sin, matrix, over, backend) and (over == "head" or norm == "rms"):
+        return _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias,
+                           norm=norm if over == "head" else "rms_heads",
                            eps=float(eps), offset=float(weight_offset), backend=backend, positions=positions,
                            axis=axis)
     dt = torch.float64 if torch_path else torch.float32
@@ -233,16 +234,17 @@ def _fusable(q: Tensor, k: Tensor, cos, sin, matrix, over: str, backend: str) ->
     tables that need no gradient (the fused backward gives none). Only metadata is read here (so
     torch.compile traces it); the op itself checks whether the kernel takes the rotation and
     otherwise runs the same steps unfused."""
-    if over != "head" or not isinstance(matrix, Tensor) or not isinstance(cos, Tensor) \
+    if not isinstance(matrix, Tensor) or not isinstance(cos, Tensor) \
             or not isinstance(sin, Tensor) or q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return False
     return not (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad or matrix.requires_grad))
 
 
-def _affine(w: Tensor | None, b: Tensor | None, x: Tensor, offset: float, layer: bool) -> tuple[Tensor, Tensor | None]:
-    """The kernel's weight ``w + offset`` and bias as fp32 ``[D]`` (differentiable: the weights'
-    gradients flow back through these ops)."""
-    d = x.shape[-1]
+def _affine(w: Tensor | None, b: Tensor | None, x: Tensor, offset: float, layer: bool,
+            heads: bool = False) -> tuple[Tensor, Tensor | None]:
+    """The kernel's weight ``w + offset`` and bias as fp32 ``[D]`` (``[H·D]`` over heads;
+    differentiable: the weights' gradients flow back through these ops)."""
+    d = x.shape[-1] * (x.shape[1] if heads else 1)
     w = torch.ones(d, dtype=torch.float32, device=x.device) if w is None else w.to(torch.float32)
     if offset:
         w = w + offset
@@ -253,9 +255,9 @@ def _affine(w: Tensor | None, b: Tensor | None, x: Tensor, offset: float, layer:
 
 def _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, *, norm, eps, offset, backend,
                 positions=None, axis=None):
-    layer = norm == "layer"
-    qw, qb = _affine(q_weight, q_bias, q, offset, layer)
-    kw, kb = _affine(k_weight, k_bias, k, offset, layer)
+    layer, heads = norm == "layer", norm == "rms_heads"
+    qw, qb = _affine(q_weight, q_bias, q, offset, layer, heads)
+    kw, kb = _affine(k_weight, k_bias, k, offset, layer, heads)
     return tuple(_fused(q, k, cos, sin, matrix, qw, kw, qb, kb, eps, norm, backend, positions, axis))
 
 
@@ -263,8 +265,9 @@ def _fused_call(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, *, n
 def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_weight: Tensor, k_weight: Tensor,
            q_bias: Tensor | None, k_bias: Tensor | None, eps: float, norm: str, backend: str = "auto",
            positions: Tensor | None = None, axis: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """q and k normalised per head (fp32 weights [D] with the offset, biases for LayerNorm) and
-    rotated (tables, or caches read at ``positions``): one launch of the gather kernel with its
+    """q and k normalised (``norm``: "rms" or "layer" per head, fp32 weights [D] with the offset,
+    biases for LayerNorm; "rms_heads": RMSNorm over a token's heads, weights [H·D]) and rotated
+    (tables, or caches read at ``positions``): one launch of the gather kernel with its
     norm prologue where the kernel takes the rotation, else the norm in fp32 torch ops and one
     rotation launch (same result)."""
     be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend, positions, axis)
@@ -274,7 +277,8 @@ def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_wei
         q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, positions, axis,
                                    norm=(norm, eps, norms))
         return q_out, k_out
-    qn, kn = (_normalised(x, w, b, norm=norm, over="head", eps=eps, offset=0.0, dt=torch.float32)
+    kind, over = ("rms", "heads") if norm == "rms_heads" else (norm, "head")
+    qn, kn = (_normalised(x, w, b, norm=kind, over=over, eps=eps, offset=0.0, dt=torch.float32)
               for x, (w, b) in zip((q, k), norms))
     q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False, positions, axis)
     return q_out.to(q.dtype), k_out.to(k.dtype)
@@ -286,23 +290,28 @@ def _fused_fake(q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps,
     return ops._out_like(q), ops._out_like(k)
 
 
-def _norm_backward(x: Tensor, g: Tensor, w: Tensor, eps: float, layer: bool, need_w: bool, need_b: bool):
-    """The norm's backward per head in fp32, from ``g`` = the gradient of the normalised value
+def _norm_backward(x: Tensor, g: Tensor, w: Tensor, eps: float, layer: bool, need_w: bool, need_b: bool,
+                   heads: bool = False):
+    """The norm's backward in fp32 (per head, or ``heads``: over a token's H·D values, x
+    ``[B, H, S, D]``, w ``[H·D]``), from ``g`` = the gradient of the normalised value
     (``norm(x) * w + b``): ``dx = rstd * (g*w - mean(g*w) - x̂ * mean(g*w * x̂))`` (no ``mean(g*w)``
     term for RMSNorm), ``dw = Σ g * x̂``, ``db = Σ g`` over every row."""
     x = x.to(torch.float32)
+    dims = (1, -1) if heads else (-1,)
+    if heads:
+        w = w.view(x.shape[1], 1, x.shape[-1])
     if layer:
-        x = x - x.mean(dim=-1, keepdim=True)
-    rstd = torch.rsqrt(x.square().mean(dim=-1, keepdim=True) + eps)
+        x = x - x.mean(dim=dims, keepdim=True)
+    rstd = torch.rsqrt(x.square().mean(dim=dims, keepdim=True) + eps)
     xhat = x * rstd
     gw = g * w
-    inner = gw - xhat * (gw * xhat).mean(dim=-1, keepdim=True)
+    inner = gw - xhat * (gw * xhat).mean(dim=dims, keepdim=True)
     if layer:
-        inner = inner - gw.mean(dim=-1, keepdim=True)
+        inner = inner - gw.mean(dim=dims, keepdim=True)
     dx = rstd * inner
-    rows = tuple(range(x.ndim - 1))
-    dw = (g * xhat).sum(dim=rows) if need_w else None
-    db = g.sum(dim=rows) if need_b else None
+    rows = (0, 2) if heads else tuple(range(x.ndim - 1))
+    dw = (g * xhat).sum(dim=rows).reshape(-1) if need_w else None
+    db = g.sum(dim=rows).reshape(-1) if need_b else None
     return dx, dw, db
 
 
@@ -310,7 +319,7 @@ def _fused_setup(ctx, inputs, output):
     q, k, cos, sin, matrix, q_weight, k_weight, q_bias, k_bias, eps, norm, backend, positions, axis = inputs
     ctx.save_for_backward(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis)
     ctx.backend = backend
-    ctx.eps, ctx.layer = eps, norm == "layer"
+    ctx.eps, ctx.layer, ctx.heads = eps, norm == "layer", norm == "rms_heads"
     ctx.has_bias = (q_bias is not None, k_bias is not None)
 
 
@@ -324,8 +333,10 @@ def _fused_backward(ctx, gq, gk):
     gk = torch.zeros_like(k) if gk is None else gk
     dqn, dkn = torch.ops.rome.apply_qk_transposed(gq.to(torch.float32), gk.to(torch.float32), cos, sin,
                                                   matrix.to(torch.float32), ctx.backend, positions, axis)
-    dq, dqw, dqb = _norm_backward(q, dqn, q_weight, ctx.eps, ctx.layer, need[5], need[7] and ctx.has_bias[0])
-    dk, dkw, dkb = _norm_backward(k, dkn, k_weight, ctx.eps, ctx.layer, need[6], need[8] and ctx.has_bias[1])
+    dq, dqw, dqb = _norm_backward(q, dqn, q_weight, ctx.eps, ctx.layer, need[5], need[7] and ctx.has_bias[0],
+                                  ctx.heads)
+    dk, dkw, dkb = _norm_backward(k, dkn, k_weight, ctx.eps, ctx.layer, need[6], need[8] and ctx.has_bias[1],
+                                  ctx.heads)
     return (dq.to(q.dtype) if need[0] else None, dk.to(k.dtype) if need[1] else None, None, None, None,
             dqw, dkw, dqb, dkb, None, None, None, None, None)
 

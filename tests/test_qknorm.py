@@ -340,3 +340,49 @@ def test_qknorm_spec_refuses_what_it_cannot_read():
         rome.QKNorm.from_modules(torch.nn.Identity(), torch.nn.Identity())
     with pytest.raises(TypeError, match="norm must be a rome.QKNorm"):
         rome.RoPE.sections([8])(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), norm="rms")
+
+
+def _oracle_heads(x, w, cos, sin, m, eps):
+    """float64 RMSNorm over a token's H·D values (w [H·D] head-major), then the rotation."""
+    x = x.double()
+    y = x / torch.sqrt(x.pow(2).mean((1, 3), keepdim=True) + eps) * w.double().view(x.shape[1], 1, -1)
+    return y * cos.double() + (y @ m.double()) * sin.double()
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("at", [False, True])
+def test_fused_over_heads(mode, dtype, at, monkeypatch):
+    """RMSNorm over all heads of a token (Wan's rms_norm_across_heads) fused: one launch (NORM 3),
+    each program holding all q and k heads of its tokens (first sweep: the sum of squares, second:
+    the rotation); q, k from a [B, S, H, D] projection with different head counts; forward within
+    1 ulp (2e-6 relative in fp32) and gradients of q, k and the [H·D] weights against float64."""
+    from rome import launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    q, k, cos, sin, m = _half_case(dtype, mode=mode, hq=5, hk=2, requires_grad=True)
+    gen = torch.Generator().manual_seed(17)
+    wq = torch.rand(5 * 32, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    wk = torch.rand(2 * 32, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    if at:
+        pos = torch.arange(q.shape[2]).view(1, 1, -1, 1).to(DEVICE)
+        out = rome.apply_qk_norm_at(q, k, cos, sin, m, pos, wq, wk, over="heads", eps=1e-5, backend="triton")
+    else:
+        out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
+    assert [c["NORM"] for c in launches] == [3]
+    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
+    for got, w64 in zip(out, want):
+        if dtype == torch.float32:
+            torch.testing.assert_close(got.double(), w64.detach(), rtol=2e-6, atol=2e-6 * w64.abs().max().item())
+        else:
+            assert _ulps(got, w64.detach(), dtype) <= 1.0 + 1e-6
+    gq, gk = (torch.randn(x.shape, generator=gen).to(dtype).to(DEVICE) for x in (q, k))
+    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
+    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
+        if name in ("dq", "dk") and dtype != torch.float32:
+            assert _ulps(a, b.double(), dtype) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
