@@ -9,8 +9,9 @@ time a DTensor arrives), an optional library or a costly module. Any module may 
 lazily, a lower layer a higher one included, as long as that closes no circle: counting the
 function-level imports too, the graph has no circle either, so no two modules import each other
 at any level (what both need lives below both, e.g. ``checks`` below ``ops`` and
-``distributed``), nor do longer chains come back to where they started. The layers, bottom up:
-docs/layout.md."""
+``distributed``), nor do longer chains come back to where they started. The layers:
+docs/layout.md. Outside rome, ``profiling/static/``'s modules each import only those listed
+before them."""
 
 from __future__ import annotations
 
@@ -117,3 +118,19 @@ def test_the_walk_reports_two_modules_importing_each_other():
     graph = {"rome.ops": {"rome.distributed"}, "rome.distributed": {"rome.ops"}, **{f"m{i}": set() for i in range(10)}}
     with pytest.raises(pytest.fail.Exception, match="rome.distributed -> rome.ops -> rome.distributed"):
         _assert_no_circle(graph, "test")
+
+
+STATIC = ROOT.parent / "profiling" / "static"
+STATIC_ORDER = ("archs", "nvidia", "amd", "compile", "model", "configs", "launches", "tables", "cli")
+
+
+def test_profiling_static_modules_import_only_those_before_them():
+    """``profiling/static/`` (``python -m profiling kernels``): each module imports, at any level,
+    only the package's modules listed before it (its ``__init__`` and docs/layout.md)."""
+    assert sorted(p.stem for p in STATIC.glob("*.py") if p.stem != "__init__") == sorted(STATIC_ORDER)
+    for i, name in enumerate(STATIC_ORDER):
+        used = set()
+        for node in ast.walk(ast.parse((STATIC / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                used |= {node.module} if node.module else {a.name for a in node.names}
+        assert used <= set(STATIC_ORDER[:i]), f"profiling/static/{name}.py imports {sorted(used - set(STATIC_ORDER[:i]))}"
