@@ -17,7 +17,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from . import kernels, matrices, overhead  # noqa: E402
+from . import matrices, overhead  # noqa: E402
+from .static import cli as kernels_cli  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
@@ -41,7 +42,7 @@ def main(argv=None):
     p.add_argument("--arch", help="archs of the kernels section (default sm_90; see `kernels --help`)")
     k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed), read its cubins and "
                                        "model its bandwidth (--workload NAME: just that workload's launches)")
-    kernels.add_arguments(k)
+    kernels_cli.add_arguments(k)
     mx = sub.add_parser("matrices", help="write matrices/: every family's rotation matrix as a record (JSON) "
                                          "and a picture (PNG), and its README")
     matrices.add_arguments(mx)
@@ -55,7 +56,7 @@ def main(argv=None):
         if failed:
             sys.exit(f"make report: {len(failed)} part(s) failed (listed at the top of {out / 'report.md'})")
     elif args.command == "kernels":
-        kernels.main(args)
+        kernels_cli.main(args)
     elif args.command == "matrices":
         matrices.main(args)
     elif args.command == "overhead":

@@ -17,7 +17,9 @@ import torch
 
 import rome
 
-from . import accuracy, kernels, models, speed
+from . import accuracy, models, speed
+from .static.cli import report_section as kernels_report_section
+from .static.tables import kernels_section
 from .variants import VARIANTS, Setup, Unavailable, Unsupported
 from .workloads import WORKLOADS, Workload, qk, scaled_for_cpu, tables
 
@@ -391,8 +393,8 @@ def markdown(r: dict) -> str:
         lines += [""]
     lines += [angles_section(r)]
     lines += [models_section(r)]
-    lines += [kernels.kernels_section(r)]
-    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, " + ("gbps.png" if r["environment"]["device"] and not str(r["environment"]["device"]).startswith("CPU") else "speed_vs_v1.png") + ", ulp_hist.png, traces/ "
+    lines += [kernels_section(r)]
+    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, " + _speed_plot(r) + ", ulp_hist.png, traces/ "
               "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
     return "\n".join(lines)
 
@@ -500,7 +502,7 @@ def report(args) -> Path:
         "autotuned": _autotuned(),
     }
     if not getattr(args, "skip_kernels", False):
-        results["kernels"] = kernels.report_section(out / "kernels", getattr(args, "arch", None), console, workload=w)
+        results["kernels"] = kernels_report_section(out / "kernels", getattr(args, "arch", None), console, workload=w)
     results["failed"] = failures(results)
     write_report(out, results)
 

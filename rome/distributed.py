@@ -50,11 +50,14 @@ try:
 except ImportError as e:  # pragma: no cover - torch < 2.5
     raise ImportError(f"rome.distributed needs torch>=2.6 (DTensor's register_sharding): {e}") from e
 
-from .ops import _check
+from .checks import check_arguments
 from .types import Backend
 
 __all__ = ["OPS", "local_positions", "prepare"]
 
+# The ops are rome.ops' torch.library ops: importing rome.distributed imports the package first,
+# and the package imports rome.ops (which imports this module only lazily, when a DTensor reaches
+# it: rome.distributed never imports rome.ops, so the two form no import circle).
 OPS = (
     torch.ops.rome.apply.default,
     torch.ops.rome.apply_transposed.default,
@@ -144,7 +147,7 @@ def prepare(names: Sequence[str], *tensors: Tensor, backend: Backend = "auto") -
         for t in tensors
     )
     *xs, cos, sin, matrix = tensors
-    _check(dict(zip(names, xs)), cos, sin, matrix, backend)
+    check_arguments(dict(zip(names, xs)), cos, sin, matrix, backend)
     _check_placements((*names, "cos", "sin"), tensors[:-1], matrix)
     return tensors
 

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from . import ops, torch_backend
+from .checks import check_types
 from .types import QKV_LAYOUTS, Backend, QkvLayout
 
 
@@ -337,7 +338,7 @@ def _run(spec: Spec, args, *, real: bool) -> None:
     """Validate (real and fake alike; memory only for real tensors), then launch."""
     c = spec.parts(*args)
     tables = {"cos": c.cos, "sin": c.sin, "matrix": c.matrix}
-    ops._check_types(c.xs, c.cos, c.sin, c.matrix, c.backend)
+    check_types(c.xs, c.cos, c.sin, c.matrix, c.backend)
     _check_outs(c.xs, c.outs)
     backend = ops._check(c.xs, c.cos, c.sin, c.matrix, c.backend)
     if real:
@@ -385,7 +386,7 @@ OPS = {spec.name: _register(spec) for spec in SPECS}
 def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None) -> None:
     """The types the ops' schemas take, checked before the dispatcher (whose own message for a
     list or an int is a RuntimeError): TypeError / ValueError as ``rome.apply`` raises them."""
-    ops._check_types(xs, cos, sin, matrix, backend)
+    check_types(xs, cos, sin, matrix, backend)
     for name, out in (outs or {}).items():
         if not isinstance(out, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")

@@ -60,15 +60,16 @@ def pytest_collection_modifyitems(config, items):
         if any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor
 
-            from profiling import kernels
+            from profiling.static import compile as aot
+            from profiling.static import configs
 
             pool = ThreadPoolExecutor(1, thread_name_prefix="rome-static-compile")
             # the workers start here, before any test (tests that spawn processes themselves
             # must not start while the compile's environment is set); config.rome_static_compile:
             # a Future of (rows, files) for sm_80 and sm_90 (every config) and gfx942 (CI's subset)
-            workers = kernels.start_compiler_pool(os.cpu_count() or 2, nice=10)
-            config.rome_static_compile = pool.submit(kernels.inspect_kernels, (80, 90, "gfx942"), pool=workers,
-                                                     configs_ref=kernels.GATE_CONFIGS)
+            workers = aot.start_compiler_pool(os.cpu_count() or 2, nice=10)
+            config.rome_static_compile = pool.submit(configs.inspect_kernels, (80, 90, "gfx942"), pool=workers,
+                                                     configs_ref=configs.GATE_CONFIGS)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():
         return

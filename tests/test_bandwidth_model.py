@@ -1,4 +1,4 @@
-"""The static bandwidth model of ``profiling.kernels`` (``python -m profiling kernels``): control
+"""The static bandwidth model of ``profiling.static.model`` (``python -m profiling kernels``): control
 bits, load batches and bytes in flight on hand-written SASS, the bounds' arithmetic, and two real
 compiles (a copy kernel and a gather whose second load waits for the first)."""
 
@@ -9,7 +9,8 @@ import pytest
 import triton
 import triton.language as tl
 
-from profiling import kernels
+from profiling.static import archs, configs, launches, model, nvidia, tables
+from profiling.static import compile as aot
 
 # --- control bits -------------------------------------------------------------------------
 
@@ -27,17 +28,17 @@ REAL = """\
 
 
 def test_control_bits_of_real_sass():
-    c = kernels.sass_controls(REAL)
+    c = model.sass_controls(REAL)
     assert c[0x16F0] == {"stall": 1, "yield": 1, "write": 2, "read": None, "wait": 0, "reuse": 0}
     assert c[0x1720]["write"] == 3
     # the consumer of each load waits on that load's write scoreboard, and only on it
     assert c[0x1A90]["wait"] == 1 << 2 and c[0x1A90]["write"] is None
     assert c[0x1AB0]["wait"] == 1 << 3
-    assert kernels.control_bits(0x000FC40000000F00) == {"stall": 2, "yield": 0, "write": None, "read": None,
+    assert model.control_bits(0x000FC40000000F00) == {"stall": 2, "yield": 0, "write": None, "read": None,
                                                         "wait": 0, "reuse": 0}
     # the decoder reads each field from its own bits
     word = (5 << 41) | (1 << 45) | (4 << 46) | (1 << 49) | (0b100001 << 52) | (0b1010 << 58)
-    assert kernels.control_bits(word) == {"stall": 5, "yield": 1, "write": 4, "read": 1, "wait": 0b100001,
+    assert model.control_bits(word) == {"stall": 5, "yield": 1, "write": 4, "read": 1, "wait": 0b100001,
                                           "reuse": 0b1010}
 
 
@@ -77,9 +78,9 @@ def test_one_batch_copy_loop():
                 ("ISETP.GE.AND P0, PT, R2, R3, PT", None, 0),
                 (f"@!P0 BRA {at(loop)}", None, 0),
                 ("EXIT", None, 0))
-    region, loops = kernels.tile_region(text)
+    region, loops = model.tile_region(text)
     assert region == "innermost loop with stores" and loops == [(16 * loop, 16 * (loop + 8))]
-    t = kernels.tile_figures(text)
+    t = model.tile_figures(text)
     assert t["instructions"] == 9 and t["batches"] == 1 and t["global_loads"] == 3
     # 128-bit: 512 B a warp, 4 wavefronts; 64-bit: 2
     assert t["l1_global_bytes"] == (4 + 4 + 2 + 4 + 4) * 128
@@ -98,7 +99,7 @@ def test_serialised_loads_are_separate_batches():
                 ("FADD R10, R10, R11", None, 0b110),
                 ("STG.E desc[UR4][R12.64], R10", None, 0),
                 ("BRA 0x20", None, 0))
-    t = kernels.tile_figures(text)
+    t = model.tile_figures(text)
     assert t["batches"] == 2 and t["global_loads"] == 3
     assert t["l1_global_bytes"] == 4 * 128  # 32-bit accesses: one wavefront each
     assert t["inflight_peak_bytes_per_warp"] == 256
@@ -114,7 +115,7 @@ def test_register_prefetch_counts_the_previous_iterations_loads():
                 ("LDG.E.128 R4, desc[UR4][R2.64]", 0, 0),
                 ("LDG.E.128 R8, desc[UR4][R2.64+0x10]", 1, 0),
                 ("@P0 BRA 0x20", None, 0))
-    t = kernels.tile_figures(text)
+    t = model.tile_figures(text)
     assert t["batches"] == 1
     # after each instruction of the second pass: 0, 0, 0, 512, 1024, 1024
     assert t["inflight_peak_bytes_per_warp"] == 1024
@@ -133,7 +134,7 @@ def test_async_copies_wait_on_depbar_and_shared_traffic_counts():
                 ("SHFL.BFLY PT, R9, R8, 0x1, 0x1f", None, 0b110),
                 ("STG.E.128 desc[UR4][R6.64], R8", None, 0),
                 ("@P0 BRA 0x20", None, 0))
-    t = kernels.tile_figures(text)
+    t = model.tile_figures(text)
     assert t["batches"] == 1 and t["global_loads"] == 2 and t["bar"] == 1 and t["shfl"] == 1
     assert t["l1_shared_bytes"] == 4 * 128 + 4 * 128  # LDS.128 and LDSM .x4: 512 B a warp each
     assert t["inflight_peak_bytes_per_warp"] == 1024
@@ -151,46 +152,46 @@ def test_tile_path_takes_unconditional_branches_and_runs_inner_loops_once():
                 ("STG.E desc[UR4][R8.64], R4", None, 0),
                 ("@P0 BRA 0x20", None, 0),
                 ("EXIT", None, 0))
-    t = kernels.tile_figures(text)
+    t = model.tile_figures(text)
     assert t["region"] == "innermost loop with stores" and t["loops"] == [[0x20, 0xA0]]
     assert t["instructions"] == 8 and t["inner_loops"] == 1 and t["batches"] == 1
 
 
 def test_region_falls_back_to_the_whole_kernel():
     text = sass(("LDG.E R4, desc[UR4][R2.64]", 0, 0), ("STG.E desc[UR4][R8.64], R4", None, 0b1), ("EXIT", None, 0))
-    region, loops = kernels.tile_region(text)
+    region, loops = model.tile_region(text)
     assert region == "whole kernel" and loops == [(0, 0x20)]
-    assert kernels.tile_figures(text)["batches"] == 1
+    assert model.tile_figures(text)["batches"] == 1
 
 
 def test_encodings_are_required():
     with pytest.raises(ValueError, match="encodings"):
-        kernels.tile_figures(kernels.strip_encodings(REAL))
+        model.tile_figures(nvidia.strip_encodings(REAL))
 
 
 # --- bounds -------------------------------------------------------------------------------
 
 
 def test_bounds_arithmetic():
-    h100 = kernels.GPUS["H100"]
+    h100 = model.GPUS["H100"]
     clk_sms = h100.clock_ghz * h100.sms  # GHz x SMs
-    b = kernels.bounds(h100, l1_bytes_per_dram_byte=16, warp_instructions_per_dram_byte=0.4,
+    b = model.bounds(h100, l1_bytes_per_dram_byte=16, warp_instructions_per_dram_byte=0.4,
                        inflight_bytes_per_sm=8192, dram_bytes_per_read_byte=2)
     assert b["gbps"]["l1"] == pytest.approx(128 * clk_sms / 16)  # 1853 GB/s
     assert b["gbps"]["issue"] == pytest.approx(4 * clk_sms / 0.4)  # 2317 GB/s
     assert b["gbps"]["latency"] == pytest.approx(8192 * 132 / 800e-9 * 2 / 1e9)  # 2703 GB/s
     assert b["limit"] == "l1" and b["estimate"] == pytest.approx(128 * clk_sms / 16 / 3000)
     # nothing short of copy: the estimate is 1
-    b = kernels.bounds(h100, l1_bytes_per_dram_byte=1, warp_instructions_per_dram_byte=0.01,
+    b = model.bounds(h100, l1_bytes_per_dram_byte=1, warp_instructions_per_dram_byte=0.01,
                        inflight_bytes_per_sm=64 * 1024, dram_bytes_per_read_byte=2)
     assert b["limit"] == "copy" and b["estimate"] == 1
-    assert kernels.GPUS["H200"].copy_gbps > h100.copy_gbps
+    assert model.GPUS["H200"].copy_gbps > h100.copy_gbps
 
 
 def test_latency_view():
-    v = kernels.latency_view_us(grid=64, units=80, batches=2, ctas_per_sm=3, sms=132, latency_ns=800)
+    v = model.latency_view_us(grid=64, units=80, batches=2, ctas_per_sm=3, sms=132, latency_ns=800)
     assert v == {"units_per_program": 2, "waves": 1, "us": pytest.approx(3.2)}
-    v = kernels.latency_view_us(grid=132 * 3 + 1, units=132 * 3 + 1, batches=1, ctas_per_sm=3, sms=132,
+    v = model.latency_view_us(grid=132 * 3 + 1, units=132 * 3 + 1, batches=1, ctas_per_sm=3, sms=132,
                                 latency_ns=800)
     assert v["waves"] == 2 and v["us"] == pytest.approx(1.6)
 
@@ -202,7 +203,7 @@ def test_model_per_element_figures():
                 ("FMUL R4, R4, 2", None, 0b1),
                 ("STG.E.128 desc[UR4][R16.64], R4", None, 0),
                 ("@!P0 BRA 0x20", None, 0))
-    m = kernels.bandwidth_model(text, num_warps=4, elements_per_tile=512, dram_bytes_per_element=8,
+    m = model.bandwidth_model(text, num_warps=4, elements_per_tile=512, dram_bytes_per_element=8,
                                 registers=32, shared_bytes=0, grid=132, units=1000)
     assert m["l1_bytes_per_element"] == 8  # 2 x 512 B a warp x 4 warps / 512
     assert m["warp_instructions_per_dram_byte"] == pytest.approx(4 * 4 / 4096)
@@ -259,15 +260,15 @@ def model_configs(cc):
 
 def test_model_of_real_compiles(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    rows, files = kernels.inspect_kernels((90,), jobs=2, configs_ref=f"{__name__}:model_configs")
+    rows, files = configs.inspect_kernels((90,), jobs=2, configs_ref=f"{__name__}:model_configs")
     models = {}
     for r, (_, text) in zip(rows, files):
         assert r["ok"], r.get("error")
         dram = 8 if r["config"] == "copy" else 12  # fp32 read and written (+ the int32 index)
-        models[r["config"]] = kernels.bandwidth_model(
+        models[r["config"]] = model.bandwidth_model(
             text, num_warps=4, elements_per_tile=BLOCK, dram_bytes_per_element=dram,
             dram_read_bytes_per_element=dram - 4, registers=r["registers"], shared_bytes=r["shared_bytes"],
-            arch=kernels.ARCHS[90])
+            arch=archs.ARCHS[90])
     copy, gather = models["copy"], models["gather"]
     assert copy["tile"]["region"] == "innermost loop with stores"
     # a copy: one 128-bit load per thread, waited on once; 1 B through L1 per DRAM byte
@@ -285,8 +286,8 @@ def test_model_of_real_compiles(tmp_path, monkeypatch):
     assert row["l1_bytes_per_element"] == 8 and row["model"]["dram_bytes_per_element"] == 8
     assert next(r for r in rows if r["config"] == "gather")["model"] is None  # no tile in its meta
     section = {"environment": {"triton": "x", "cuobjdump": "y"}, "wall_s": 1, "method": "m",
-               "archs": {"sm_90": dict(dataclasses.asdict(kernels.ARCHS[90]), smem_per_block=1)}, "rows": rows}
-    md = kernels.markdown(section)
+               "archs": {"sm_90": dict(dataclasses.asdict(archs.ARCHS[90]), smem_per_block=1)}, "rows": rows}
+    md = tables.markdown(section)
     assert "| est. H100 | est. H200 |" in md
     copy_line = next(line for line in md.splitlines() if line.startswith("| copy |"))
     assert copy_line.endswith(f"| 8.0 | {row['warp_instructions_per_dram_byte']:.2f} | 1.0 | "
@@ -307,9 +308,9 @@ def test_report_section_puts_measured_gbps_beside_the_estimate():
                "skipped": []}
     speed = [{"variant": "rome.apply_qk", "pass": "fwd", "gbps": 2812.5}, {"variant": "rome.apply_qk", "pass": "fwd+bwd",
                                                                            "gbps": 1.0}]
-    gpu = kernels.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "NVIDIA H100"}})
+    gpu = tables.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "NVIDIA H100"}})
     assert "measured GB/s" in gpu and "| 95% | 2812.5 | latency | 70% | 0.8 |" in gpu
-    cpu = kernels.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "CPU: x"}})
+    cpu = tables.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "CPU: x"}})
     assert "measured GB/s" not in cpu and "| 40.0 (peak 64) | 95% | latency | 70% | 0.8 |" in cpu
     assert "Liger-Kernel: not installed" in cpu
 
@@ -335,19 +336,19 @@ def _fake_liger(monkeypatch, constexprs):
     pkg.ops = ops
     for name, mod in (("liger_kernel", pkg), ("liger_kernel.ops", ops), ("liger_kernel.ops.rope", rope)):
         monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.setattr(kernels._Job, "of", staticmethod(lambda cfg, cc: ("job", cfg.name, cc)))
+    monkeypatch.setattr(aot.Job, "of", staticmethod(lambda cfg, cc: ("job", cfg.name, cc)))
 
 
 def test_liger_085_signature_is_planned_and_an_unknown_one_is_a_row(monkeypatch):
-    w = kernels._workload("default")
+    w = launches._workload("default")
     # liger-kernel 0.8.5: the rotary dims rd / pad_rd beside the head dim (the whole head here)
     _fake_liger(monkeypatch, ["bs", "cos_bs", "n_qh", "n_kh", "hd", "rd", "pad_n_qh", "pad_n_kh", "pad_hd",
                               "pad_rd", "BLOCK_SIZE", "BACKWARD_PASS"])
-    got = kernels._liger(w, 90)
+    got = launches._liger(w, 90)
     assert got["status"] == "ok" and [L["pass"] for L in got["launches"]] == ["forward", "backward"]
     job = got["launches"][1]["job"]
     assert job[1] == "liger rope bwd D=128 heads=24/24"
     # a constexpr this model does not know: a status saying which, not a KeyError
     _fake_liger(monkeypatch, ["bs", "n_qh", "hd", "mystery", "BACKWARD_PASS"])
-    got = kernels._liger(w, 90)
+    got = launches._liger(w, 90)
     assert got["status"] == "not modelled" and "mystery" in got["reason"] and "launches" not in got

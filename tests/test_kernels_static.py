@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from profiling import kernels
+from profiling.static import archs, configs, nvidia, tables
+from profiling.static import compile as aot
 from profiling.__main__ import main
 from rome import launch
 
@@ -31,7 +32,7 @@ def compiled(request):
     interpreter tests run (724 builds, about a second of CPU each from an empty Triton cache,
     seconds in all from a warm one); this waits for it."""
     started = getattr(request.config, "rome_static_compile", None)
-    rows, _ = started.result() if started is not None else kernels.inspect_kernels(ARCHS)
+    rows, _ = started.result() if started is not None else configs.inspect_kernels(ARCHS)
     return rows
 
 
@@ -138,7 +139,7 @@ def copy_configs_unaligned(cc):
 
 def test_reads_a_known_kernel_and_leaves_it_in_tritons_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    rows, files = kernels.inspect_kernels((90,), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
+    rows, files = configs.inspect_kernels((90,), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
     aligned, unaligned = rows
     assert aligned["ok"] and unaligned["ok"], (aligned.get("error"), unaligned.get("error"))
     # one tile loop; a tile is one 128-bit load and one 128-bit store per thread, 2 * 512 * 4 bytes
@@ -183,7 +184,7 @@ _TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, 
 def _launch_args(job):
     """The job's JIT function and arguments a real launch would pass for its specialisation: CPU
     tensors for pointers (a 1-element offset makes one unaligned), ints 32 (divisible by 16) or 17."""
-    fn = kernels.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
+    fn = aot.jit_function(getattr(importlib.import_module(job.module), job.fn_name))
     sig, const = dict(job.signature), dict(job.constexprs)
     args = []
     for n in fn.arg_names:
@@ -228,18 +229,18 @@ def _variants(cfg):
 
 def _specialisation_jobs(cc):
     """In a worker: jobs for bf16 fwd (and its variants), bf16 bwd, and the copy kernel unaligned."""
-    cfgs = kernels.configs(cc)
+    cfgs = configs.configs(cc)
     fwd, bwd = (next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16") for p in ("fwd", "bwd"))
     gather = [next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16" and c.meta["product"] == "gather"
                    and c.meta["positions"] == pos) for p in ("fwd", "bwd") for pos in (0, 1)]
     scale = Config("scale", _scale_kernel, {"src": "*fp16", "dst": "*fp16", "n": "i32", "scale": "fp32"},
                    {"BLOCK": 256}, ("src", "dst"))
-    return [kernels._Job.of(c, cc) for c in [*_variants(fwd), bwd, *gather, copy_config("unaligned", ("dst",)), scale]]
+    return [aot.Job.of(c, cc) for c in [*_variants(fwd), bwd, *gather, copy_config("unaligned", ("dst",)), scale]]
 
 
 def test_specialisation_is_the_one_a_launch_compiles():
     """Same Triton cache key as the JIT's own launch path: the AOT cubins are the launch's."""
-    with kernels.compiler_pool(2) as pool:
+    with aot.compiler_pool(2) as pool:
         jobs = [job for listed in pool.map(_specialisation_jobs, ARCHS) for job in listed]
         hashes = list(pool.map(_launch_hash, jobs))
     for job, (tool, launch) in zip(jobs, hashes):
@@ -247,26 +248,26 @@ def test_specialisation_is_the_one_a_launch_compiles():
 
 
 def test_occupancy():
-    a90, a80, a86 = kernels.ARCHS[90], kernels.ARCHS[80], kernels.ARCHS[86]
+    a90, a80, a86 = archs.ARCHS[90], archs.ARCHS[80], archs.ARCHS[86]
     # 255 regs -> 8192 per warp, 2 warps per 16K sub-partition: 8 warps; 84 KB + 1 KB reserved: 2 blocks
-    occ = kernels.occupancy(a90, 255, 84992, 4)
+    occ = archs.occupancy(a90, 255, 84992, 4)
     assert (occ["ctas_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (2, 8, "registers, shared memory")
     # 32 regs (16 warps per sub-partition), no shared memory: full occupancy, 64 warps
-    occ = kernels.occupancy(a80, 32, 0, 4)
+    occ = archs.occupancy(a80, 32, 0, 4)
     assert (occ["ctas_per_sm"], occ["warps_per_sm"], occ["limited_by"]) == (16, 64, "registers, warps")
-    assert kernels.occupancy(a80, 24, 0, 4)["limited_by"] == "warps"
-    assert kernels.occupancy(a86, 32, 0, 1)["ctas_per_sm"] == 16  # sm_86's 16-block limit
+    assert archs.occupancy(a80, 24, 0, 4)["limited_by"] == "warps"
+    assert archs.occupancy(a86, 32, 0, 1)["ctas_per_sm"] == 16  # sm_86's 16-block limit
     # 200 regs -> 6400 per warp: 2 per sub-partition (not 65536 // 6400 = 10 per SM): 8 warps
-    assert kernels.occupancy(a90, 200, 0, 4)["warps_per_sm"] == 8
+    assert archs.occupancy(a90, 200, 0, 4)["warps_per_sm"] == 8
     # over the per-block shared memory limit: the block cannot launch
-    assert kernels.occupancy(a86, 32, 99 * 1024 + 1, 4)["ctas_per_sm"] == 0
-    assert kernels.occupancy(a86, 32, 99 * 1024, 4)["ctas_per_sm"] == 1
+    assert archs.occupancy(a86, 32, 99 * 1024 + 1, 4)["ctas_per_sm"] == 0
+    assert archs.occupancy(a86, 32, 99 * 1024, 4)["ctas_per_sm"] == 1
 
 
 def test_parse_arch():
-    assert [kernels.parse_arch(a) for a in ("sm_80", "sm90a", "100", "8.6")] == [80, 90, 100, 86]
+    assert [archs.parse_arch(a) for a in ("sm_80", "sm90a", "100", "8.6")] == [80, 90, 100, 86]
     with pytest.raises(ValueError, match="sm_70"):
-        kernels.parse_arch("sm_70")
+        archs.parse_arch("sm_70")
 
 
 SASS = """
@@ -295,11 +296,11 @@ SASS = """
 
 
 def test_sass_reading():
-    st = kernels.read_sass(SASS)
+    st = nvidia.read_sass(SASS)
     # two loops of the kernel's own code: 0x30..0xb0 (holding the inner 0x40..0x60) and 0xd0..0x100,
     # whose exit is an EXIT inside it; 0xc0 is CALLed as a jump (an EXIT follows it before any RET),
     # 0x120..0x130 is a subroutine and its self-branch no loop
-    assert kernels.subroutines(kernels.parse_sass(SASS)) == [(0x120, 0x130)]
+    assert nvidia.subroutines(nvidia.parse_sass(SASS)) == [(0x120, 0x130)]
     assert st["tile_loops"] == [[0x30, 0xB0], [0xD0, 0x100]]
     tile = st["per_tile"]  # the mean of the two loops
     assert tile["global_load"] == {"64": 0.5, "16": 0.5} and tile["global_store"] == {"64": 0.5}
@@ -307,8 +308,8 @@ def test_sass_reading():
     assert tile["fp32"] == 0.5 and tile["calls"] == 1 and tile["instructions"] == (9 + 4) / 2
     assert tile["global_bytes_per_thread"] == (2 + 8 + 8) / 2
     assert st["whole"]["global_load"] == {"128": 1, "64": 1, "16": 1} and st["whole"]["calls"] == 2
-    assert kernels.share_128(st["whole"]["global_load"]) == 1 / 3
-    assert "0x" not in kernels.strip_encodings("  /*0000*/  LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */\n"
+    assert configs.share_128(st["whole"]["global_load"]) == 1 / 3
+    assert "0x" not in nvidia.strip_encodings("  /*0000*/  LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */\n"
                                               "  /* 0x000fe20000000800 */").replace("c[0x0][0x28]", "")
 
 
@@ -324,13 +325,13 @@ def test_cli_writes_tables_cubins_and_sass(tmp_path):
         assert cubin.read_bytes()[:4] == b"\x7fELF" and "LDG.E.128" in sass.read_text()
     md = (out / "kernels.md").read_text()
     assert "### sm_80" in md and "### sm_90" in md and "| aligned |" in md
-    assert "| aligned |" in kernels.kernels_section({"kernels": section})
-    assert kernels.kernels_section({}) == ""
+    assert "| aligned |" in tables.kernels_section({"kernels": section})
+    assert tables.kernels_section({}) == ""
 
 
 # --- AMD Instinct (HIP), ahead of time -----------------------------------------------------
 #
-# The gfx942 gate: every configuration of the CI subset (``kernels.amd_ci_configs``, compiled by
+# The gfx942 gate: every configuration of the CI subset (``configs.amd_ci_configs``, compiled by
 # conftest.py in the background with the sm_80/sm_90 list; the full list for gfx942, gfx90a and
 # gfx950 is the committed table, profiling/results/cpu/kernels-amd/) compiles, does not spill to
 # memory (VGPR spill count, scratch) nor, in the gather kernel, SGPRs; fits the arch's LDS; and
@@ -344,7 +345,7 @@ def compiled_amd(request, compiled):
     rows = [r for r in compiled if r["arch"] == AMD_ARCH]
     if rows:  # conftest.py's background compile holds them
         return rows
-    rows, _ = kernels.inspect_kernels((AMD_ARCH,), configs_ref=kernels.GATE_CONFIGS)
+    rows, _ = configs.inspect_kernels((AMD_ARCH,), configs_ref=configs.GATE_CONFIGS)
     return rows
 
 
@@ -362,7 +363,7 @@ def test_amd_gate_covers_every_kernel_family(compiled_amd):
 
 
 def test_amd_every_config_compiles_fits_lds_and_does_not_spill(compiled_amd):
-    arch = kernels.AMD_ARCHS[AMD_ARCH]
+    arch = archs.AMD_ARCHS[AMD_ARCH]
     assert arch.lds_per_cu == 64 * 1024
     bad = []
     for r in compiled_amd:
@@ -406,28 +407,28 @@ def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
 
 
 def test_amd_occupancy():
-    a942, a950 = kernels.AMD_ARCHS["gfx942"], kernels.AMD_ARCHS["gfx950"]
+    a942, a950 = archs.AMD_ARCHS["gfx942"], archs.AMD_ARCHS["gfx950"]
     # 128 VGPRs: 512 / 128 = 4 waves per SIMD; 4-wave workgroups: 4 per CU, 16 waves, 4 per SIMD
-    occ = kernels.amd_occupancy(a942, 128, 40, 0, 4)
+    occ = archs.amd_occupancy(a942, 128, 40, 0, 4)
     assert (occ["workgroups_per_cu"], occ["waves_per_simd"], occ["limited_by"]) == (4, 4, "registers")
     # 39 VGPRs round up to 40: 12 waves by the file, 8 by the slots; 8 workgroups of 4 waves
-    assert kernels.amd_occupancy(a942, 39, 40, 0, 4)["waves_per_simd"] == 8
+    assert archs.amd_occupancy(a942, 39, 40, 0, 4)["waves_per_simd"] == 8
     # 8-wave workgroups, 129 VGPRs (136 allocated): 3 waves per SIMD -> 12 per CU -> 1 workgroup
-    occ = kernels.amd_occupancy(a942, 129, 40, 0, 8)
+    occ = archs.amd_occupancy(a942, 129, 40, 0, 8)
     assert (occ["waves_per_simd_by_registers"], occ["workgroups_per_cu"], occ["waves_per_simd"]) == (3, 1, 2)
     # 32 KiB of LDS: two workgroups on gfx942 (64 KiB); on gfx950 (160 KiB in 1280-byte blocks) 32 KiB
     # takes 26 blocks (33,280 B): four, and 32,000 B (25 blocks) five
-    occ = kernels.amd_occupancy(a942, 64, 40, 32 * 1024, 4)
+    occ = archs.amd_occupancy(a942, 64, 40, 32 * 1024, 4)
     assert (occ["workgroups_per_cu"], occ["waves_per_simd"], occ["limited_by"]) == (2, 2, "LDS")
-    assert kernels.amd_occupancy(a950, 64, 40, 32 * 1024, 4)["workgroups_per_cu"] == 4
-    assert kernels.amd_occupancy(a950, 64, 40, 32000, 4)["workgroups_per_cu"] == 5
+    assert archs.amd_occupancy(a950, 64, 40, 32 * 1024, 4)["workgroups_per_cu"] == 4
+    assert archs.amd_occupancy(a950, 64, 40, 32000, 4)["workgroups_per_cu"] == 5
     # one byte over a 512-byte LDS block costs a block; over the CU's LDS: no workgroup
-    assert kernels.amd_occupancy(a942, 64, 40, 16 * 1024 + 1, 4)["workgroups_by"]["LDS"] == 3
-    assert kernels.amd_occupancy(a942, 64, 40, 64 * 1024 + 1, 4)["workgroups_per_cu"] == 0
+    assert archs.amd_occupancy(a942, 64, 40, 16 * 1024 + 1, 4)["workgroups_by"]["LDS"] == 3
+    assert archs.amd_occupancy(a942, 64, 40, 64 * 1024 + 1, 4)["workgroups_per_cu"] == 0
     # more than 100 SGPRs: 7 waves per SIMD
-    assert kernels.amd_occupancy(a942, 32, 102, 0, 1)["waves_per_simd_by_registers"] == 7
+    assert archs.amd_occupancy(a942, 32, 102, 0, 1)["waves_per_simd_by_registers"] == 7
     # AGPRs follow the arch VGPRs rounded up to 4
-    assert kernels.amd_total_vgprs(61, 0) == 61 and kernels.amd_total_vgprs(61, 32) == 96
+    assert archs.amd_total_vgprs(61, 0) == 61 and archs.amd_total_vgprs(61, 32) == 96
 
 
 def test_reads_a_known_kernel_for_amd(tmp_path, monkeypatch):
@@ -436,7 +437,7 @@ def test_reads_a_known_kernel_for_amd(tmp_path, monkeypatch):
     without 16-byte alignment on src its loads are 32-bit. No spill, no LDS, the hsaco in Triton's
     cache under TRITON_CACHE_DIR."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    rows, files = kernels.inspect_kernels(("gfx942",), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
+    rows, files = configs.inspect_kernels(("gfx942",), jobs=2, configs_ref=f"{__name__}:copy_configs_unaligned")
     aligned, unaligned = rows
     assert aligned["ok"] and unaligned["ok"], (aligned.get("error"), unaligned.get("error"))
     assert aligned["wavefront_size"] == 64 and aligned["max_flat_workgroup_size"] == 256
@@ -481,16 +482,16 @@ def _hip_launch_hash(job) -> tuple[str, str, str]:
 
 def _hip_specialisation_jobs(cc):
     """In a worker: the gather kernel's bf16 forward and backward, and a dot kernel, for ``cc``."""
-    cfgs = kernels.configs(cc)
+    cfgs = configs.configs(cc)
     pick = [next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16" and c.meta["product"] == prod)
             for p in ("fwd", "bwd") for prod in ("gather", "dot")]
-    return [kernels._Job.of(c, cc) for c in [*_variants(pick[0]), *pick[1:], copy_config("unaligned", ("dst",))]]
+    return [aot.Job.of(c, cc) for c in [*_variants(pick[0]), *pick[1:], copy_config("unaligned", ("dst",))]]
 
 
 def test_amd_specialisation_is_the_one_a_hip_launch_compiles():
     """Same Triton cache key as the JIT's own HIP launch path (the options rome passes on HIP, the
     buffer-ops pointer range), and the CUDA options as they are would not launch there."""
-    with kernels.compiler_pool(2) as pool:
+    with aot.compiler_pool(2) as pool:
         jobs = pool.submit(_hip_specialisation_jobs, AMD_ARCH).result()
         got = list(pool.map(_hip_launch_hash, jobs))
     for job, (tool, launch_hash, error) in zip(jobs, got):
@@ -514,9 +515,9 @@ def test_cli_amd_table(tmp_path):
 
 
 def test_parse_amd_arch():
-    assert [kernels.parse_arch(a) for a in ("gfx942", "GFX90A", "gfx950:sramecc+:xnack-")] == \
+    assert [archs.parse_arch(a) for a in ("gfx942", "GFX90A", "gfx950:sramecc+:xnack-")] == \
         ["gfx942", "gfx90a", "gfx950"]
     with pytest.raises(ValueError, match="gfx1100"):
-        kernels.parse_arch("gfx1100")
+        archs.parse_arch("gfx1100")
     with pytest.raises(ValueError, match="gfx942"):
-        kernels.parse_arch("sm_70")
+        archs.parse_arch("sm_70")

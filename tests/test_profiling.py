@@ -510,15 +510,15 @@ def test_kernels_workload_writes_the_launch_contract(tmp_path):
     """``python -m profiling kernels --workload decode``: every launch the rome variants make,
     forward and backward, compiled for sm_90 (in worker processes: this one interprets) and
     modelled; kernels.json's ``launches`` carry the fields an independent check reads."""
-    from profiling import kernels
+    from profiling.static.launches import rome_variants
 
     out = tmp_path / "kernels"
     main(["kernels", "--workload", "decode", "--out", str(out), "--jobs", "2"])
     section = json.loads((out / "kernels.json").read_text())
     launches = section["launches"]
     assert section["workload"]["name"] == "decode" and not section["skipped"], section["skipped"]
-    assert {r["variant"] for r in launches} == set(kernels.rome_variants())
-    assert {(r["variant"], r["pass"]) for r in launches} == {(v, p) for v in kernels.rome_variants()
+    assert {r["variant"] for r in launches} == set(rome_variants())
+    assert {(r["variant"], r["pass"]) for r in launches} == {(v, p) for v in rome_variants()
                                                              for p in ("forward", "backward")}
     for r in launches:
         assert CONTRACT <= set(r) and r["ok"], r.get("error")
@@ -541,7 +541,7 @@ def test_kernels_workload_dtype_reaches_the_capture(monkeypatch, tmp_path):
     the workload it builds); an unknown dtype is refused by the parser."""
     import torch
 
-    from profiling import kernels
+    from profiling.static import cli, launches
 
     seen = {}
 
@@ -552,12 +552,12 @@ def test_kernels_workload_dtype_reaches_the_capture(monkeypatch, tmp_path):
         seen.update(name=name, overrides=overrides)
         raise Stop
 
-    monkeypatch.setattr(kernels, "collect_workload", collect)
+    monkeypatch.setattr(cli, "collect_workload", collect)
     with pytest.raises(Stop):
         main(["kernels", "--workload", "decode", "--dtype", "fp32", "--out", str(tmp_path / "k")])
     assert seen == {"name": "decode", "overrides": {"dtype": "fp32"}}
-    assert kernels._workload("decode", seen["overrides"]).dtype == torch.float32
-    assert kernels._workload("decode").dtype != torch.float32
+    assert launches._workload("decode", seen["overrides"]).dtype == torch.float32
+    assert launches._workload("decode").dtype != torch.float32
     with pytest.raises(SystemExit):
         main(["kernels", "--workload", "decode", "--dtype", "fp64", "--out", str(tmp_path / "k")])
 

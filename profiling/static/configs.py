@@ -1,0 +1,251 @@
+"""Every configuration the launcher can choose, compiled for every arch asked for and read: one
+row per (configuration, arch), NVIDIA's with the bandwidth model (``python -m profiling kernels``
+without ``--workload``; the CI gate in tests/test_kernels_static.py)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import importlib
+import os
+import time
+from pathlib import Path
+
+from .amd import AMD_METHOD
+from .archs import AMD_ARCHS, DEFAULT_ARCHS, PROJECT_SMEM_LIMIT, AmdArch, Arch, amd_occupancy, amd_total_vgprs, \
+    arch_of, occupancy
+from .compile import Job, compile_all, compiler_pool, environment, json_safe, slug
+from .model import MODEL_METHOD, bandwidth_model, tile_elements
+from .nvidia import strip_encodings
+
+
+# --- every configuration ------------------------------------------------------------------
+
+DEFAULT_CONFIGS = "profiling.static.configs:configs"
+
+
+def configs(cc: int | None = None) -> list:
+    """``rome.launcher.kernel_configs(cc)``: every configuration the launcher can choose."""
+    from rome.launcher import kernel_configs
+
+    return kernel_configs(cc)
+
+
+def amd_ci_configs(cc=None) -> list:
+    """The configurations CI compiles for gfx942 (the full list is the committed table): head_dim
+    256 (the largest tiles and register use) for every pass, product and tables/positions kind in
+    bf16 and fp32, and the gather kernel's in fp16 (fp16's dot kernel compiles as bf16's does:
+    a third of the compile time, nothing new), without the autotuner's candidates; and bf16 at
+    head_dim 64 with them (the candidates' 8-row and 8-warp tiles)."""
+    return [c for c in configs(cc) if (c.meta["head_dim"] == 256 and not c.meta.get("tuned_candidate")
+                                       and (c.meta["x_dtype"] != "fp16" or c.meta["product"] == "gather"))
+            or (c.meta["head_dim"] == 64 and c.meta["x_dtype"] == "bf16")]
+
+
+def wave64_gather_configs(cc=None) -> list:
+    """The gather kernel's chosen configs (fp32 tables or one-axis positions, bf16 and fp32, head_dim
+    64 and 128) each beside the same launch with twice the rows: ``choose_gather`` sizes a tile for
+    ``GATHER_ELEMENTS_PER_THREAD`` elements a thread of a 32-lane warp, so on 64-lane wavefronts a
+    lane holds half as many; the doubled tile holds as many as on CUDA (docs/amd.md compares them:
+    ``--arch gfx942 --configs profiling.static.configs:wave64_gather_configs``)."""
+    out = []
+    for c in configs(cc):
+        m = c.meta
+        if (m["product"] == "gather" and not m.get("tuned_candidate") and m["head_dim"] in (64, 128)
+                and m["x_dtype"] in ("bf16", "fp32") and m["positions"] in (0, 1) and not m["angles"]
+                and m["table_dtype"] == "fp32" and not m.get("norm")):
+            rows = 2 * c.constexprs["BLOCK_R"]
+            out += [c, dataclasses.replace(c, name=f"{c.name} rows x2 (BLOCK_R={rows})",
+                                           constexprs=c.constexprs | {"BLOCK_R": rows},
+                                           meta=dict(m, block_r=rows, elements_per_tile=rows * m["head_dim"]))]
+    return out
+
+
+def gate_configs(cc) -> list:
+    """The CI gate's list for ``cc``: every configuration for an NVIDIA arch, ``amd_ci_configs``
+    for an AMD one (tests/test_kernels_static.py)."""
+    return amd_ci_configs(cc) if isinstance(cc, str) else configs(cc)
+
+
+GATE_CONFIGS = "profiling.static.configs:gate_configs"
+
+
+def _resolve(ref: str):
+    module, _, name = ref.partition(":")
+    if not name:
+        raise ValueError(f"configs: expected MODULE:FUNCTION, got {ref!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def _list_configs(ref: str, cc: int) -> list[dict]:
+    """In a worker: the configs ``ref(cc)`` lists, as picklable dicts with their compile jobs."""
+    return [{"name": c.name, "meta": dict(c.meta), "num_warps": c.num_warps, "num_stages": c.num_stages,
+             "job": Job.of(c, cc)} for c in _resolve(ref)(cc)]
+
+
+def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref: str = DEFAULT_CONFIGS,
+                    on_done=None, pool: cf.ProcessPoolExecutor | None = None):
+    """Compile every config for every arch in ``jobs`` worker processes and read the cubins.
+
+    ``configs_ref``: ``"module:function"``, ``function(cc)`` listing KernelConfigs (it runs in a
+    worker, as the kernel must not be an interpreter object). Returns ``(rows, files)``: one row
+    per (config, arch), and per row its cubin and SASS text (identical compiles run once).
+    ``on_done(n_done, n_total)`` reports progress. ``pool``: a ``start_compiler_pool`` pool to
+    use (and shut down when done) instead of starting ``jobs`` workers.
+    """
+    with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
+        listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs)))
+        plan = [(cfg, arch_of(cc)) for cc in archs for cfg in listed[cc]]
+        results = compile_all(pool, [cfg["job"] for cfg, _ in plan], on_done)
+    rows, files = [], []
+    for cfg, arch in plan:
+        res = results[cfg["job"]]
+        rows.append(amd_row(cfg, arch, res) if isinstance(arch, AmdArch) else row(cfg, arch, res))
+        files.append((res.get("cubin"), res.get("sass")))
+    return rows, files
+
+
+# --- one row per (configuration, arch) -----------------------------------------------------
+
+
+def share_128(counts: dict) -> float | None:
+    """Fraction of the global load or store instructions in ``counts`` that move 128 bits."""
+    total = sum(counts.values())
+    return counts.get("128", 0) / total if total else None
+
+
+def row(cfg: dict, arch: Arch, res: dict) -> dict:
+    """The report row of config ``cfg`` (a ``_list_configs`` entry) compiled for ``arch``."""
+    meta = cfg["meta"]
+    r = {"config": cfg["name"], "arch": arch.name, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+         "bytes_per_tile": meta.get("bytes_per_tile"), "meta": meta}
+    if "error" in res:
+        return r | {"ok": False, "error": res["error"]}
+    rs, st = res["res"], res["sass_stats"]
+    smem = res["shared_dynamic"] + rs["shared"]
+    tile = st["per_tile"] or {}
+    r |= {
+        "ok": True, "error": None, "registers": rs["reg"], "stack_bytes": rs["stack"], "local_bytes": rs["local"],
+        "local_instructions": st["whole"]["local"], "shared_dynamic": res["shared_dynamic"],
+        "shared_static": rs["shared"], "shared_bytes": smem, "fits_arch_smem": smem <= arch.smem_per_block,
+        "fits_99kb": smem <= PROJECT_SMEM_LIMIT, "spills": rs["stack"] > 0 or st["whole"]["local"] > 0,
+        **occupancy(arch, rs["reg"], smem, res["num_warps"]),
+        "tile_loops": len(st["tile_loops"]),
+        "ld128_share": share_128(tile["global_load"]) if tile else None,
+        "st128_share": share_128(tile["global_store"]) if tile else None,
+        "mma_per_tile": tile.get("mma"),
+        "mma_macs_per_tile": tile["mma_macs_per_warp"] * res["num_warps"]
+        if tile.get("mma_macs_per_warp") is not None else None,
+        "fp32_per_tile": tile.get("fp32"), "calls_per_tile": tile.get("calls"),
+        "instructions_per_tile": tile.get("instructions"),
+        "bytes_issued_per_tile": tile["global_bytes_per_thread"] * 32 * res["num_warps"] if tile else None,
+        "sass": st, "compile_s": res["compile_s"], "triton_hash": res["triton_hash"],
+        "cache_cubin": res["cache_cubin"],
+    }
+    r["model"] = None
+    if "head_dim" in meta or "elements_per_tile" in meta:  # a rome config: the bandwidth model
+        try:
+            elements, dram, read = tile_elements(meta)
+            model = bandwidth_model(res["sass"], num_warps=res["num_warps"], elements_per_tile=elements,
+                                    dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
+                                    registers=rs["reg"], shared_bytes=smem, arch=arch)
+        except Exception as e:  # the table keeps its row; the model says why it has no figures
+            r["model"] = {"error": f"{type(e).__name__}: {e}"}
+        else:
+            r["model"] = model
+            r |= {k: model[k] for k in MODEL_KEYS}
+            r["inflight_kb_per_sm"] = model["inflight_mean_bytes_per_sm"] / 1024
+    return r
+
+
+MODEL_KEYS = ("l1_bytes_per_element", "warp_instructions_per_dram_byte", "batches", "inflight_mean_bytes_per_sm",
+              "inflight_peak_bytes_per_sm", "estimate_h100", "limit_h100", "estimate_h200", "limit_h200")
+
+
+def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
+    """The table row of config ``cfg`` compiled for the AMD ``arch``."""
+    meta = cfg["meta"]
+    r = {"config": cfg["name"], "arch": arch.name, "num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"],
+         "bytes_per_tile": meta.get("bytes_per_tile"), "meta": meta}
+    if "error" in res:
+        return r | {"ok": False, "error": res["error"]}
+    a = res["amd"]
+    vgprs = amd_total_vgprs(a["vgpr_count"], a["agpr_count"])
+    # Triton's shared memory is dynamic LDS, allocated at launch (metadata.shared): LLVM sees none of
+    # it (the group segment holds only static LDS, 0 for Triton kernels), nor does its occupancy
+    lds = a["group_segment_fixed_size"] + res["shared_dynamic"]
+    spills = a["vgpr_spill_count"] + a["sgpr_spill_count"]
+    c = a["counts"]
+    occ = amd_occupancy(arch, vgprs, a["sgpr_count"], lds, res["num_warps"])
+    return r | {
+        "ok": True, "error": None, "wavefront_size": a["wavefront_size"], "vgprs": vgprs, "arch_vgprs": a["vgpr_count"],
+        "agprs": a["agpr_count"], "sgprs": a["sgpr_count"], "vgpr_spill_count": a["vgpr_spill_count"],
+        "sgpr_spill_count": a["sgpr_spill_count"], "scratch_bytes": a["private_segment_fixed_size"],
+        "lds_bytes": lds, "lds_metadata_bytes": a["group_segment_fixed_size"], "triton_shared": res["shared_dynamic"],
+        "fits_lds": lds <= arch.lds_per_cu, "spills": spills > 0 or a["private_segment_fixed_size"] > 0,
+        "max_flat_workgroup_size": a["max_flat_workgroup_size"], **occ, "llvm_occupancy": a["llvm_occupancy"],
+        "ld128_share": share_128(c["load"]), "st128_share": share_128(c["store"]), "mfma": c["mfma"],
+        "lds_instructions": c["lds"], "scratch_instructions": c["scratch"], "instructions": c["instructions"],
+        "loads": c["load"], "stores": c["store"], "compile_s": res["compile_s"], "triton_hash": res["triton_hash"],
+        "cache_hsaco": res["cache_cubin"],
+    }
+
+
+# --- the section --------------------------------------------------------------------------
+
+
+METHOD = (
+    "Each configuration `rome.launch.kernel_configs(arch)` lists is compiled ahead of time with "
+    "`triton.compile(ASTSource(...), target=GPUTarget('cuda', cc, 32))` and the specialisation a "
+    "launch gets (tt.divisibility=16 on 16-byte-aligned pointers and ints divisible by 16, ints equal "
+    "to 1 as constants); cuobjdump (shipped with Triton) reads the cubin. Shared memory = Triton's "
+    "dynamic shared memory + the cubin's static shared memory. CTAs/warps per SM from registers, "
+    "shared memory (+1 KB reserved per block) and the arch's warp and block limits, as CUDA's "
+    "occupancy calculator does. Per tile = instructions inside the persistent tile loop (the mean of "
+    "the q and k loops when both share the launch), called subroutines not included; MMA MACs = the "
+    "multiply-adds of the tile loop's tensor-core instructions, from their shapes (HMMA.16816 per warp, "
+    "HGMMA.64xNx16 per warpgroup), all warps together; FP32 = FFMA/FMUL/FADD instructions per thread; 128-bit % = "
+    "share of the loop's global load (LDG, LDGSTS) and store (STG) instructions that move 128 bits; "
+    "bytes issued = those instructions' widths x 32 lanes x warps, every lane active; bytes/tile = the "
+    "config's own count of the global bytes one tile moves. The model's columns (L1 B/elem, instr/DRAM B, "
+    "batches, in flight KB/SM: the mean, est. H100/H200: fraction of copy bandwidth) take a tile of the "
+    "config's rows x head_dim whose x is read and written once, tables amortised to nothing (the launcher's "
+    "own elements_per_tile / dram_bytes_per_element where its meta has them); the SASS of the arch of the "
+    "row with the H100/H200 constants. Model: " + MODEL_METHOD
+)
+
+
+def collect(archs=DEFAULT_ARCHS, out: Path | None = None, *, jobs: int | None = None,
+            configs_ref: str = DEFAULT_CONFIGS, on_done=None) -> dict:
+    """Inspect every config for ``archs``; write cubins and SASS under ``out`` if given.
+
+    Returns the ``kernels`` section of results.json: environment, arch limits, method, rows.
+    """
+    t0 = time.perf_counter()
+    rows, files = inspect_kernels(archs, jobs=jobs, configs_ref=configs_ref, on_done=on_done)
+    wall = time.perf_counter() - t0
+    if out is not None:
+        written = {}  # identical compiles (same Triton hash) share their files
+        for r, (cubin, sass) in zip(rows, files):
+            if cubin is None:
+                continue
+            key = (r["arch"], r["triton_hash"])
+            if key not in written:
+                stem = Path(r["arch"]) / slug(r["config"])
+                (Path(out) / r["arch"]).mkdir(parents=True, exist_ok=True)
+                amd = r["arch"] in AMD_ARCHS
+                binary, text = (".hsaco", ".amdgcn") if amd else (".cubin", ".sass")
+                (Path(out) / stem).with_suffix(binary).write_bytes(cubin)
+                (Path(out) / stem).with_suffix(text).write_text(sass if amd else strip_encodings(sass))
+                written[key] = [str(stem.with_suffix(binary)), str(stem.with_suffix(text))]
+            r["files"] = written[key]
+    archs_info = {}
+    for cc in archs:
+        a = arch_of(cc)
+        archs_info[a.name] = dataclasses.asdict(a) | (
+            {"max_waves_per_cu": a.max_waves_per_cu} if isinstance(a, AmdArch) else {"smem_per_block": a.smem_per_block})
+    section = {"environment": environment(), "method": METHOD, "wall_s": wall, "archs": archs_info,
+               "project_smem_limit": PROJECT_SMEM_LIMIT, "rows": rows}
+    if any(isinstance(cc, str) for cc in archs):
+        section["amd_method"] = AMD_METHOD
+    return json_safe(section)

@@ -1,0 +1,217 @@
+"""The tables: the every-configuration table (one per arch, NVIDIA's and AMD's) and a workload's
+launches with the model's figures, as markdown and as ``kernels.json``/``kernels.md``; the
+report's kernels section."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .archs import AMD_ARCHS
+
+# --- every configuration, one table per arch -----------------------------------------------
+
+
+COLUMNS = [  # (header, key, format)
+    ("config", "config", ""), ("regs", "registers", "d"), ("stack B", "stack_bytes", "d"),
+    ("LDL/STL", "local_instructions", "d"), ("smem B", "shared_bytes", "d"), ("≤ 99 KB", "fits_99kb", ""),
+    ("CTAs/SM", "ctas_per_sm", "d"), ("warps/SM", "warps_per_sm", "d"), ("limited by", "limited_by", ""),
+    ("ld 128-bit", "ld128_share", "%"), ("st 128-bit", "st128_share", "%"), ("MMA/tile", "mma_per_tile", "n"),
+    ("MMA MACs/tile", "mma_macs_per_tile", "n"), ("FP32/tile", "fp32_per_tile", "n"),
+    ("calls/tile", "calls_per_tile", "n"), ("bytes/tile", "bytes_per_tile", "n"),
+    ("bytes issued/tile", "bytes_issued_per_tile", "n"),
+    # the bandwidth model (per tile of the config's own rows x head_dim, x read and written once)
+    ("L1 B/elem", "l1_bytes_per_element", "1"), ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"),
+    ("batches", "batches", "1"), ("in flight KB/SM", "inflight_kb_per_sm", "1"),
+    ("est. H100", "estimate_h100", "%"), ("est. H200", "estimate_h200", "%"),
+]
+
+
+def cell(v, fmt: str) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if fmt == "%":
+        return f"{100 * v:.0f}%"
+    if fmt in ("1", "2"):
+        return f"{v:.{fmt}f}"
+    if fmt in ("d", "n"):
+        return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.1f}"
+    return str(v)
+
+
+def _table_rows(rows, columns) -> list[str]:
+    """The markdown rows of a per-config table; a failed compile's row says why."""
+    out = []
+    for r in rows:
+        if not r["ok"]:
+            error = " ".join(r["error"].split()).replace("|", "/")[:300]
+            out.append(f"| {r['config']} | compile failed: {error} |" + " |" * (len(columns) - 2))
+            continue
+        out.append("| " + " | ".join(cell(r.get(k), f) for _, k, f in columns) + " |")
+    return out
+
+
+AMD_COLUMNS = [  # (header, key, format)
+    ("config", "config", ""), ("waves/WG", "num_warps", "d"), ("VGPRs", "vgprs", "d"), ("AGPRs", "agprs", "d"),
+    ("SGPRs", "sgprs", "d"), ("VGPR spill", "vgpr_spill_count", "d"), ("SGPR spill", "sgpr_spill_count", "d"),
+    ("scratch B", "scratch_bytes", "d"), ("LDS B", "lds_bytes", "d"), ("fits LDS", "fits_lds", ""),
+    ("WGs/CU", "workgroups_per_cu", "d"), ("waves/SIMD", "waves_per_simd", "n"),
+    ("waves/SIMD (regs)", "waves_per_simd_by_registers", "d"), ("LLVM occupancy", "llvm_occupancy", "d"),
+    ("limited by", "limited_by", ""), ("ld 128-bit", "ld128_share", "%"), ("st 128-bit", "st128_share", "%"),
+    ("MFMA", "mfma", "d"), ("LDS instr", "lds_instructions", "d"), ("instr", "instructions", "d"),
+    ("bytes/tile", "bytes_per_tile", "n"),
+]
+
+
+def amd_markdown(name: str, limits: dict, rows: list[dict], heading: str = "##") -> list[str]:
+    """The table of one AMD arch (markdown lines), with a summary line of the gate's checks."""
+    ok = [r for r in rows if r["ok"]]
+    spill = [r for r in ok if r["spills"]]
+    over = [r for r in ok if not r["fits_lds"]]
+    lines = [f"{heading}# {name}: {limits['products']}", "",
+             f"Limits: {limits['simds_per_cu']} SIMDs per CU, {limits['max_waves_per_simd']} waves per SIMD, "
+             f"{limits['vgprs_per_lane']} VGPRs per lane (VGPRs + AGPRs, blocks of {limits['vgpr_granule']}), "
+             f"{limits['lds_per_cu'] // 1024} KiB LDS per CU, {limits['max_workgroups_per_cu']} workgroups per CU, "
+             f"wavefront {limits['wave_size']}.", "",
+             f"{len(rows)} configurations: {len(ok)} compile, {len(spill)} spill (VGPR/SGPR spill or scratch), "
+             f"{len(over)} over the LDS; most VGPRs {max((r['vgprs'] for r in ok), default=0)}, most LDS "
+             f"{max((r['lds_bytes'] for r in ok), default=0):,} B, fewest waves per SIMD "
+             f"{min((r['waves_per_simd'] for r in ok), default=0):g}.", "",
+             "| " + " | ".join(h for h, _, _ in AMD_COLUMNS) + " |", "|" + "---|" * len(AMD_COLUMNS)]
+    return lines + _table_rows(rows, AMD_COLUMNS) + [""]
+
+
+def markdown(section: dict, heading: str = "##") -> str:
+    """The kernels table(s), one per arch, as markdown."""
+    env = section["environment"]
+    lines = [f"{heading} Kernels (compiled ahead of time, no GPU needed)", "",
+             f"triton {env['triton']}, cuobjdump {env['cuobjdump']}, {len(section['rows'])} rows in "
+             f"{section['wall_s']:.0f} s. " + section["method"], ""]
+    if section.get("amd_method"):
+        lines += [section["amd_method"], ""]
+    for name, limits in section["archs"].items():
+        rows = [r for r in section["rows"] if r["arch"] == name]
+        if name in AMD_ARCHS:
+            lines += amd_markdown(name, limits, rows, heading)
+            continue
+        lines += [f"{heading}# {name}", "",
+                  f"Limits: {limits['regs_per_sm'] // 1024}K registers, {limits['smem_per_sm'] // 1024} KB shared "
+                  f"memory per SM ({limits['smem_per_block'] // 1024} KB per block), {limits['max_warps']} warps, "
+                  f"{limits['max_ctas']} blocks per SM.", "",
+                  "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += _table_rows(rows, COLUMNS) + [""]
+    return "\n".join(lines)
+
+
+def write(out: Path, section: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(section, indent=1, default=str))
+    (out / "kernels.md").write_text("# rome kernels\n\n" + markdown(section, heading="##"))
+
+
+# --- one workload's launches ---------------------------------------------------------------
+
+
+WORKLOAD_COLUMNS = [  # (header, key, format)
+    ("variant", "variant", ""), ("pass", "pass", ""), ("config", "config", ""), ("grid", "grid", "n"),
+    ("units", "units", "n"), ("regs", "registers", "d"), ("spill B", "spill_bytes", "d"),
+    ("CTAs×warps/SM", "occupancy", ""), ("L1 B/elem", "l1_bytes_per_element", "1"),
+    ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"), ("batches", "batches", "1"),
+    ("in flight KB/SM", "inflight", ""), ("est. H100", "estimate_h100", "%"), ("limit", "limit_h100", ""),
+    ("est. H200", "estimate_h200", "%"), ("latency view µs", "latency_us", "1"),
+]
+
+
+def workload_cell(r: dict, key: str, fmt: str) -> str:
+    if key == "occupancy":
+        return f"{r['ctas_per_sm']} × {r['num_warps']}" if r.get("ctas_per_sm") is not None else "n/a"
+    if key == "inflight":
+        if r.get("inflight_mean_bytes_per_sm") is None:
+            return "n/a"
+        return f"{r['inflight_mean_bytes_per_sm'] / 1024:.1f} (peak {r['inflight_peak_bytes_per_sm'] / 1024:.0f})"
+    if key == "latency_us":
+        v = r.get("latency_view_h100")
+        return "n/a" if not v else f"{v['us']:.1f}"
+    v = r.get(key)
+    if v is None:
+        return "n/a"
+    if fmt in ("1", "2"):
+        return f"{v:.{fmt}f}"
+    return cell(v, fmt)
+
+
+def workload_markdown(section: dict, heading: str = "##", measured: dict | None = None) -> str:
+    """The workload's launches with the model's figures (``measured``: (variant, pass) -> GB/s of
+    this run's GPU speed section, set beside the estimate)."""
+    wl = section["workload"]
+    cols = list(WORKLOAD_COLUMNS)
+    if measured:
+        cols.insert(cols.index(("limit", "limit_h100", "")), ("measured GB/s", "measured_gbps", "1"))
+    lines = [f"{heading} Kernels of the `{wl['name']}` workload: static bandwidth model", "",
+             f"q {wl['q_shape']}, k {wl['k_shape']} {wl['dtype']}, {wl['mode']} {wl['sections']}; launches from "
+             f"{section['capture']} ({section['num_sms']} SMs); {section['builds']} builds for "
+             f"{', '.join(section['archs'])} in {section['wall_s']:.0f} s (triton {section['environment']['triton']}).",
+             "", section["method"], "", "Constants: " + section["gpu_notes"], ""]
+    for arch in section["archs"]:
+        rows = [r for r in section["launches"] + section["liger_launches"] if r["arch"] == arch]
+        lines += [f"{heading}# {arch}", "", "| " + " | ".join(h for h, _, _ in cols) + " |", "|" + "---|" * len(cols)]
+        for r in rows:
+            if not r["ok"]:
+                error = " ".join(r["error"].split()).replace("|", "/")[:300]
+                lines.append(f"| {r['variant']} | {r['pass']} | {r['config']} | compile failed: {error} |"
+                             + " |" * (len(cols) - 4))
+                continue
+            if measured:
+                r = r | {"measured_gbps": measured.get((r["variant"], r["pass"]))}
+            lines.append("| " + " | ".join(workload_cell(r, k, f).replace("|", "/") for _, k, f in cols) + " |")
+        lines.append("")
+    liger = section.get("liger") or {}
+    if liger.get("status") != "ok":
+        lines += [f"Liger-Kernel: {liger.get('status', 'not run')} ({liger.get('reason', '')}); its rope kernel "
+                  "is compiled and modelled beside rome's where `liger_kernel` is importable.", ""]
+    for s in section.get("skipped", []):
+        lines.append(f"- {s['variant']}: not captured: {s['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_workload(out: Path, section: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels.json").write_text(json.dumps(section, indent=1, default=str))
+    (out / "kernels.md").write_text(f"# rome kernels: {section['workload']['name']}\n\n"
+                                    + workload_markdown(section, heading="##"))
+
+
+# --- the report's section ------------------------------------------------------------------
+
+
+def _measured_gbps(results: dict) -> dict | None:
+    """(variant, pass) -> GB/s of the report's speed section, when it ran on a GPU (None on a CPU:
+    those timings say nothing about the kernel)."""
+    env = results.get("environment") or {}
+    if str(env.get("device", "CPU")).startswith("CPU") or not results.get("speed"):
+        return None
+    passes = {"fwd": "forward", "bwd": "backward"}
+    return {(r["variant"], passes[r["pass"]]): r["gbps"] for r in results["speed"] if r["pass"] in passes}
+
+
+def kernels_section(results: dict) -> str:
+    """The report's kernels section (markdown) from ``results["kernels"]``; empty if absent. The
+    report workload's launches with the model's estimate (and, on a GPU, the measured GB/s beside
+    it); an older results.json's every-configuration table as it was."""
+    section = results.get("kernels")
+    if not section:
+        return ""
+    if "error" in section:
+        return f"## Kernels (compiled ahead of time)\n\nNot measured: {section['error']}\n"
+    if "launches" in section:
+        measured = _measured_gbps(results)
+        text = workload_markdown(section, measured=measured)
+        note = ("The full table of every configuration: `python -m profiling kernels` (all archs); this "
+                "section compiles only the launches of the report's workload.")
+        if measured:
+            note += (" measured GB/s: this run's speed section for the variant and pass (q, k read and written, "
+                     "tables read once), beside the estimate as a fraction of copy.")
+        return text + "\n" + note + "\n"
+    return markdown(section)
