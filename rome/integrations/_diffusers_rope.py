@@ -45,9 +45,9 @@ def _partial(x: Tensor, cos: Tensor, sin: Tensor, mode: str) -> tuple[Tensor, Te
 class _Function:
     """A diffusers rotary function on rome (``rotate``: the patch's ``_Rotate``)."""
 
-    function = ""  # the diffusers function it stands for, as docs/families.md names it
-    tables = ""  # the tables that function reads
-    mode = ""  # the rotation, in rome's words
+    function = ""  # the diffusers function it stands for, with its arguments
+    tables = ""  # the tables that function reads (docs/families.md)
+    mode = ""  # the rotation, in rome's words (docs/families.md)
     fused = False  # q and k in one launch (the function takes both)
 
     def __init__(self, rotate):
@@ -61,8 +61,8 @@ class ApplyRotaryEmb(_Function):
     ``[B, S, D/2]`` (``use_real=False``)."""
 
     function = "embeddings.apply_rotary_emb"
-    tables = "real (cos, sin) [S, D], or complex [B, S, D/2]"
-    mode = "interleave (use_real_unbind_dim=-1, complex) or half (-2)"
+    tables = "real `(cos, sin)` `[S, D]`, or complex `[B, S, D/2]`"
+    mode = "interleave (`use_real_unbind_dim=-1`, complex tables) or half (`-2`)"
 
     def __call__(self, x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=2):
         if not use_real:
@@ -86,7 +86,7 @@ class ApplyRotaryEmbQwen(_Function):
     a complex table ``[S, D/2]``."""
 
     function = "apply_rotary_emb_qwen"
-    tables = "complex [S, D/2] (or real [S, D])"
+    tables = "complex `[S, D/2]` (or real `(cos, sin)` `[S, D]`)"
     mode = "interleave"
 
     def __call__(self, x, freqs_cis, use_real=True, use_real_unbind_dim=-1):
@@ -107,7 +107,7 @@ class ApplyRotaryEmbAllegro(_Function):
     tables side by side and three half blocks."""
 
     function = "embeddings.apply_rotary_emb_allegro"
-    tables = "per axis (cos, sin) [P, D/3], gathered at positions [B, S]"
+    tables = "per axis `(cos, sin)` `[P, D/3]`, gathered at positions `[B, S]`"
     mode = "half per axis chunk (t, h, w)"
 
     def __call__(self, x, freqs_cis, positions):
@@ -122,8 +122,8 @@ class ComplexProduct(_Function):
     table broadcasting to ``[B, S, H, D/2]`` (pairs ``(2i, 2i+1)``; diffusers multiplies in
     float64, rome in float32)."""
 
-    function = "apply_rotary_emb (x times complex freqs)"
-    tables = "complex, broadcasting to [B, S, H, D/2]"
+    function = "apply_rotary_emb(hidden_states, freqs)"
+    tables = "complex, broadcasting to `[B, S, H, D/2]`"
     mode = "interleave"
 
     def __call__(self, hidden_states, freqs):
@@ -137,7 +137,7 @@ class ApplyRotaryEmbTransposed(_Function):
     and ``sin[2i + 1]``."""
 
     function = "apply_rotary_emb_transposed"
-    tables = "cat(cos, sin) [B, S, 2D], pairs read at (cos[2i], sin[2i+1])"
+    tables = "`cat(cos, sin)` `[B, S, 2D]`, pair i read at `cos[2i]`, `sin[2i+1]`"
     mode = "interleave"
 
     def __call__(self, hidden_states, freqs_cis):
@@ -152,7 +152,7 @@ class RotateQKSequence(_Function):
     ``(cos, sin)`` viewed as ``[1, S, 1, D]``, pairs ``(2i, 2i+1)``: one ``apply_qk``."""
 
     function = "_apply_rotary_emb(xq, xk, freqs_cis)"
-    tables = "(cos, sin) [S, D]"
+    tables = "`(cos, sin)` `[S, D]`"
     mode = "interleave"
     fused = True
 
@@ -166,7 +166,7 @@ class RotateQKBatched(_Function):
     ``[B, S, D]`` (one row per sample), pairs ``(2i, 2i+1)``: one ``apply_qk``."""
 
     function = "_apply_rotary_emb_batched(xq, xk, freqs_cis)"
-    tables = "(cos, sin) [B, S, D]"
+    tables = "`(cos, sin)` `[B, S, D]`"
     mode = "interleave"
     fused = True
 
@@ -180,8 +180,8 @@ class RotationPerPair(_Function):
     rope)``: ``out_r = rope[r, 0] * x_0 + rope[r, 1] * x_1``): rome's tables are its first column.
     The models' rotary modules build exactly such rotations."""
 
-    function = "apply_rope / apply_rotary (2x2 per pair)"
-    tables = "2x2 rotations [..., D/2, 2, 2]"
+    function = "apply_rope(xq, freqs_cis) / apply_rotary(x, rope)"
+    tables = "2x2 rotations `[..., D/2, 2, 2]`"
     mode = "interleave"
 
     def __call__(self, x, rope):
@@ -194,7 +194,7 @@ class HalfSequence(_Function):
     as ``[1, S, 1, D]``, ``rotate_half``."""
 
     function = "_apply_rotary_emb(hidden_states, rope)"
-    tables = "(cos, sin) [S, D]"
+    tables = "`(cos, sin)` `[S, D]`"
     mode = "half"
 
     def __call__(self, hidden_states, rope):
@@ -207,8 +207,8 @@ class HalfLeading(_Function):
     cos.shape[-1]`` columns of each head rotate their halves by ``[S, r]`` tables (cast to x's
     dtype), the rest pass through."""
 
-    function = "_apply_rotary_emb(hidden_states, cos, sin), leading columns"
-    tables = "cos, sin [S, r], r <= D"
+    function = "_apply_rotary_emb(hidden_states, cos, sin)"
+    tables = "`cos`, `sin` `[S, r]`, r <= D"
     mode = "half over the leading r columns"
 
     def __call__(self, hidden_states, cos, sin):
@@ -222,7 +222,7 @@ class HalfLeadingPair(_Function):
     ``[S, r]`` as ``[S, 1, r]`` in x's dtype, the leading r columns rotating their halves."""
 
     function = "_apply_partial_rotary_emb(hidden_states, rotary_emb)"
-    tables = "(cos, sin) [S, r], r <= D"
+    tables = "`(cos, sin)` `[S, r]`, r <= D"
     mode = "half over the leading r columns"
 
     def __call__(self, hidden_states, rotary_emb):
@@ -237,7 +237,7 @@ class HalfLeadingAngles(_Function):
     rows), the leading r columns of each head rotating their halves in float32."""
 
     function = "_apply_rotary_partial(t, freqs)"
-    tables = "angles [S, r], r <= D"
+    tables = "angles `[S, r]`, r <= D"
     mode = "half over the leading r columns"
 
     def __call__(self, t, freqs):
