@@ -943,16 +943,20 @@ def _rebind(fn, values: dict, helpers: tuple, package: str):
     return new
 
 
-_REBOUND: dict = {}  # (rome processor class, backend) -> its library __call__, rebound
+_REBOUND: dict = {}  # (rome processor class, backend, library __call__) -> that __call__, rebound
 
 
 def _rebound_call(cls, backend: str):
-    key = (cls, backend)
+    """The library ``__call__`` of ``cls`` rebound for ``backend``, made on its first call: its
+    module's globals are read then (a snapshot, as transformers' patched forwards take), and again
+    if the library's ``__call__`` itself is replaced."""
+    library = cls._rome_base.__call__
+    key = (cls, backend, library)
     fn = _REBOUND.get(key)
     if fn is None:
         rotate = _Rotate(backend)
         values = {name: f(rotate) for name, f in cls._rome_functions.items()}
-        fn = _REBOUND[key] = _rebind(cls._rome_base.__call__, values, cls._rome_helpers, _shim(backend))
+        fn = _REBOUND[key] = _rebind(library, values, cls._rome_helpers, _shim(backend))
     return fn
 
 
@@ -1295,9 +1299,9 @@ REFUSED = {
         "Cosmos3AttnProcessor: q * cos + _rotate_half(q) * sin for its understanding and generation streams"),
     "Ideogram4Transformer2DModel": _INLINE.format("Ideogram4AttnProcessor: query * cos + _rotate_half(query) * sin"),
     "WanAnimate2Transformer3DModel": (
-        "WanAnimate2AttnProcessor calls rope_apply(x, grid_sizes, freqs), which loops over the samples, builds "
-        "each one's complex table from its grid and returns float32 whatever x's dtype; rome has no version of "
-        "it yet"),
+        "not added yet: WanAnimate2AttnProcessor calls rope_apply(x, grid_sizes, freqs), which builds each "
+        "sample's complex table from its grid in float64, and rome has no version of it; its generation pass "
+        "(kv_cache_mode='cached') needs FlexAttention under torch.compile, which rome's CPU tests cannot run"),
     "SanaWMTransformer3DModel": (
         "its attention modules rotate in their own forward, not in a processor (and its gated delta-net "
         "linear attention rotates the numerator's q and k only); rome patches processors"),
