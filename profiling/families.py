@@ -289,14 +289,14 @@ DIFFUSERS_NOTES = """\
 What is refused besides (ValueError naming the class and the reason, nothing changed): a second
 patch; a processor other than the default on a RoPE layer (IP-adapter, fused, FLUX.2's KV-cache
 processors, LTX-2's perturbed processor, CogView4's training processor, custom ones), naming the
-layer and the class; a rebound processor whose `__call__` no longer calls the function rome rebinds
-(or calls another rotary function); per-axis sections rome's interleave layout cannot hold (Flux,
-Chroma, HunyuanVideo, FramePack: `axes_dims_rope` / `rope_axes_dim` not positive even sizes summing
-to the head dim; HiDream: summing to neither the head dim nor its half); CogVideoX and ConsisID
-without RoPE. A call the patch does not cover goes to the
-model's own processor unchanged: no RoPE tables given, Wan's image-context (I2V) branch, LTX-Video's
-and Cosmos's cross attention, LTX-2 `split` tables that are not per head (the model's rotary module
-always makes them per head).
+layer and the class; a rebound processor whose `__call__` no longer calls the function rome rebinds,
+calls another rotary function, or imports another module than `embeddings` relatively; per-axis
+sections rome's interleave layout cannot hold (Flux, Chroma, HunyuanVideo, FramePack:
+`axes_dims_rope` / `rope_axes_dim` not positive even sizes summing to the head dim; HiDream: summing
+to neither the head dim nor its half); CogVideoX and ConsisID without RoPE. A call the patch does
+not cover goes to the model's own processor unchanged: no RoPE tables given, Wan's image-context
+(I2V) branch, LTX-Video's and Cosmos's cross attention, LTX-2 `split` tables that are not per head
+(the model's rotary module always makes them per head).
 """
 
 # --- the page ----------------------------------------------------------------------------------------

@@ -922,20 +922,39 @@ def test_refused_class_raises_with_the_reason(cls):
         rome.integrations.patch(model)
 
 
-def test_rebound_processor_that_no_longer_calls_the_function_is_refused(monkeypatch):
-    """A diffusers whose processor no longer calls the function rome rebinds (or calls another
-    rotary function) is refused, naming the processor: the patch never leaves a rotation of the
-    library's in place."""
+def _renamed(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+    return apply_rotary_emb_v2(hidden_states, image_rotary_emb)  # noqa: F821 - a global name, never run
+
+
+def _other_rotary(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+    from diffusers.models.embeddings import apply_rotary_emb, apply_rotary_emb_allegro  # never run
+
+    return apply_rotary_emb_allegro(apply_rotary_emb(hidden_states, image_rotary_emb), None, None)
+
+
+def _relative_import(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                     image_rotary_emb=None):
+    from ..attention_dispatch import dispatch_attention_fn  # never run
+    from ..embeddings import apply_rotary_emb
+
+    return dispatch_attention_fn(apply_rotary_emb(hidden_states, image_rotary_emb))
+
+
+@pytest.mark.parametrize("call, message", [
+    (_renamed, r"calls none of \['apply_rotary_emb'\]"),
+    (_other_rotary, r"calls \['apply_rotary_emb_allegro'\]"),
+    (_relative_import, r"imports \['attention_dispatch'\] relatively"),
+])
+def test_rebound_processor_rome_does_not_know_is_refused(call, message, monkeypatch):
+    """A diffusers whose processor no longer calls the function rome rebinds, calls another rotary
+    function, or imports another module relatively inside ``__call__`` is refused, naming the
+    processor: the patch never leaves a rotation of the library's in place, nor an import that
+    rome's package cannot resolve. Nothing is changed."""
     from diffusers.models.transformers import transformer_bria
 
     model, _ = build("bria")
     before = _processors(model)
-
-    def renamed(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
-        return apply_rotary_emb_v2(hidden_states, image_rotary_emb)  # noqa: F821 - read as a global name
-
-    monkeypatch.setattr(transformer_bria.BriaAttnProcessor, "__call__", renamed)
-    with pytest.raises(ValueError, match=r"BriaTransformer2DModel: BriaAttnProcessor.__call__ calls none of "
-                                         r"\['apply_rotary_emb'\]"):
+    monkeypatch.setattr(transformer_bria.BriaAttnProcessor, "__call__", call)
+    with pytest.raises(ValueError, match=r"BriaTransformer2DModel: BriaAttnProcessor.__call__ " + message):
         rome.integrations.patch(model)
     assert all(_processors(model)[k] is before[k] for k in before)

@@ -909,6 +909,21 @@ def _imported(fn) -> set[str]:
     return names
 
 
+def _relative_imports(fn) -> set[str]:
+    """The modules ``fn``'s code (and the functions it defines) imports relatively (``from ..x
+    import y``: ``"x"``), which a rebound function resolves in rome's package."""
+    stack, names = [fn.__code__], set()
+    while stack:
+        c = stack.pop()
+        ops = list(dis.get_instructions(c))
+        for i, op in enumerate(ops):
+            # LOAD_CONST level, LOAD_CONST fromlist, IMPORT_NAME module
+            if op.opname == "IMPORT_NAME" and i >= 2 and ops[i - 2].opname == "LOAD_CONST" and ops[i - 2].argval:
+                names.add(op.argval)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
 def _read_globals(fn) -> set[str]:
     """The global names ``fn`` (and the functions it defines) reads that are functions of its
     module's globals: what it may call."""
@@ -1011,6 +1026,12 @@ def _check_rebinding(model_name: str, cls) -> None:
         raise ValueError(
             f"{model_name}: {base.__name__}.__call__ calls {other or 'none of ' + str(sorted(cls._rome_functions))} "
             f"(rome rebinds {sorted(cls._rome_functions)}): a diffusers version rome's patch does not know; not patched"
+        )
+    relative = set().union(*(_relative_imports(f) for f in functions)) - {"embeddings"}
+    if relative:
+        raise ValueError(
+            f"{model_name}: {base.__name__}.__call__ imports {sorted(relative)} relatively, which rome's rebound "
+            f"function cannot resolve (only diffusers.models.embeddings); not patched"
         )
 
 
