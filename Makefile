@@ -43,7 +43,7 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices
+.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices families
 
 help:
 	@echo "make report      the main job: speed + precision report (reports/<workload>-<timestamp>/)"
@@ -51,6 +51,8 @@ help:
 	@echo "make test-ends   the integration tests with the newest and the oldest transformers/diffusers"
 	@echo "make fuzz        thousands of hypothesis examples per property (long)"
 	@echo "make gpu         on a GPU machine: everything a first GPU run should measure (profiling/results/<gpu>/)"
+	@echo "make matrices    matrices/: every family's rotation matrix as a record and a picture"
+	@echo "make families    docs/families.md, generated from rome's family tables"
 	@echo "make clean       remove the venvs and reports"
 	@echo "SETUP=$(SETUP) (python: $(PYTHON) as it is; venv: $(VENV) built on first use); ARGS=... goes to the command"
 
@@ -102,6 +104,12 @@ gpu: report-ready
 # its README (profiling/matrices.py); tests/test_matrices_records.py holds the code to them
 matrices: $(READY)
 	$(PY) -m profiling matrices $(ARGS)
+
+# docs/families.md: every family rome.integrations.patch patches or refuses, generated from the tables
+# of rome/integrations/{transformers,diffusers}.py (profiling/families.py); tests/test_families_doc.py
+# fails when the committed page is not what this writes
+families: $(READY)
+	$(PY) -m profiling families $(ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-oldest reports .pytest_cache

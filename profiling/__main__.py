@@ -3,6 +3,7 @@
 ``python -m profiling kernels --workload NAME [--arch sm_90] [--out DIR]``: that workload's launches with the
 static bandwidth model (kernels.json, kernels.md);
 ``python -m profiling matrices [--out DIR] [--no-pictures]``: matrices/, every family's M as a record and a picture;
+``python -m profiling families [--out PATH]``: docs/families.md, from rome's family tables;
 ``python -m profiling overhead [--baseline DIR] [--out DIR]``: host µs per call of the entry points."""
 
 import argparse
@@ -17,7 +18,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from . import matrices, overhead  # noqa: E402
+from . import families, matrices, overhead  # noqa: E402
 from .static import cli as kernels_cli  # noqa: E402
 from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
@@ -46,6 +47,9 @@ def main(argv=None):
     mx = sub.add_parser("matrices", help="write matrices/: every family's rotation matrix as a record (JSON) "
                                          "and a picture (PNG), and its README")
     matrices.add_arguments(mx)
+    fa = sub.add_parser("families", help="write docs/families.md: every family rome.integrations.patch patches "
+                                         "or refuses, from rome's own tables")
+    families.add_arguments(fa)
     o = sub.add_parser("overhead", help="host µs per call of apply_qk, apply_qk_at and RoPE beside the eager "
                                         "rotate_half chain (launches recorded on a CPU, real on a GPU)")
     overhead.add_arguments(o)
@@ -59,6 +63,8 @@ def main(argv=None):
         kernels_cli.main(args)
     elif args.command == "matrices":
         matrices.main(args)
+    elif args.command == "families":
+        families.main(args)
     elif args.command == "overhead":
         overhead.main(args)
 

@@ -184,7 +184,7 @@ def assert_patched_gradients_match(model, inp):
     with rome.integrations.patch(model, backend="torch"):
         got = grads()
     assert got.keys() == ref.keys() and len(ref) > 10
-    floor = 1e-6 * max(g.abs().max().item() for g in ref.values())
+    floor = 1e-6 * max(g.abs().max().item() for g in ref.values() if g.numel())  # (empty: NucleusMoE's)
     for n in ref:
         torch.testing.assert_close(got[n], ref[n], rtol=1e-4, atol=floor, msg=lambda m: f"{n}: {m}")
 

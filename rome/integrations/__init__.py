@@ -9,9 +9,9 @@ transformers nor diffusers is a dependency of rome (``pip install rome[models]``
 
 - ``rome.integrations.transformers``: Llama family (and the families sharing its
   ``apply_rotary_pos_emb``), Qwen2-VL / Qwen2.5-VL, GPT-NeoX.
-- ``rome.integrations.diffusers``: Wan (and WanVACE, WanAnimate, ChronoEdit, SkyReels-V2),
-  HunyuanVideo, HunyuanVideo FramePack, HunyuanVideo 1.5, HunyuanImage, CogVideoX, ConsisID, Flux, Chroma, FLUX.2, Qwen-Image,
-  LTX-Video, LTX-2, Z-Image, Cosmos, Mochi, Lumina2, CogView4, HiDream (docs/families.md).
+- ``rome.integrations.diffusers``: 52 transformer classes of diffusers 0.42, Wan, HunyuanVideo,
+  Flux, Qwen-Image, LTX-Video and the rest, and the classes with RoPE it refuses with the reason
+  (docs/families.md, generated from its tables).
 
 Each library module defines ``patch(model, *, backend) -> Patch | None`` (None: not a model
 of that library it knows) and ``SUPPORTED`` (the class names it patches). Patches never touch

@@ -1,9 +1,17 @@
 """diffusers video/image transformers with rome's RoPE: ``patch(model, backend=...)``.
 
-Families (``SUPPORTED``): Wan, WanVACE, WanAnimate, ChronoEdit, SkyReels-V2, HunyuanVideo,
-HunyuanVideo FramePack, HunyuanVideo 1.5, HunyuanImage, CogVideoX, ConsisID, Flux, Chroma, FLUX.2, Qwen-Image, LTX-Video, LTX-2,
-Z-Image, Cosmos, Mochi, Lumina2, CogView4, HiDream. Every one rotates each head's q and k by
-``x*cos + rot(x)*sin``, with ``rot`` one of two signed permutations:
+Families (``SUPPORTED``; docs/families.md is generated from this module's tables): Wan, WanVACE,
+WanAnimate, ChronoEdit, SkyReels-V2, HunyuanVideo, HunyuanVideo FramePack, HunyuanVideo 1.5,
+HunyuanImage, CogVideoX, ConsisID, Flux, Chroma, FLUX.2, Qwen-Image, LTX-Video, LTX-2, Z-Image,
+Cosmos, Mochi, Lumina2, CogView4, HiDream with a processor of rome's restating the library's;
+and, through the rotary function their processor calls (rebound to rome's, below), Allegro,
+HunyuanDiT, Lumina-Next, Stable Audio, EasyAnimate, OmniGen, GLM-Image, ACE-Step, Bria, Bria-FIBO,
+FLUX.3, Krea 2, LongCat-Image, Ovis-Image, Motif-Video, NucleusMoE-Image, Qwen-Image 2.1, AnyFlow,
+AnyFlow-FAR, Helios, JoyImage-Edit, JoyImage-Edit-Plus, PRX, Kandinsky 6, Kandinsky 6 SR,
+LongCat-AudioDiT, MiniMax-H3, MiniMax-Music3, Stable Audio 3. ``REFUSED``: the classes with RoPE
+rome does not patch, and why; ``NO_ROPE``: those without RoPE. Every one rotates each head's q
+and k (or the leading columns of each head) by ``x*cos + rot(x)*sin``, with ``rot`` one of two
+signed permutations (per axis chunk for Allegro):
 
 - pairs ``(2i, 2i+1)``, ``rome.interleave_matrix(D)``: the real tables of
   ``get_1d_rotary_pos_embed(..., repeat_interleave_real=True)`` (``[c0, c0, c1, c1, ...]`` per
@@ -42,8 +50,14 @@ RoPE attention layer (IP-adapter, fused, KV-cache, perturbed, custom) raises Val
 
 from __future__ import annotations
 
+import dis
+import functools
 import importlib
+import inspect
 import math
+import re
+import sys
+import types
 from typing import NamedTuple
 
 import torch
@@ -51,11 +65,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
-from ..matrices import kept_rotation_matrix
+from ..matrices import kept_matrix, kept_rotation_matrix, rotation_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..tables import grid_positions
 from ..types import Backend
 from . import Patch
+from . import _diffusers_rope as _fn
 
 __all__ = ["SUPPORTED", "patch"]
 
@@ -85,8 +100,19 @@ class _Rotate:
         self.backend = backend
 
     @staticmethod
-    def _matrix(x: Tensor, mode: str = "interleave") -> Tensor:
-        return kept_rotation_matrix(x.shape[-1], mode, dtype=x.dtype, device=x.device)
+    def _matrix(x: Tensor, mode="interleave") -> Tensor:
+        """``mode``: "interleave", "half", or ``((mode, width), ...)`` blocks over the head
+        ("none": columns passed through, a zero block)."""
+        if isinstance(mode, str):
+            return kept_rotation_matrix(x.shape[-1], mode, dtype=x.dtype, device=x.device)
+        blocks, dtype, device = tuple(mode), x.dtype, x.device
+
+        def build():
+            return torch.block_diag(*(
+                torch.zeros(d, d, dtype=dtype, device=device) if m == "none"
+                else rotation_matrix(d, m, dtype=dtype, device=device) for m, d in blocks))
+
+        return kept_matrix(("diffusers-blocks", blocks, dtype, torch.device(device)), build)
 
     @staticmethod
     def _tables(x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -402,11 +428,7 @@ class RomeLTXVideoAttnProcessor(_RomeProcessor, _base(_ltx, "LTXVideoAttnProcess
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
-def _complex_tables(freqs: Tensor) -> tuple[Tensor, Tensor]:
-    """A complex table ``[..., D/2]`` (diffusers' ``use_real=False``: pair ``(2i, 2i+1)`` of x
-    times ``e^{iθ_i}``) as rome's interleave tables ``[..., D]``: ``cos θ_i``, ``sin θ_i`` twice."""
-    parts = torch.view_as_real(freqs)
-    return parts[..., 0].repeat_interleave(2, -1), parts[..., 1].repeat_interleave(2, -1)
+_complex_tables = _fn.complex_tables  # complex [..., D/2] -> rome's interleave tables [..., D]
 
 
 def _pair_tables(cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -839,6 +861,180 @@ class RomeHiDreamAttnProcessor(_RomeProcessor, _base(_hidream, "HiDreamAttnProce
         return attn.to_out(hidden_states)
 
 
+# --- processors that call a rotary function: that function rebound to rome's ----------------------
+#
+# Where a processor's ``__call__`` rotates q and k by calling a function (a global of its module,
+# a helper of that module that calls it, or ``from ..embeddings import apply_rotary_emb`` inside
+# ``__call__``), rome's subclass runs the library's own ``__call__`` code with that function bound
+# to rome's version of it (``_diffusers_rope``): the same code object, defaults and closure under
+# a copy of the module's globals, nothing of the library changed. A relative import inside the
+# rebound function resolves in a package of rome's (``_SHIM`` + backend) whose ``embeddings``
+# module holds rome's ``apply_rotary_emb`` and ``apply_rotary_emb_allegro`` and reads every other
+# name from diffusers' ``embeddings``. One rome launch per rotated tensor (per q and k pair where
+# the function takes both); the rest of the processor is the library's, attention backend, masks
+# and all.
+
+_SHIM = "rome.integrations._diffusers_embeddings_"  # + backend
+_SHIM_FUNCTIONS = {"apply_rotary_emb": _fn.ApplyRotaryEmb, "apply_rotary_emb_allegro": _fn.ApplyRotaryEmbAllegro}
+_ROTARY = re.compile(r"rot|rope", re.IGNORECASE)  # names of rotary functions (and of other things)
+
+
+def _shim(backend: str) -> str:
+    """The package (in ``sys.modules``, no file) a rebound ``__call__``'s relative imports
+    resolve in for ``backend``: its ``embeddings`` is rome's rotary functions over diffusers'."""
+    root = _SHIM + backend
+    if root + ".embeddings" not in sys.modules:
+        embeddings = importlib.import_module("diffusers.models.embeddings")
+        package = types.ModuleType(root, "rome: diffusers' rotary functions on rome (a rebound processor's imports)")
+        package.__path__ = []
+        module = types.ModuleType(root + ".embeddings", "diffusers.models.embeddings, rotary functions on rome")
+        rotate = _Rotate(backend)
+        for name, cls in _SHIM_FUNCTIONS.items():
+            setattr(module, name, cls(rotate))
+        module.__getattr__ = functools.partial(getattr, embeddings)  # every other name: diffusers'
+        sys.modules.setdefault(root, package)
+        sys.modules.setdefault(root + ".embeddings", module)
+    return root
+
+
+def _imported(fn) -> set[str]:
+    """The names ``fn``'s code (and the functions it defines) imports with ``from ... import``."""
+    code = fn.__code__
+    names = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        names.update(i.argval for i in dis.get_instructions(c) if i.opname == "IMPORT_FROM")
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
+def _relative_imports(fn) -> set[str]:
+    """The modules ``fn``'s code (and the functions it defines) imports relatively (``from ..x
+    import y``: ``"x"``), which a rebound function resolves in rome's package."""
+    stack, names = [fn.__code__], set()
+    while stack:
+        c = stack.pop()
+        ops = list(dis.get_instructions(c))
+        for i, op in enumerate(ops):
+            # LOAD_CONST level, LOAD_CONST fromlist, IMPORT_NAME module
+            if op.opname == "IMPORT_NAME" and i >= 2 and ops[i - 2].opname == "LOAD_CONST" and ops[i - 2].argval:
+                names.add(op.argval)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
+def _read_globals(fn) -> set[str]:
+    """The global names ``fn`` (and the functions it defines) reads that are functions of its
+    module's globals: what it may call."""
+    stack, names = [fn.__code__], set()
+    while stack:
+        c = stack.pop()
+        names.update(n for n in c.co_names if callable(fn.__globals__.get(n)))
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return names
+
+
+def _rebind(fn, values: dict, helpers: tuple, package: str):
+    """``fn`` with the globals in ``values`` (those it reads) and the ``helpers`` (module
+    functions it calls, each rebound the same way) bound to the given objects, and its relative
+    imports resolved in ``package`` for diffusers' ``diffusers.models``."""
+    if not isinstance(fn, types.FunctionType) or hasattr(fn, "__wrapped__"):
+        raise ValueError(f"{getattr(fn, '__qualname__', fn)!r} is not a plain function; rome cannot rebind it")
+    scope = dict(fn.__globals__)
+    scope.pop("__name__", None)  # torch.compile guards on this dict, not on the modeling module
+    scope.pop("__spec__", None)  # (the relative imports read __package__ alone)
+    own = fn.__globals__.get("__package__") or ""
+    if own.startswith("diffusers.models"):
+        scope["__package__"] = package + own[len("diffusers.models"):]
+    for name, value in values.items():
+        if name in scope:
+            scope[name] = value
+    for name in helpers:
+        scope[name] = _rebind(fn.__globals__[name], values, (), package)
+    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    return new
+
+
+_REBOUND: dict = {}  # (rome processor class, backend, library __call__) -> that __call__, rebound
+
+
+def _rebound_call(cls, backend: str):
+    """The library ``__call__`` of ``cls`` rebound for ``backend``, made on its first call: its
+    module's globals are read then (a snapshot, as transformers' patched forwards take), and again
+    if the library's ``__call__`` itself is replaced."""
+    library = cls._rome_base.__call__
+    key = (cls, backend, library)
+    fn = _REBOUND.get(key)
+    if fn is None:
+        rotate = _Rotate(backend)
+        values = {name: f(rotate) for name, f in cls._rome_functions.items()}
+        fn = _REBOUND[key] = _rebind(library, values, cls._rome_helpers, _shim(backend))
+    return fn
+
+
+class _ReboundProcessor(_RomeProcessor):
+    """A library processor class whose ``__call__`` runs rebound to rome's rotary functions
+    (``_rome_functions``: the name it calls -> the ``_diffusers_rope`` class standing for it;
+    ``_rome_helpers``: module functions it calls that call them). Subclasses are made by
+    ``_rebound_processor``."""
+
+    _rome_base: type = _Missing
+    _rome_functions: dict = {}
+    _rome_helpers: tuple = ()
+
+
+def _rebound_processor(name: str, module, base_name: str, functions: dict, helpers: tuple = ()) -> type:
+    """The module-level class ``name`` (pickle finds it): ``module.<base_name>`` with its
+    ``__call__`` rebound to rome's ``functions``; a placeholder subclass where this diffusers
+    lacks the base (patch() then says so)."""
+    base = _base(module, base_name)
+
+    def __call__(self, *args, **kwargs):
+        return _rebound_call(type(self), self._rome.backend)(self, *args, **kwargs)
+
+    if base is not _Missing and hasattr(base, "__call__"):
+        # diffusers passes a processor the keyword arguments its __call__'s signature names
+        __call__.__signature__ = inspect.signature(base.__call__)
+    __call__.__qualname__ = f"{name}.__call__"
+    cls = type(name, (_ReboundProcessor, base), {
+        "__call__": __call__, "__module__": __name__, "__qualname__": name,
+        "__doc__": f"``{base_name}`` with its ``__call__`` calling rome's "
+                   f"{', '.join(f.function for f in functions.values())}.",
+        "_rome_base": base, "_rome_functions": dict(functions), "_rome_helpers": tuple(helpers),
+    })
+    globals()[name] = cls
+    return cls
+
+
+def _check_rebinding(model_name: str, cls) -> None:
+    """ValueError unless the library ``__call__`` (and its helpers) calls at least one of the
+    functions rome rebinds and no other rotary function: otherwise the patch would leave a
+    rotation in place (a diffusers version whose processor rome's patch does not know)."""
+    base = cls._rome_base
+    fn = base.__call__
+    known = set(cls._rome_functions) | set(cls._rome_helpers)
+    functions = [fn, *(fn.__globals__.get(h) for h in cls._rome_helpers)]
+    if any(not isinstance(f, types.FunctionType) for f in functions):
+        raise ValueError(f"{model_name}: {base.__name__}.__call__ or its helpers {cls._rome_helpers} are not "
+                         f"plain functions in this diffusers; rome cannot rebind them")
+    called = set().union(*(_read_globals(f) | _imported(f) for f in functions))
+    other = sorted(n for n in called - known if _ROTARY.search(n) and not n.startswith("get_"))
+    if not called & set(cls._rome_functions) or other:
+        raise ValueError(
+            f"{model_name}: {base.__name__}.__call__ calls {other or 'none of ' + str(sorted(cls._rome_functions))} "
+            f"(rome rebinds {sorted(cls._rome_functions)}): a diffusers version rome's patch does not know; not patched"
+        )
+    relative = set().union(*(_relative_imports(f) for f in functions)) - {"embeddings"}
+    if relative:
+        raise ValueError(
+            f"{model_name}: {base.__name__}.__call__ imports {sorted(relative)} relatively, which rome's rebound "
+            f"function cannot resolve (only diffusers.models.embeddings); not patched"
+        )
+
+
 # --- rotary modules with float64 angles ---------------------------------------------------------
 
 
@@ -937,6 +1133,8 @@ class _Family(NamedTuple):
     layers: tuple
     # the class of the rotary module's float64 forward, or None (the model's tables as given)
     rope_forward: type | None = None
+    # attention classes (names) every instance of which applies RoPE, beside ``layers``
+    attention: tuple = ()
 
 
 _FAMILIES = {
@@ -1006,7 +1204,141 @@ _FAMILIES = {
         ((_T + "transformer_hidream_image", "HiDreamAttnProcessor", RomeHiDreamAttnProcessor, ()),),
         (("double_stream_blocks", "block.attn1"), ("single_stream_blocks", "block.attn1"))),
 }
+
+
+def _rebound(module: str, base: str, functions: dict, helpers: tuple = (), name: str | None = None) -> tuple:
+    """A ``_Family.processors`` entry for the processor ``module.<base>`` rebound to rome's
+    ``functions`` (``module``: under ``diffusers.models.transformers.`` unless dotted)."""
+    module = module if "." in module else _T + module
+    name = name or f"Rome{base}"
+    cls = globals().get(name)
+    if cls is None or cls._rome_functions != functions:
+        cls = _rebound_processor(name, _import(module), base, functions, helpers)
+    return (module, base, cls, ())
+
+
+_EMB = {"apply_rotary_emb": _fn.ApplyRotaryEmb}
+_AP = "diffusers.models.attention_processor"
+# issue 26: every other diffusers 0.42 transformer whose processor calls a rotary function of
+# rome's kinds, its processor rebound (one launch per rotated tensor; per q and k pair where the
+# function takes both)
+_FAMILIES.update({
+    "AllegroTransformer3DModel": _Family(
+        (_rebound(_AP, "AllegroAttnProcessor2_0", {"apply_rotary_emb_allegro": _fn.ApplyRotaryEmbAllegro}),),
+        (("transformer_blocks", "attn1"),)),
+    "HunyuanDiT2DModel": _Family((_rebound(_AP, "HunyuanAttnProcessor2_0", _EMB),),
+                                 (("blocks", "attn1"), ("blocks", "attn2"))),
+    "LuminaNextDiT2DModel": _Family((_rebound(_AP, "LuminaAttnProcessor2_0", _EMB),),
+                                    (("layers", "attn1"), ("layers", "attn2"))),
+    "StableAudioDiTModel": _Family((_rebound(_AP, "StableAudioAttnProcessor2_0", _EMB),),
+                                   (("transformer_blocks", "attn1"), ("transformer_blocks", "attn2"))),
+    "EasyAnimateTransformer3DModel": _Family(
+        (_rebound("transformer_easyanimate", "EasyAnimateAttnProcessor2_0", _EMB),),
+        (("transformer_blocks", "attn1"),)),
+    "OmniGenTransformer2DModel": _Family(
+        (_rebound("transformer_omnigen", "OmniGenAttnProcessor2_0", _EMB),), (("layers", "self_attn"),)),
+    "GlmImageTransformer2DModel": _Family(
+        (_rebound("transformer_glm_image", "GlmImageAttnProcessor", _EMB),), (("transformer_blocks", "attn1"),)),
+    "AceStepTransformer1DModel": _Family(
+        (_rebound("ace_step_transformer", "AceStepAttnProcessor2_0", _EMB),), (), attention=("AceStepAttention",)),
+    "BriaTransformer2DModel": _Family((_rebound("transformer_bria", "BriaAttnProcessor", _EMB),), _DOUBLE_SINGLE),
+    "BriaFiboTransformer2DModel": _Family(
+        (_rebound("transformer_bria_fibo", "BriaFiboAttnProcessor", _EMB),
+         _rebound("transformer_bria", "BriaAttnProcessor", _EMB)), _DOUBLE_SINGLE),
+    "Flux3Transformer2DModel": _Family(
+        (_rebound("transformer_flux3", "Flux3AttnProcessor", _EMB),), (), attention=("Flux3Attention",)),
+    "Krea2Transformer2DModel": _Family(
+        (_rebound("transformer_krea2", "Krea2AttnProcessor", _EMB),), (), attention=("Krea2Attention",)),
+    "LongCatImageTransformer2DModel": _Family(
+        (_rebound("transformer_longcat_image", "LongCatImageAttnProcessor", _EMB),), _DOUBLE_SINGLE),
+    "OvisImageTransformer2DModel": _Family(
+        (_rebound("transformer_ovis_image", "OvisImageAttnProcessor", _EMB),), _DOUBLE_SINGLE),
+    "MotifVideoTransformer3DModel": _Family(
+        (_rebound("transformer_motif_video", "MotifVideoAttnProcessor2_0", _EMB),
+         _rebound("transformer_motif_video", "MotifVideoCrossAttnProcessor2_0", _EMB)), (),
+        attention=("MotifVideoAttention", "MotifVideoCrossAttention")),
+    "NucleusMoEImageTransformer2DModel": _Family(
+        (_rebound("transformer_nucleusmoe_image", "NucleusMoEAttnProcessor2_0",
+                  {"_apply_rotary_emb_nucleus": _fn.ApplyRotaryEmbQwen}),),
+        (("transformer_blocks", "attn"),)),
+    "QwenImage21Transformer2DModel": _Family(
+        (_rebound("transformer_qwenimage21", "QwenImage21AttnProcessor",
+                  {"apply_rotary_emb_qwen": _fn.ApplyRotaryEmbQwen}, ("_qwenimage21_prepare_qkv",)),),
+        (), attention=("QwenImage21Attention",)),
+    "AnyFlowTransformer3DModel": _Family(
+        (_rebound("transformer_anyflow", "AnyFlowAttnProcessor", {"apply_rotary_emb": _fn.ComplexProduct}),),
+        (("blocks", "attn1"),)),
+    "AnyFlowFARTransformer3DModel": _Family(
+        (_rebound("transformer_anyflow_far", "AnyFlowCausalAttnProcessor", {"apply_rotary_emb": _fn.ComplexProduct}),),
+        (("blocks", "attn1"),)),
+    "HeliosTransformer3DModel": _Family(
+        (_rebound("transformer_helios", "HeliosAttnProcessor",
+                  {"apply_rotary_emb_transposed": _fn.ApplyRotaryEmbTransposed}),), (("blocks", "attn1"),)),
+    "JoyImageEditTransformer3DModel": _Family(
+        (_rebound("transformer_joyimage", "JoyImageAttnProcessor", {"_apply_rotary_emb": _fn.RotateQKSequence}),),
+        (), attention=("JoyImageAttention",)),
+    "JoyImageEditPlusTransformer3DModel": _Family(
+        (_rebound("transformer_joyimage_edit_plus", "JoyImageEditPlusAttnProcessor",
+                  {"_apply_rotary_emb_batched": _fn.RotateQKBatched}),), (), attention=("JoyImageEditPlusAttention",)),
+    "PRXTransformer2DModel": _Family(
+        (_rebound("transformer_prx", "PRXAttnProcessor2_0", {"apply_rope": _fn.RotationPerPair}),), (),
+        attention=("PRXAttention",)),
+    "Kandinsky6Transformer3DModel": _Family(
+        (_rebound("transformer_kandinsky6", "Kandinsky6AttnProcessor", {"apply_rotary": _fn.RotationPerPair}),), (),
+        attention=("Kandinsky6Attention",)),
+    "Kandinsky6SRTransformer3DModel": _Family(
+        (_rebound("transformer_kandinsky6_sr", "Kandinsky6SRAttnProcessor", {"apply_rotary": _fn.RotationPerPair}),),
+        (), attention=("Kandinsky6SRAttention",)),
+    "LongCatAudioDiTTransformer": _Family(
+        (_rebound("transformer_longcat_audio_dit", "AudioDiTSelfAttnProcessor", {"_apply_rotary_emb": _fn.HalfSequence}),
+         _rebound("transformer_longcat_audio_dit", "AudioDiTCrossAttnProcessor", {"_apply_rotary_emb": _fn.HalfSequence})),
+        (), attention=("AudioDiTAttention",)),
+    "MiniMaxH3Transformer3DModel": _Family(
+        (_rebound("transformer_minimax_h3", "MiniMaxH3AttnProcessor", {"_apply_rotary_emb": _fn.HalfLeading}),), (),
+        attention=("MiniMaxH3Attention",)),
+    "MiniMaxMusic3Transformer1DModel": _Family(
+        (_rebound("transformer_minimax_music3", "MiniMaxMusic3AttnProcessor",
+                  {"_apply_partial_rotary_emb": _fn.HalfLeadingPair}),), (), attention=("MiniMaxMusic3Attention",)),
+    "StableAudio3DiTModel": _Family(
+        (_rebound("transformer_stable_audio3", "StableAudio3SelfAttnProcessor",
+                  {"_apply_rotary_partial": _fn.HalfLeadingAngles}),), (), attention=("StableAudio3SelfAttention",)),
+})
 SUPPORTED = tuple(_FAMILIES)
+
+# diffusers 0.42's transformer classes with RoPE that rome does not patch, and why (ValueError)
+_INLINE = ("writes its rotation inline in the processor ({}), so there is no function to rebind; rome "
+           "would need a copy of the processor body")
+_NESTED = ("rotates q and k with a function defined inside its processor's __call__ ({}), which rome "
+           "cannot rebind without copying the processor body")
+REFUSED = {
+    "Kandinsky5Transformer3DModel": _NESTED.format("Kandinsky5AttnProcessor: apply_rotary, 2x2 tables"),
+    "BriaFibo2Transformer2DModel": _NESTED.format("BriaFibo2AttnProcessor: apply_rotary_emb"),
+    "ErnieImageTransformer2DModel": _NESTED.format("ErnieImageSingleStreamAttnProcessor: apply_rotary_emb"),
+    "SanaVideoTransformer3DModel": _NESTED.format(
+        "SanaLinearAttnProcessor3_0: apply_rotary_emb, on linear attention's kernel features"),
+    "Cosmos3OmniTransformer": _INLINE.format(
+        "Cosmos3AttnProcessor: q * cos + _rotate_half(q) * sin for its understanding and generation streams"),
+    "Ideogram4Transformer2DModel": _INLINE.format("Ideogram4AttnProcessor: query * cos + _rotate_half(query) * sin"),
+    "WanAnimate2Transformer3DModel": (
+        "not added yet: WanAnimate2AttnProcessor calls rope_apply(x, grid_sizes, freqs), which builds each "
+        "sample's complex table from its grid in float64, and rome has no version of it; its generation pass "
+        "(kv_cache_mode='cached') needs FlexAttention under torch.compile, which rome's CPU tests cannot run"),
+    "SanaWMTransformer3DModel": (
+        "its attention modules rotate in their own forward, not in a processor (and its gated delta-net "
+        "linear attention rotates the numerator's q and k only); rome patches processors"),
+    "SanaWMLTX2RefinerTransformer3DModel": (
+        "its processors pick LTX-2's apply_interleaved_rotary_emb or apply_split_rotary_emb by rope_type and "
+        "record q and k before and after the rotation; rome's LTX-2 patch restates LTX-2's own processor and "
+        "has no version of these copies yet"),
+}
+# diffusers 0.42's transformer classes whose attention applies no RoPE: nothing for rome to patch
+NO_ROPE = (
+    "AuraFlowTransformer2DModel", "CogView3PlusTransformer2DModel", "DiTTransformer2DModel",
+    "DreamLiteTransformer2DModel", "LatteTransformer3DModel",
+    "MiniMaxMusic3RVQDepthDecoder", "PixArtTransformer2DModel", "PriorTransformer", "RFD4ProteinaTransformer",
+    "SanaTransformer2DModel", "SD3Transformer2DModel", "T5FilmDecoder",
+    "Transformer2DModel", "TransformerTemporalModel",
+)
 
 
 def _family(model) -> str | None:
@@ -1025,11 +1357,15 @@ def _family(model) -> str | None:
 
 def _attention_layers(model, family: str) -> list[tuple[str, object]]:
     """``(name, attention module)`` of every layer that applies RoPE."""
-    return [
+    spec = _FAMILIES[family]
+    layers = [
         (f"{group}.{i}.{attr}", block.get_submodule(attr))
-        for group, attr in _FAMILIES[family].layers
-        for i, block in enumerate(getattr(model, group))
+        for group, attr in spec.layers
+        for i, block in enumerate(model.get_submodule(group))
     ]
+    if spec.attention:
+        layers += [(n, m) for n, m in model.named_modules() if type(m).__name__ in spec.attention]
+    return layers
 
 
 def _check_axes(name: str, what: str, dims, head_dim: int, *, halves: bool = False) -> None:
@@ -1077,9 +1413,16 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
     RoPE attention layer whose processor is not the model's default (naming the layer and class).
     """
     family = _family(model)
-    if family is None:
-        return None
     name = type(model).__name__
+    if family is None:
+        for cls in type(model).__mro__:  # the model's class, then the classes it derives from
+            if cls.__name__ in REFUSED:
+                raise ValueError(f"rome.integrations.patch({name}): {cls.__name__} is not patched: "
+                                 f"{REFUSED[cls.__name__]}")
+            if cls.__name__ in NO_ROPE:
+                raise ValueError(f"rome.integrations.patch({name}): {cls.__name__} applies no rotary position "
+                                 f"embedding (RoPE): nothing for rome to patch")
+        return None
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     spec = _FAMILIES[family]
@@ -1100,6 +1443,8 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
                 f"{name}: {module_name}.{proc_name} is not the class rome's {rome_cls.__name__} "
                 f"subclasses (replaced after rome.integrations.diffusers was imported)"
             )
+        if issubclass(rome_cls, _ReboundProcessor):
+            _check_rebinding(name, rome_cls)
         rome_classes[base] = rome_cls
     _check_config(model, family)
     layers = _attention_layers(model, family)
