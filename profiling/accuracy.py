@@ -16,7 +16,7 @@ from rome.precision import error_stats, ulp_error
 from rome.reference import exact
 
 from .variants import Setup, Unavailable, Unsupported
-from .workloads import Workload, qk, tables
+from .workloads import Workload, norm64, norm_weights, qk, tables
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 ULP_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -64,6 +64,14 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
                 key = {"dtype": dtype_name(dtype), "mode": mode, "table_dtype": dtype_name(table_dtype)}
                 (eq, mq), (ek, mk) = (exact(x, cos, sin, w.sections, mode, magnitude=True) for x in (q, k))
                 oracle, magnitude = _flat(eq, ek), _flat(mq, mk)
+                normed = None  # (oracle, magnitude, true) of norm-then-rotate, for the normed variants
+                if w.qk_norm is not None:
+                    qw, kw = norm_weights(w, device)
+                    nq, nk = norm64(q, qw, w.qk_norm, w.norm_eps), norm64(k, kw, w.qk_norm, w.norm_eps)
+                    (nq_, mq_), (nk_, mk_) = (exact(x, cos, sin, w.sections, mode, magnitude=True) for x in (nq, nk))
+                    normed = (_flat(nq_, nk_), _flat(mq_, mk_),
+                              _flat(exact(nq, t64.cos, t64.sin, w.sections, mode),
+                                    exact(nk, t64.cos, t64.sin, w.sections, mode)))
                 table_records.append({**key, "max_abs": (oracle - true).abs().max().item(),
                                       "max_ulp": ulp_error(oracle, true, dtype).max().item()})
                 setup = Setup(w, mode, cos, sin, t64.angles, matrix, backend, t64.positions)
@@ -80,13 +88,14 @@ def run_precision(variants, w: Workload, device, *, backend: str, tokens=None, o
                         skipped.append({"variant": v.name, **key, "status": "error", "reason": f"{type(e).__name__}: {e}"})
                         continue
                     out = _flat(q_out, k_out)
-                    stats = error_stats(out, oracle, magnitude, dtype)
-                    ulps = ulp_error(out, oracle, dtype)
+                    v_oracle, v_magnitude, v_true = normed if v.normed else (oracle, magnitude, true)
+                    stats = error_stats(out, v_oracle, v_magnitude, dtype)
+                    ulps = ulp_error(out, v_oracle, dtype)
                     records.append({
                         "variant": v.name, **key,
                         "backend": backend if v.kind == "rome" else v.kind,
                         **stats,
-                        "total_max_ulp": ulp_error(out, true, dtype).max().item(),
+                        "total_max_ulp": ulp_error(out, v_true, dtype).max().item(),
                         "ulp_hist": ulp_histogram(ulps),
                         "elements": out.numel(),
                     })

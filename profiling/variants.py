@@ -23,7 +23,7 @@ from rome.layouts import cos_sin_cache
 from rome.positions import angle_frequencies
 from rome.reference import merged_matrix, per_section_matrices, slice_concat
 
-from .workloads import Workload
+from .workloads import Workload, norm_weights
 
 
 class Unsupported(Exception):
@@ -58,6 +58,7 @@ class Variant:
     build: Callable[[Setup], Callable]
     layout: str = "bnsd"  # what prepare() hands to run()
     differentiable: bool = True
+    normed: bool = False  # q and k RMS-normalised first (a qk_norm workload's norm, then RoPE)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2).contiguous() if self.layout == "bsnd" else x
@@ -369,6 +370,53 @@ def _transformers_apply_rotary_pos_emb(s: Setup):
 # --- seed v4: a fused 1D RoPE kernel per section, outputs concatenated -----------------------
 
 
+# --- q/k norm then RoPE (the *-qknorm workloads) ---------------------------------------------
+
+
+def _norm_spec(s: Setup):
+    w = s.workload
+    if w.qk_norm is None:
+        raise Unsupported("the workload has no q/k norm (the *-qknorm workloads have one)")
+    qw, kw = norm_weights(w, s.cos.device)
+    return qw, kw, w.qk_norm, w.norm_eps
+
+
+def _eager_rms(x, w, over: str, eps: float):
+    """The models' eager RMSNorm (Qwen3, Flux, Wan): statistics in fp32, the weight applied, the
+    result in x's dtype."""
+    xf = x.float()
+    dims = (-1,) if over == "head" else (1, -1)
+    y = xf * torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    return (y * (w if over == "head" else w.view(x.shape[1], 1, x.shape[-1]))).to(x.dtype)
+
+
+def _norm_chain(q, k, qw, kw, over, eps, cos, sin, sections, mode):
+    return _v1_pair(_eager_rms(q, qw, over, eps), _eager_rms(k, kw, over, eps), cos, sin, sections, mode)
+
+
+def _rome_qk_norm(s: Setup):
+    qw, kw, over, eps = _norm_spec(s)
+    return lambda q, k: rome.apply_qk_norm(q, k, s.cos, s.sin, s.matrix, qw, kw, eps=eps, over=over,
+                                           backend=s.backend)
+
+
+def _norm_then_rome(s: Setup):
+    qw, kw, over, eps = _norm_spec(s)
+    return lambda q, k: rome.apply_qk(_eager_rms(q, qw, over, eps), _eager_rms(k, kw, over, eps), s.cos, s.sin,
+                                      s.matrix, backend=s.backend)
+
+
+def _norm_eager_chain(s: Setup):
+    qw, kw, over, eps = _norm_spec(s)
+    return lambda q, k: _norm_chain(q, k, qw, kw, over, eps, s.cos, s.sin, s.sections, s.mode)
+
+
+def _norm_compiled_chain(s: Setup):
+    qw, kw, over, eps = _norm_spec(s)
+    f = _compiled_per_setup(_norm_chain)
+    return lambda q, k: f(q, k, qw, kw, over, eps, s.cos, s.sin, s.sections, s.mode)
+
+
 def section_setups(s: Setup) -> list[tuple[slice, Setup]]:
     """seed v4's split: ``(columns, one-section Setup)`` per section for half mode; for interleave
     one for the whole head (pairs never cross a section, so multi-axis interleave RoPE is 1D
@@ -419,6 +467,14 @@ VARIANTS = {
         Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
         Variant("rome.apply_qk_angles", "rome.apply_qk_angles: cos/sin computed in the kernel from positions (no cache)", "rome", _rome_apply_qk_angles),
         Variant("rome.RoPE", "rome.RoPE module with positions (varlen: cu_seqlens; decode: [B, 1]), host check included", "rome", _rome_module),
+        Variant("rome.apply_qk_norm", "rome.apply_qk_norm: the q/k RMSNorm as the gather kernel's prologue, one launch "
+                "(qk_norm workloads)", "rome", _rome_qk_norm, normed=True),
+        Variant("q/k norm, then rome.apply_qk", "the model's eager RMSNorm of q and k, then rome.apply_qk: the unfused pair",
+                "reference", _norm_then_rome, normed=True),
+        Variant("q/k norm + v1 chain", "the model's eager RMSNorm of q and k, then the v1 slice+concat chain",
+                "model", _norm_eager_chain, normed=True),
+        Variant("q/k norm + v1 torch.compile", "the eager norm + v1 chain under torch.compile", "compiled",
+                _norm_compiled_chain, normed=True),
         Variant("diffusers apply_rotary_emb", "diffusers.models.embeddings.apply_rotary_emb (Flux, CogVideoX, HunyuanVideo), on q then k", "model", _diffusers_apply_rotary_emb),
         Variant("diffusers Wan rotary", "diffusers' Wan RoPE (nested in WanAttnProcessor.__call__), on q then k, BSND", "model", _diffusers_wan, "bsnd"),
         Variant("transformers apply_rotary_pos_emb", "transformers' Llama apply_rotary_pos_emb (rotate_half), tables in q's dtype", "model", _transformers_apply_rotary_pos_emb),

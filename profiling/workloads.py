@@ -42,6 +42,11 @@ class Workload:
     # mode: its tables replace the sections' plain theta tables; M is still rotation_matrix(sections)
     layout: Callable[[str], RopeLayout] | None = None
     modes: tuple[str, ...] = rome.MODES  # the modes the precision part runs (a layout may fix one)
+    # the model's RMSNorm of q and k right before RoPE: "head" (each head's D values: Flux, Qwen3)
+    # or "heads" (all H·D values of a token: Wan's rms_norm_across_heads); the norm variants
+    # (profiling.variants, ``normed``) run on such a workload, against norm-then-rotate in float64
+    qk_norm: str | None = None
+    norm_eps: float = 1e-6
 
     def __post_init__(self):
         if self.seqlens is not None and (self.batch != 1 or sum(self.seqlens) != self.seq):
@@ -129,6 +134,14 @@ WORKLOADS = {
                  theta=1000000.0, grid=(16, 36, 64), layout=_qwen2_vl, modes=("half",)),
         Workload("decode", "batched decode: 64 sequences, one token each at its own position, 32/8 heads",
                  64, 32, 8, 1, (128,), "half", theta=500000.0, decode=True),
+        Workload("wan-qknorm", "Wan2.1 14B 480p 81f attention with its q/k RMSNorm over all 40 heads "
+                 "x 128 of a token (rms_norm_across_heads), then 44/42/42 interleave RoPE, 21x30x52",
+                 1, 40, 40, 21 * 30 * 52, (44, 42, 42), "interleave", grid=(21, 30, 52), qk_norm="heads"),
+        Workload("flux-qknorm", "Flux.1 at 1024x1152: q/k RMSNorm per head (24 heads x 128), then 16/56/56 "
+                 "interleave RoPE over a 1x64x72 grid (4608 tokens, as 4096 image + 512 text)",
+                 1, 24, 24, 64 * 72, (16, 56, 56), "interleave", grid=(1, 64, 72), qk_norm="head"),
+        Workload("qwen3-qknorm", "Qwen3 8B prefill: q/k RMSNorm per head, then 1D half RoPE (theta 1e6), "
+                 "32 q / 8 kv heads", 1, 32, 8, 8192, (128,), "half", theta=1000000.0, qk_norm="head"),
         Workload("varlen", "Llama-3 8B varlen THD prefill: 8 sequences of 1..8192 tokens packed "
                  "(cu_seqlens), positions restarting per sequence, 32 q / 8 kv heads",
                  1, 32, 8, sum(VARLEN), (128,), "half", theta=500000.0, seqlens=VARLEN),
@@ -144,6 +157,23 @@ def scaled_for_cpu(w: Workload) -> Workload:
         lengths = tuple(max(1, n * 2048 // w.seq) for n in w.seqlens)
         return w.replace(q_heads=q_heads, kv_heads=kv_heads, seq=sum(lengths), seqlens=lengths)
     return w.replace(batch=min(w.batch, 8), q_heads=q_heads, kv_heads=kv_heads, seq=min(w.seq, 2048))
+
+
+def norm_weights(w: Workload, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The q and k norm weights of a ``qk_norm`` workload, fp32 (``[D]`` per head, ``[H·D]`` over
+    heads), drawn around 1 from a fixed seed."""
+    gen = torch.Generator().manual_seed(29)
+    n = (lambda h: w.head_dim) if w.qk_norm == "head" else (lambda h: h * w.head_dim)
+    return tuple(torch.rand(n(h), generator=gen).add(0.5).to(device) for h in (w.q_heads, w.kv_heads))
+
+
+def norm64(x: torch.Tensor, weight: torch.Tensor, over: str, eps: float) -> torch.Tensor:
+    """RMSNorm of BNSD ``x`` in float64 (per head, or over a token's heads, weight head-major):
+    the norm half of the norm variants' oracle."""
+    x = x.double()
+    dims = (-1,) if over == "head" else (1, -1)
+    y = x / torch.sqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    return y * weight.double().view(-1 if over == "head" else x.shape[1], *(() if over == "head" else (1, x.shape[-1])))
 
 
 @dataclass
