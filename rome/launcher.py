@@ -201,6 +201,9 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
             r.index = i
             if over_heads:
                 r.data, r.views = r.data[:-1], r.views[:-1]
+                if r.h[0][0] * r.h[1][0] != x.shape[1]:  # (rome.qknorm never launches this)
+                    raise ValueError(f"a norm over heads needs tables shared by the {x.shape[1]} heads of "
+                                     f"a token; these differ between heads")
             blocks.append(r)
     groups = []
     while blocks:  # q and k share a launch where they read the same T rows of the same data

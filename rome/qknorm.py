@@ -174,6 +174,12 @@ def apply_qk_norm_at(
                       weight_offset=weight_offset, q_bias=q_bias, k_bias=k_bias, backend=backend)
 
 
+def _table_for(t, dt: torch.dtype):
+    """A table in q's dtype (bf16/fp16 tables are valid with bf16/fp16 q) for the normalised q in
+    ``dt``: as ``dt`` (exact: a half value widens exactly); float32 and ``dt`` tables as given."""
+    return t.to(dt) if isinstance(t, Tensor) and t.dtype not in (torch.float32, dt) else t
+
+
 def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, eps, norm, over, weight_offset,
                q_bias, k_bias, backend):
     for name, x in (("q", q), ("k", k)):
@@ -217,6 +223,7 @@ def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, e
     qn = _normalised(q, q_weight, q_bias, **kw)
     kn = _normalised(k, k_weight, k_bias, **kw)
     m = matrix.to(dt) if isinstance(matrix, Tensor) else matrix
+    cos, sin = (_table_for(t, dt) for t in (cos, sin))
     be = "torch" if torch_path else backend
     if positions is None:
         q_out, k_out = apply_qk(qn, kn, cos, sin, m, backend=be)
@@ -273,13 +280,20 @@ def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_wei
     be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend, positions, axis)
     norms = [(q_weight, q_bias), (k_weight, k_bias)]
     mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
-    if be == "triton" and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype, positions=mode):
+    # over heads the kernel's program holds a token's heads: tables (or positions) that differ
+    # between heads (LTX's per-head tables) make each head its own row, so that norm is unfused
+    per_head = norm == "rms_heads" and any(
+        t.ndim >= 3 and t.shape[-3] > 1 and t.stride(-3) != 0
+        for t in ((cos, sin) if positions is None else (positions[..., :1].expand(*positions.shape[:-1], 2),)))
+    if be == "triton" and not per_head and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype,
+                                                                     positions=mode):
         q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, positions, axis,
                                    norm=(norm, eps, norms))
         return q_out, k_out
     kind, over = ("rms", "heads") if norm == "rms_heads" else (norm, "head")
     qn, kn = (_normalised(x, w, b, norm=kind, over=over, eps=eps, offset=0.0, dt=torch.float32)
               for x, (w, b) in zip((q, k), norms))
+    cos, sin = (_table_for(t, torch.float32) for t in (cos, sin))
     q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False, positions, axis)
     return q_out.to(q.dtype), k_out.to(k.dtype)
 

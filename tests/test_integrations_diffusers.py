@@ -95,6 +95,21 @@ CASES = {
 NAMES = tuple(CASES)
 
 
+# the models whose q/k norms the patch fuses into the rotation (rome.apply_qk_norm): Wan's RMSNorm
+# over a token's heads, Flux's per head (and its text tokens' own)
+FUSED = {"wan": "heads", "flux": "head", "hunyuan": "head", "cogvideox": "head", "ltx": "heads"}
+
+
+def _spy_rome(monkeypatch, what=None):
+    """The rome calls the patched processors make (``what(args)`` of each, or its name)."""
+    calls = []
+    for fn in ("apply_qk", "apply_qk_norm"):
+        real = getattr(rd, fn)
+        monkeypatch.setattr(rd, fn, lambda *a, _real=real, _fn=fn, **k: calls.append(
+            _fn if what is None else what(a)) or _real(*a, **k))
+    return calls
+
+
 def build(name, dtype=torch.float32):
     cls, config, inputs, _ = CASES[name]
     torch.manual_seed(0)
@@ -133,16 +148,18 @@ def test_fp32_matches_and_undo_restores(name, monkeypatch):
     model, inp = build(name)
     ref = run(model, inp)
     procs, rope_forward = _state(model)
-    calls = []
-    real = rd.apply_qk
-    monkeypatch.setattr(rd, "apply_qk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _spy_rome(monkeypatch)
     handle = rome.integrations.patch(model, backend="torch")
     assert handle.family == type(model).__name__ and handle.active
     out = run(model, inp)
     assert out.shape == ref.shape
     _close(out, ref, FP32_RTOL)
     layers = rd._attention_layers(model, handle.family)
-    assert len(calls) == len(layers) > 0  # one launch per RoPE attention layer
+    # one launch per RoPE attention layer (Flux's double-stream layers with their norms fused: two,
+    # the text tokens' norms and the image tokens' each their own)
+    assert len(calls) == len(layers) + sum(1 for _, a in layers if name == "flux" and
+                                           getattr(a, "added_kv_proj_dim", None) is not None) > 0
+    assert set(calls) == {"apply_qk_norm" if FUSED.get(name) else "apply_qk"}
     handle.undo()
     assert not handle.active
     again = run(model, inp)
@@ -159,9 +176,7 @@ def test_bf16(name, monkeypatch):
     to bf16 with the model, and it multiplies in bf16 then)."""
     model, inp = build(name, torch.bfloat16)
     ref = run(model, inp)
-    calls = []
-    real = rd.apply_qk
-    monkeypatch.setattr(rd, "apply_qk", lambda *a, **k: calls.append(a[0].dtype) or real(*a, **k))
+    calls = _spy_rome(monkeypatch, lambda a: a[0].dtype)
     with rome.integrations.patch(model, backend="torch"):
         out = run(model, inp)
     assert calls and set(calls) == {torch.bfloat16}
@@ -223,13 +238,38 @@ def test_compile_patched_block_fullgraph(name):
         torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-6)
 
 
-def test_triton_interpreter():
-    """The Triton kernel (interpreted on CPU without a GPU) in a whole model."""
-    model, inp = build("wan")
+@pytest.mark.parametrize("name", ["wan", "flux"])
+def test_triton_interpreter(name):
+    """The Triton kernel (interpreted on CPU without a GPU) in a whole model: Wan's and Flux's q/k
+    norms fused into the rotation (one launch with the norm prologue per norm pair)."""
+    model, inp = build(name)
     ref = run(model, inp)
     with rome.integrations.patch(model, backend="triton"):
         out = run(model, inp)
     _close(out, ref, FP32_RTOL)
+
+
+@pytest.mark.parametrize("name", sorted(FUSED))
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_norms_fused(name, backend, monkeypatch):
+    """With these models patched, the q/k norm modules of their RoPE attention layers are no longer
+    called (Flux's text tokens' too: they are rotated; HunyuanVideo's are not) (rome.apply_qk_norm normalises and rotates in one call; cross attention, unrotated,
+    keeps its own); outputs within the tolerances, bf16 too; undo calls them again, bitwise as
+    before."""
+    for dtype, rtol in ((torch.float32, FP32_RTOL), (torch.bfloat16, BF16_RTOL)):
+        model, inp = build(name, dtype)
+        ref = run(model, inp)
+        layers = rd._attention_layers(model, type(model).__name__)  # the RoPE (self-attention) layers
+        rotated = ("norm_q", "norm_k") + (("norm_added_q", "norm_added_k") if name == "flux" else ())
+        norms = [getattr(a, n) for _, a in layers for n in rotated if isinstance(getattr(a, n, None), torch.nn.Module)]
+        ran = []
+        for m in norms:
+            m.register_forward_hook(lambda mod, i, o: ran.append(mod))
+        with rome.integrations.patch(model, backend=backend):
+            out = run(model, inp)
+        assert norms and ran == []
+        _close(out, ref, rtol)
+        assert torch.equal(run(model, inp), ref) and len(ran) > 0
 
 
 # --- tables: which is nearer the float64 truth -------------------------------------------------

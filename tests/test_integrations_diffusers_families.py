@@ -494,7 +494,7 @@ def _processors(model):
 
 
 def _count_launches(monkeypatch):
-    calls = {"apply_qk": 0, "apply": 0}
+    calls = {"apply_qk": 0, "apply": 0, "apply_qk_norm": 0}
     for fn in calls:
         real = getattr(rd, fn)
 
@@ -570,8 +570,13 @@ def _patched_matches(model, inp, monkeypatch):
     if rebound:
         assert left["n"] == 0 and calls["apply"] + calls["apply_qk"] == library["n"], (calls, library)
     else:
-        # one launch per RoPE layer: apply_qk, or apply for q and apply for k (LTX-2's cross attention)
-        assert calls["apply"] % 2 == 0 and calls["apply_qk"] + calls["apply"] // 2 == len(layers), calls
+        # one launch per RoPE layer: apply_qk, or apply for q and apply for k (LTX-2's cross attention),
+        # or with the layer's q/k norms fused apply_qk_norm (two in Flux-like double-stream layers: the
+        # text tokens' norms and the image tokens' each their own)
+        double = sum(1 for _, a in layers if getattr(a, "added_kv_proj_dim", None) is not None
+                     and isinstance(getattr(a, "norm_added_q", None), torch.nn.Module))
+        assert calls["apply"] % 2 == 0, calls
+        assert calls["apply_qk"] + calls["apply"] // 2 + calls["apply_qk_norm"] in (len(layers), len(layers) + double), calls
     handle.undo()
     return ref
 
@@ -608,7 +613,7 @@ def test_bf16(name, monkeypatch):
         ref = run(model, inp)
     expected = {args[0].dtype for _, args, _ in seen.values()} or {torch.bfloat16}
     dtypes = []
-    for fn in ("apply_qk", "apply"):
+    for fn in ("apply_qk", "apply", "apply_qk_norm"):
         real = getattr(rd, fn)
         monkeypatch.setattr(rd, fn, lambda *a, _real=real, **k: dtypes.append(a[0].dtype) or _real(*a, **k))
     with rome.integrations.patch(model, backend="torch"):
@@ -670,7 +675,7 @@ def test_compile_patched_block_fullgraph(name, path, monkeypatch):
             torch._dynamo.reset()
             calls = _count_launches(monkeypatch)
             compiled = torch.compile(block, fullgraph=True, backend="aot_eager")(*args, **kwargs)
-            assert calls["apply"] + calls["apply_qk"] > 0  # traced through rome's op
+            assert calls["apply"] + calls["apply_qk"] + calls["apply_qk_norm"] > 0  # traced through rome's op
     eager, compiled = (out if isinstance(out, tuple) else (out,) for out in (eager, compiled))
     for e, c in zip(eager, compiled, strict=True):
         torch.testing.assert_close(c, e, rtol=1e-6, atol=1e-6)
@@ -881,7 +886,7 @@ def test_rebound_patched_model_pickles_and_copies(name, monkeypatch):
     calls = _count_launches(monkeypatch)
     for other in copies:
         assert torch.equal(run(other, inp), out)
-    assert calls["apply"] + calls["apply_qk"] > 0
+    assert calls["apply"] + calls["apply_qk"] + calls["apply_qk_norm"] > 0
     proc = next(p for p in _processors(copies[0]).values() if isinstance(p, rd._RomeProcessor))
     assert type(proc)()._rome.backend == "auto"
 

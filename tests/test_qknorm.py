@@ -386,3 +386,39 @@ def test_fused_over_heads(mode, dtype, at, monkeypatch):
             assert _ulps(a, b.double(), dtype) <= 1.0, name
         else:
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("over", ["head", "heads"])
+def test_tables_in_q_dtype(backend, over):
+    """bf16 tables with bf16 q (what models cast their tables to) are taken on every path (the
+    normalised q is float32/float64 there): the result is that of the same tables in fp32."""
+    q, k, cos, sin, m = _half_case(torch.bfloat16)
+    cos, sin = cos.bfloat16(), sin.bfloat16()
+    n = 32 if over == "head" else None
+    wq = torch.rand(n or 3 * 32).add(0.5).to(DEVICE)
+    wk = torch.rand(n or 2 * 32).add(0.5).to(DEVICE)
+    got = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over=over, backend=backend)
+    want = rome.apply_qk_norm(q, k, cos.float(), sin.float(), m, wq, wk, over=over, backend=backend)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_over_heads_with_per_head_tables_is_exact(monkeypatch):
+    """Tables that differ between heads (LTX's [B, H, S, D]) with a norm over heads: the kernel's
+    programs would not hold a token's heads, so the op normalises unfused (no NORM launch) and
+    the result is still the float64 oracle's within 1 ulp."""
+    from rome import launcher
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    q, k, _, _, m = _half_case(torch.bfloat16, hq=2, hk=2)
+    gen = torch.Generator().manual_seed(23)
+    ang = torch.randn(1, 2, q.shape[2], 32, generator=gen, dtype=torch.float64)
+    cos, sin = ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
+    w = torch.rand(64, generator=gen).add(0.5).to(DEVICE)
+    got = rome.apply_qk_norm(q, k, cos, sin, m, w, w, over="heads", eps=1e-5, backend="triton")
+    assert [c.get("NORM", 0) for c in launches] == [0]
+    for out, x in zip(got, (q, k)):
+        assert _ulps(out, _oracle_heads(x, w, cos, sin, m, 1e-5), torch.bfloat16) <= 1.0 + 1e-6

@@ -67,6 +67,7 @@ from torch import Tensor
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
 from ..matrices import kept_matrix, kept_rotation_matrix, rotation_matrix
 from ..ops import BACKENDS, apply, apply_qk
+from ..qknorm import QKNorm, apply_qk_norm
 from ..tables import grid_positions
 from ..types import Backend
 from . import Patch
@@ -125,11 +126,70 @@ class _Rotate:
         cos, sin = self._tables(q, cos, sin)
         return apply_qk(q, k, cos, sin, self._matrix(q, mode), backend=self.backend)
 
+    def normed(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, norm_q, norm_k, mode: str = "interleave"):
+        """BSND q, k (``[B, S, H, D]``) as they leave the projections, with the model's q/k norms
+        fused into the rotation (``rome.apply_qk_norm``: one launch where the kernel takes it):
+        ``(q, k)`` normalised and rotated, or None where the norms are not ones rome fuses (then
+        the caller runs them, and ``__call__``). Tables as ``__call__``'s, broadcasting to BSND."""
+        spec = _norm_spec(norm_q, norm_k, q, k)
+        if spec is None:
+            return None
+        cos, sin = self._tables(q, cos, sin)
+        cos, sin = (t.transpose(-2, -3) if t.ndim >= 3 else t for t in (cos, sin))  # to BNSD
+        q_out, k_out = apply_qk_norm(q.transpose(1, 2), k.transpose(1, 2), cos, sin, self._matrix(q, mode),
+                                     spec.q_weight, spec.k_weight, backend=self.backend, **spec.kwargs())
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+    def norm_then(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, norm_q, norm_k, mode: str = "interleave"):
+        """``normed``, or where rome does not fuse those norms the model's own (None: no norm)
+        then ``__call__``: BSND q, k as they leave the projections."""
+        if norm_q is not None and norm_k is not None:
+            fused = self.normed(q, k, cos, sin, norm_q, norm_k, mode)
+            if fused is not None:
+                return fused
+        q = q if norm_q is None else norm_q(q)
+        k = k if norm_k is None else norm_k(k)
+        return self(q, k, cos, sin, mode)
+
     def one(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave") -> Tensor:
         """``rome.apply`` of x alone (cross attention: the keys are not rotated, or rotated by
         other tables)."""
         cos, sin = self._tables(x, cos, sin)
         return apply(x, cos, sin, self._matrix(x, mode), backend=self.backend)
+
+
+# q/k norm modules rome fuses into the rotation: torch's RMSNorm / LayerNorm, diffusers' RMSNorm
+# (without a bias), over a head's D values or over a token's H·D
+_FUSED_NORMS = ("torch.nn.modules.normalization.RMSNorm", "torch.nn.modules.normalization.LayerNorm",
+                "diffusers.models.normalization.RMSNorm")
+
+
+def _norm_spec(norm_q, norm_k, q: Tensor, k: Tensor) -> QKNorm | None:
+    """The ``QKNorm`` of two of the model's norm modules for BSND q, k, or None where rome does not
+    fuse them (another module, a bias on an RMSNorm, eps None, weights in another dtype than fp32
+    or q's, a shape that is neither D nor H·D)."""
+    h, d = q.shape[2], q.shape[-1]
+    overs = []
+    for m, x in ((norm_q, q), (norm_k, k)):
+        name = f"{type(m).__module__}.{type(m).__name__}"
+        if name not in _FUSED_NORMS or getattr(m, "eps", None) is None:
+            return None
+        if name.endswith("RMSNorm") and getattr(m, "bias", None) is not None:
+            return None
+        if isinstance(m, torch.nn.LayerNorm) and not m.elementwise_affine:
+            return None
+        shape = tuple(getattr(m, "normalized_shape", None) or getattr(m, "dim", ()))
+        over = "head" if shape == (d,) else "heads" if shape == (x.shape[2] * d,) else None
+        w = getattr(m, "weight", None)
+        if over is None or (w is not None and w.dtype not in (torch.float32, q.dtype)):
+            return None
+        overs.append(over)
+    if overs[0] != overs[1] or h == 0:
+        return None
+    try:
+        return QKNorm.from_modules(norm_q, norm_k, over=overs[0])
+    except (TypeError, ValueError):
+        return None
 
 
 def _pad_rows(cos: Tensor, sin: Tensor, n: int, *, before: bool, dim: int = 0):
@@ -217,10 +277,16 @@ class _WanBody:
                                     rotary_emb)
         lib = self._lib
         query, key, value = lib._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-        query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
-        key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
-        query, key = self._rome(query, key, *rotary_emb)  # BSND, tables [1, S, 1, D]
+        # the q/k RMSNorm over a token's heads fused into the rotation where rome takes it
+        fused = self._rome.normed(query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1)),
+                                  *rotary_emb, attn.norm_q, attn.norm_k)
+        if fused is not None:
+            query, key = fused
+        else:
+            query = attn.norm_q(query).unflatten(2, (attn.heads, -1))
+            key = attn.norm_k(key).unflatten(2, (attn.heads, -1))
+            query, key = self._rome(query, key, *rotary_emb)  # BSND, tables [1, S, 1, D]
         parallel = self._parallel_cross or encoder_hidden_states is None
         hidden_states = lib.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
@@ -273,9 +339,10 @@ class _HunyuanBody:
         if attn.add_q_proj is None and encoder_hidden_states is not None:
             hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
             cos, sin = _pad_rows(cos, sin, encoder_hidden_states.shape[1], before=False)
-        query, key, value = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v,
-                                   attn.norm_q, attn.norm_k)
-        query, key = self._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+        query, key, value = _heads(attn, hidden_states, attn.to_q, attn.to_k, attn.to_v, None, None)
+        # (the per-head q/k norms fused into the rotation where rome takes them)
+        query, key = self._rome.norm_then(query, key, cos[:, None], sin[:, None], attn.norm_q,
+                                          attn.norm_k)  # BSND, [S, 1, D]
         if attn.add_q_proj is not None and encoder_hidden_states is not None:
             encoder_query, encoder_key, encoder_value = _heads(
                 attn, encoder_hidden_states, attn.add_q_proj, attn.add_k_proj, attn.add_v_proj,
@@ -331,15 +398,16 @@ class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProce
         query = query.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
         key = key.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
         value = value.view(batch_size, -1, attn.heads, head_dim).transpose(1, 2)
-        if attn.norm_q is not None:
-            query = attn.norm_q(query)
-        if attn.norm_k is not None:
-            key = attn.norm_k(key)
         cos, sin = _pad_rows(*image_rotary_emb, text_seq_length, before=True)  # [S, D]
         if attn.is_cross_attention:
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
             query = self._rome.one(query, cos, sin)
-        else:
-            query, key = self._rome(query, key, cos, sin)  # BNSD
+        else:  # (its per-head LayerNorms fused into the rotation where rome takes them; BNSD)
+            query, key = (t.transpose(1, 2) for t in self._rome.norm_then(
+                query.transpose(1, 2), key.transpose(1, 2), cos, sin, attn.norm_q, attn.norm_k))
         hidden_states = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
         )
@@ -351,6 +419,23 @@ class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProce
         return hidden_states, encoder_hidden_states
 
 
+def _flux_fused(proc, attn, query, key, encoder_query, encoder_key, cos, sin):
+    """Flux's q/k norms fused into the rotation (``_Rotate.normed``): the image tokens' with
+    ``norm_q``/``norm_k``, the text tokens' (double-stream blocks) with ``norm_added_q``/``_k``,
+    each one launch, then text before image as the model concatenates them. None where rome does
+    not fuse those norms (the caller runs the model's steps)."""
+    if attn.added_kv_proj_dim is None:
+        return proc._rome.normed(query, key, cos[:, None], sin[:, None], attn.norm_q, attn.norm_k)
+    eq, ek = (t.unflatten(-1, (-1, attn.head_dim)) for t in (encoder_query, encoder_key))
+    n = eq.shape[1]
+    if _norm_spec(attn.norm_q, attn.norm_k, query, key) is None \
+            or _norm_spec(attn.norm_added_q, attn.norm_added_k, eq, ek) is None:
+        return None
+    img = proc._rome.normed(query, key, cos[n:, None], sin[n:, None], attn.norm_q, attn.norm_k)
+    txt = proc._rome.normed(eq, ek, cos[:n, None], sin[:n, None], attn.norm_added_q, attn.norm_added_k)
+    return torch.cat([txt[0], img[0]], dim=1), torch.cat([txt[1], img[1]], dim=1)
+
+
 def _flux_attention(proc, lib, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb):
     """Flux's and FLUX.2's double-stream attention up to the output projections (the two
     processors' shared body; ``lib`` the diffusers module whose helpers it calls): q, k, v of the
@@ -359,18 +444,23 @@ def _flux_attention(proc, lib, attn, hidden_states, encoder_hidden_states, atten
     query, key, value, encoder_query, encoder_key, encoder_value = lib._get_qkv_projections(
         attn, hidden_states, encoder_hidden_states
     )
-    query = attn.norm_q(query.unflatten(-1, (-1, attn.head_dim)))
-    key = attn.norm_k(key.unflatten(-1, (-1, attn.head_dim)))
-    value = value.unflatten(-1, (-1, attn.head_dim))
-    if attn.added_kv_proj_dim is not None:
-        encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
-        encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
-        encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
-        query = torch.cat([encoder_query, query], dim=1)
-        key = torch.cat([encoder_key, key], dim=1)
-        value = torch.cat([encoder_value, value], dim=1)
+    query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in (query, key, value))
     cos, sin = image_rotary_emb  # [S_txt + S_img, D]
-    query, key = proc._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
+    fused = _flux_fused(proc, attn, query, key, encoder_query, encoder_key, cos, sin)
+    if fused is not None:  # the q/k norms (text and image tokens each their own) in the rotation
+        query, key = fused
+        if attn.added_kv_proj_dim is not None:
+            value = torch.cat([encoder_value.unflatten(-1, (-1, attn.head_dim)), value], dim=1)
+    else:
+        query, key = attn.norm_q(query), attn.norm_k(key)
+        if attn.added_kv_proj_dim is not None:
+            encoder_query = attn.norm_added_q(encoder_query.unflatten(-1, (-1, attn.head_dim)))
+            encoder_key = attn.norm_added_k(encoder_key.unflatten(-1, (-1, attn.head_dim)))
+            encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+        query, key = proc._rome(query, key, cos[:, None], sin[:, None])  # BSND, [S, 1, D]
     hidden_states = lib.dispatch_attention_fn(
         query, key, value, attn_mask=attention_mask, backend=proc._attention_backend,
         parallel_config=proc._parallel_config,
@@ -415,11 +505,13 @@ class RomeLTXVideoAttnProcessor(_RomeProcessor, _base(_ltx, "LTXVideoAttnProcess
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        query = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1))
-        key = attn.norm_k(attn.to_k(hidden_states)).unflatten(2, (attn.heads, -1))
+        query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+        key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
         cos, sin = (t.unflatten(-1, (attn.heads, -1)) for t in image_rotary_emb)
-        query, key = self._rome(query, key, cos, sin)
+        # its q/k RMSNorm over a token's heads into the same call (per-head tables: normalised in
+        # fp32 by the op, then one rotation launch)
+        query, key = self._rome.norm_then(query, key, cos, sin, attn.norm_q, attn.norm_k)
         hidden_states = _ltx.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
             backend=self._attention_backend, parallel_config=self._parallel_config,
