@@ -654,7 +654,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             v = _widen(_fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh, h_hi), RAW_X), RAW_X)
             acc += tl.sum(v * v, axis=1)[:, None]
             sa, sb = _next_head(sa, sb, H1)
-        var = acc / ((h_hi - h_lo) * D).to(tl.float32)
+        var = acc / (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)  # (no heads here: unused)
         rstd = tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
     elif NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
         nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]

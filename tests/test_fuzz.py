@@ -761,3 +761,71 @@ def test_unknown_hf_model_types(drawn):
     outcome, problem = check_hf_config(config, torch.Generator().manual_seed(0), strict=False)
     event(f"outcome {outcome}")
     assert problem is None, f"{kind} ({change}): {problem}"
+
+
+# --- rome.apply_qk_norm: q/k norm then RoPE (issue 29) -------------------------------------------
+
+
+def _norm_rope64(x, w, b, cos, sin, m, *, norm, over, eps, offset):
+    """float64 oracle of norm-then-rotate: the norm by its formula (per head, or over a token's
+    heads with head-major weights), then x*cos + (x@M)*sin."""
+    x = x.double()
+    dims = (-1,) if over == "head" else (1, -1)
+    if norm == "layer":
+        x = x - x.mean(dims, keepdim=True)
+    y = x / torch.sqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    shape = (-1,) if over == "head" else (x.shape[1], 1, x.shape[-1])
+    y = y * (w.double().view(shape) + offset)
+    if b is not None:
+        y = y + b.double().view(shape)
+    return rope64(y, cos, sin, m)
+
+
+@FEW
+@given(small_qk(), st.sampled_from(["rms", "layer"]), st.sampled_from(["head", "heads"]),
+       st.sampled_from([0.0, 1.0]), st.booleans(), st.sampled_from(["bnsd", "bshd", "strided"]))
+def test_qk_norm_against_its_oracle(c, norm, over, offset, positions, layout):
+    """apply_qk_norm / apply_qk_norm_at over rms/layer, per head / over heads, Gemma's offset,
+    BNSD, transposed-BSHD and strided q/k, bf16/fp16/fp32, the torch and triton backends: within
+    the rounding of the dtype (1 ulp in half precision, 2e-6 relative in fp32; the torch backend's
+    float64 norm rounds once, the kernel's fp32 norm adds its own ~1e-6) of the float64 oracle;
+    inputs unmodified."""
+    g = torch.Generator().manual_seed(c["seed"])
+    b, s, nq, nk = c["shape"]
+    d, dtype = c["d"], c["dtype"]
+
+    def make(h):
+        if layout == "bshd":
+            return torch.randn(b, s, h, d, generator=g).to(dtype).transpose(1, 2).to(DEVICE)
+        if layout == "strided":
+            return torch.randn(b, h, s, 2 * d, generator=g).to(dtype)[..., ::2].to(DEVICE)
+        return torch.randn(b, h, s, d, generator=g).to(dtype).to(DEVICE)
+
+    q, k = make(nq), make(nk)
+    m = rome.rotation_matrix(c["sections"], c["mode"], dtype=dtype).to(DEVICE)
+    n = lambda h: d if over == "head" else h * d  # noqa: E731
+    wq, wk = (torch.rand(n(h), generator=g).add(0.5).to(DEVICE) for h in (nq, nk))
+    bq, bk = ((torch.randn(n(h), generator=g).mul(0.1).to(DEVICE) for h in (nq, nk)) if norm == "layer"
+              else (None, None))
+    rows = s + 3
+    ang = torch.randn(rows, d, generator=g, dtype=torch.float64)
+    cos_c, sin_c = ang.cos().float().to(DEVICE), ang.sin().float().to(DEVICE)
+    before = [t.clone() for t in (q, k)]
+    kw = dict(eps=1e-5, norm=norm, over=over, weight_offset=offset, q_bias=bq, k_bias=bk, backend=c["backend"])
+    if positions:
+        pos = torch.randint(0, rows, (b, 1, s, 1), generator=g).to(DEVICE)
+        got = rome.apply_qk_norm_at(q, k, cos_c, sin_c, m, pos, wq, wk, **kw)
+        cos, sin = cos_c[pos[..., 0]], sin_c[pos[..., 0]]
+    else:
+        cos, sin = cos_c[:s], sin_c[:s]
+        got = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, **kw)
+    assert all(torch.equal(x, y) for x, y in zip((q, k), before)), "inputs modified"
+    for out, x, w, bias in zip(got, (q, k), (wq, wk), (bq, bk)):
+        want = _norm_rope64(x, w, bias, cos, sin, m, norm=norm, over=over, eps=1e-5, offset=offset)
+        assert out.dtype == dtype and out.shape == x.shape
+        if dtype == torch.float32:
+            torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-6 * want.abs().max().item())
+        else:
+            ulps = rome.precision.ulp_error(out, want, dtype).max().item()
+            assert ulps <= 1.0 + 1e-6, f"{ulps} ulp"
+    event(f"qk_norm {norm} over {over} {c['backend']} {layout}")
