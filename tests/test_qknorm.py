@@ -422,3 +422,20 @@ def test_over_heads_with_per_head_tables_is_exact(monkeypatch):
     assert [c.get("NORM", 0) for c in launches] == [0]
     for out, x in zip(got, (q, k)):
         assert _ulps(out, _oracle_heads(x, w, cos, sin, m, 1e-5), torch.bfloat16) <= 1.0 + 1e-6
+
+
+def test_rope_module_norm_compiles_fullgraph():
+    """rome.RoPE(..., norm=spec) under torch.compile(fullgraph=True): no graph break, the eager
+    result bitwise (the op is rome::apply_qk_norm in the graph)."""
+    d = 32
+    gen = torch.Generator().manual_seed(31)
+    spec = rome.QKNorm(torch.rand(3 * d, generator=gen).add(0.5).to(DEVICE),
+                       torch.rand(2 * d, generator=gen).add(0.5).to(DEVICE), over="heads", eps=1e-5)
+    q = torch.randn(1, 3, 6, d, generator=gen).to(DEVICE)
+    k = torch.randn(1, 2, 6, d, generator=gen).to(DEVICE)
+    rope = rome.RoPE.sections([d], mode="interleave", backend="triton")
+    pos = torch.arange(6, device=DEVICE)[None]
+    eager = rope(q, k, pos, norm=spec)  # (builds the cache the compiled call reads)
+    f = torch.compile(lambda q, k, p: rope(q, k, p, norm=spec), fullgraph=True, backend="eager")
+    for a, b in zip(f(q, k, pos), eager):
+        assert torch.equal(a, b)
