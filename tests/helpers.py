@@ -45,17 +45,20 @@ def max_rel(a, b):
 
 
 class RomeCalls:
-    """Counts the calls a patched model makes to ``apply_qk`` / ``apply`` through ``module`` (the
-    integration module's globals, replaced by spies): ``.n``."""
+    """Counts the calls a patched model makes to ``apply_qk`` / ``apply`` / ``apply_qk_norm`` (the
+    layers whose q/k norms are fused) through ``module`` (the integration module's globals,
+    replaced by spies): ``.n``, and per name ``.by``."""
 
     def __init__(self, monkeypatch, module):
         self.n = 0
-        for name in ("apply_qk", "apply"):
+        self.by = {}
+        for name in ("apply_qk", "apply", "apply_qk_norm"):
             if hasattr(module, name):
                 orig = getattr(module, name)
 
-                def counted(*a, _orig=orig, **k):
+                def counted(*a, _orig=orig, _name=name, **k):
                     self.n += 1
+                    self.by[_name] = self.by.get(_name, 0) + 1
                     return _orig(*a, **k)
 
                 monkeypatch.setattr(module, name, counted)

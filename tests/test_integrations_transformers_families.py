@@ -218,6 +218,9 @@ def _rotations(family, layer_type=None, length=12):
         rome_tables = rome_tables if isinstance(rome_tables, tuple) else (rome_tables,)
         got = ours(q, k, *rome_tables)
         got_hf = ours(q, k, *hf_tables)  # a patched layer handed transformers' own tables
+    if getattr(ours, "over", None) is not None:  # the layer's q/k norms fused: the function normalises
+        assert ours.over == "head"
+        q, k = (type(n).forward(n, x) for n, x in ((layer.q_norm, q), (layer.k_norm, k)))
     want = theirs(q, k, *hf_tables)
     return want, got, got_hf, hf_tables, rome_tables
 
@@ -434,3 +437,77 @@ def test_supported_lists_the_new_families():
     assert len(new) >= 30
     for n in new:
         assert hasattr(transformers, n), n
+
+
+# --- q/k norms fused into the rotation (rome.apply_qk_norm) ------------------------------------
+
+NORMED = {  # family -> (model class, config class, config arguments, over)
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config", dict(head_dim=16), "head"),
+    "qwen3_moe": (*FAMILIES["qwen3_moe"], "head"),
+    "gemma3": (*FAMILIES["gemma3"], "head"),  # Gemma3RMSNorm: x̂ * (1 + w)
+    "olmo2": ("Olmo2ForCausalLM", "Olmo2Config", dict(), "heads"),  # over all heads, before the view
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("family", NORMED)
+def test_norms_fused(family, backend, monkeypatch):
+    """Qwen3, Qwen3-MoE, Gemma 3 and OLMo 2 patched: each layer's q/k norm modules pass their input
+    through (their own computation never runs) and one rome.apply_qk_norm per layer normalises and
+    rotates; logits within the fp32 tolerance (norm weights drawn away from 1, so that a norm left
+    out or applied twice would show); state_dict unchanged; gradients of every parameter (the norm
+    weights' too, torch backend); undo bitwise."""
+    cls_name, config_name, kw, over = NORMED[family]
+    cls, config = getattr(transformers, cls_name, None), getattr(transformers, config_name, None)
+    if cls is None or config is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
+    torch.manual_seed(0)
+    model = cls(config(**{**TEXT, **kw})).eval()
+    norms = [m for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))]
+    with torch.no_grad():
+        for m in norms:
+            m.weight.uniform_(-0.5, 1.5)
+    ran = []
+    for norm_cls in {type(m) for m in norms}:
+        real = norm_cls.forward
+        monkeypatch.setattr(norm_cls, "forward", lambda self, x, _real=real: (
+            any(self is m for m in norms) and ran.append(self)) or _real(self, x))
+    ids = token_ids(1, 8)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    assert len(ran) == len(norms) > 0
+    keys = list(model.state_dict())
+    handle = patch(model, backend=backend)  # (it runs each norm once on a probe: their formula checked)
+    count = RomeCalls(monkeypatch, rome_tf)  # (after patch: a discovered family's probe rotates once)
+    ran.clear()
+    try:
+        assert list(model.state_dict()) == keys
+        with torch.no_grad():
+            out = model(input_ids=ids).logits
+        assert ran == [] and count.by == {"apply_qk_norm": _rope_layers(model)}
+        assert max_rel(out, ref) < 1e-5
+        if backend == "torch":
+            assert_gradients_match(model, handle, ids)
+    finally:
+        handle.undo()
+    ran.clear()
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, ref)
+    assert len(ran) == len(norms)  # the model's own norms again
+
+
+def assert_gradients_match(model, handle, ids):
+    """Every parameter's gradient of sum(logits²) patched against unpatched (the patch undone
+    and redone around it): within 1e-4 relative of the largest."""
+    def grads():
+        model.zero_grad()
+        model(input_ids=ids).logits.pow(2).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    patched = grads()
+    handle.undo()
+    plain = grads()
+    assert patched.keys() == plain.keys()
+    for n in plain:
+        scale = max(plain[n].abs().max().item(), 1e-12)
+        assert (patched[n] - plain[n]).abs().max().item() <= 1e-4 * scale + 1e-7, n

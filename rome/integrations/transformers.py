@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from ..layouts import cos_sin_cache, cos_sin_for_positions, tables_for_positions
 from ..module import RoPE
 from ..ops import BACKENDS, apply_qk
+from ..qknorm import QKNorm, apply_qk_norm
 from ..types import Backend
 from . import Patch
 from ._code import calls, innermost, rebound
@@ -337,6 +338,70 @@ class _RotateText:
             m = m[: q.shape[-1], : q.shape[-1]].contiguous()  # (they come first: _rotary_width)
         return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m,
                         backend=self.backend)
+
+
+class _RotateNormed(_RotateText):
+    """``apply_rotary_pos_emb`` of one attention layer whose q/k norms are fused into it: the
+    layer's ``q_norm``/``k_norm`` modules pass their input through (``_PassThrough``) and this
+    call runs ``rome.apply_qk_norm`` with their weights and eps (one launch where fused)."""
+
+    def __init__(self, rope: RoPE, backend: str, convention: str, layer: nn.Module, over: str, offset: float):
+        super().__init__(rope, backend, convention)
+        self.layer, self.over, self.offset = layer, over, offset
+
+    def __getstate__(self):
+        return super().__getstate__() | {"layer": self.layer, "over": self.over, "offset": self.offset}
+
+    def __call__(self, q, k, cos, sin, unsqueeze_dim=1):
+        cos, sin = _to_rome(cos, sin, q.shape[-1], self.convention)
+        m = self.rope.matrix(q.dtype, q.device)
+        spec = QKNorm.from_modules(self.layer.q_norm, self.layer.k_norm, over=self.over, weight_offset=self.offset)
+        return apply_qk_norm(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m, spec.q_weight,
+                             spec.k_weight, backend=self.backend, **spec.kwargs())
+
+
+class _PassThrough:
+    """A fused norm module's ``forward`` while patched: its input as it is (the layer's rotation
+    normalises). Pickles as itself; the module keeps its parameters (state_dict unchanged)."""
+
+    def __call__(self, x):
+        return x
+
+    def __reduce__(self):
+        return (_PassThrough, ())
+
+
+# attention classes whose q/k norms the patch fuses into the rotation: (over, weight offset), the
+# norm right before RoPE with only reshapes between (read from transformers 5.24's modeling files)
+_FUSED_NORMS = {
+    "Qwen3Attention": ("head", 0.0), "Qwen3MoeAttention": ("head", 0.0),
+    "Gemma3Attention": ("head", 1.0),  # Gemma3RMSNorm: x̂ * (1 + w)
+    "Olmo2Attention": ("heads", 0.0),  # Olmo2RMSNorm over all heads, before the view to heads
+}
+
+
+def _fused_norms(layer: nn.Module, rope: RoPE) -> tuple[str, float] | None:
+    """(over, offset) where rome fuses this layer's q/k norms: a class of ``_FUSED_NORMS``, every
+    column rotated, and norm modules that compute ``x / sqrt(mean(x²) + eps) * (w + offset)`` on
+    a probe (their formula checked, not assumed from the name); else None (the norms run)."""
+    how = _FUSED_NORMS.get(type(layer).__name__)
+    if how is None or _rotary_width(rope.layout) != rope.layout.head_dim:
+        return None
+    over, offset = how
+    try:
+        spec = QKNorm.from_modules(layer.q_norm, layer.k_norm, over=over, weight_offset=offset)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    for norm, w in ((layer.q_norm, spec.q_weight), (layer.k_norm, spec.k_weight)):
+        if w is None or w.ndim != 1 or w.device.type == "meta":
+            return None
+        x = torch.randn(3, w.shape[0], generator=torch.Generator().manual_seed(0)).to(w.device)
+        with torch.no_grad():
+            want = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + spec.eps) * (w.float() + offset)
+            got = norm(x).float()
+        if not torch.allclose(got, want, rtol=2e-2, atol=2e-2):
+            return None
+    return how
 
 
 class _RotatePairs(_RotateText):
@@ -636,7 +701,13 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
                         f"{cls.__name__}.forward does not call {function} (a "
                         f"transformers version rome's patch does not know); not patched"
                     )
-                handle.setattr(layer, "forward", _Forward(layer, (cls, function, rotate), name))
+                fused = _fused_norms(layer, one) if rotate_cls is _RotateText else None
+                layer_rotate = rotate
+                if fused is not None:  # the q/k norms in the rotation: one apply_qk_norm
+                    layer_rotate = _RotateNormed(one, backend, convention, layer, *fused)
+                    handle.setattr(layer.q_norm, "forward", _PassThrough())
+                    handle.setattr(layer.k_norm, "forward", _PassThrough())
+                handle.setattr(layer, "forward", _Forward(layer, (cls, function, layer_rotate), name))
                 handle.on_undo(lambda m=layer: _PATCHED.pop(m, None))
     except BaseException:
         handle.undo()
