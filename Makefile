@@ -43,7 +43,7 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices families
+.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices families static static36
 
 help:
 	@echo "make report      the main job: speed + precision report (reports/<workload>-<timestamp>/)"
@@ -53,6 +53,8 @@ help:
 	@echo "make gpu         on a GPU machine: everything a first GPU run should measure (profiling/results/<gpu>/)"
 	@echo "make matrices    matrices/: every family's rotation matrix as a record and a picture"
 	@echo "make families    docs/families.md, generated from rome's family tables"
+	@echo "make static      the static table with the bandwidth model, no GPU (STATIC_ARGS; docs/kernels.md)"
+	@echo "make static36    the same under triton 3.6, the GPU machines' compiler ($(VENV36), built on first use)"
 	@echo "make clean       remove the venvs and reports"
 	@echo "SETUP=$(SETUP) (python: $(PYTHON) as it is; venv: $(VENV) built on first use); ARGS=... goes to the command"
 
@@ -111,5 +113,34 @@ matrices: $(READY)
 families: $(READY)
 	$(PY) -m profiling families $(ARGS)
 
+# the static table (python -m profiling kernels: compile ahead of time, no GPU) with the bandwidth
+# model, under this python's triton (static) and under triton 3.6, torch 2.11's, the GPU machines'
+# compiler (static36). static36 runs $(PY36): by default $(VENV36), a venv built on first use that
+# sees $(PY)'s packages (torch, rich, liger-kernel, rome) and holds triton 3.6 itself; a python that
+# already has triton 3.6 (PY36=...) is used as it is. Offline: WHEELS=DIR, a folder holding the
+# triton 3.6.0 wheel (pip download triton==3.6.0 --no-deps -d DIR, once, with a package index);
+# without WHEELS pip asks the index (or its own cache of an earlier download).
+STATIC_ARGS ?= --workload default --arch sm_90
+TRITON36    ?= triton==3.6.0
+VENV36      ?= .venv-static36
+WHEELS      ?=
+PY36        ?= $(VENV36)/bin/python
+PIP_WHEELS  := $(if $(WHEELS),--no-index --find-links $(WHEELS),)
+
+$(VENV36)/.installed:
+	@echo "building $(VENV36): $(PY)'s packages seen through, $(TRITON36) in it"
+	$(PY) -m venv --system-site-packages $(VENV36)
+	$(PY) -c "import site, sys; print(*site.getsitepackages(), sep='\n')" \
+		> "$$($(VENV36)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_rome_outer_site.pth"
+	$(VENV36)/bin/python -m pip install -q --no-deps $(PIP_WHEELS) "$(TRITON36)"
+	$(VENV36)/bin/python -c "import triton; assert triton.__version__.startswith('3.6'), triton.__version__"
+	touch $@
+
+static: $(READY)
+	$(PY) -m profiling kernels $(STATIC_ARGS) $(ARGS)
+
+static36: $(READY) $(if $(filter $(VENV36)/bin/python,$(PY36)),$(VENV36)/.installed,)
+	$(PY36) -m profiling kernels $(STATIC_ARGS) $(ARGS)
+
 clean:
-	rm -rf $(VENV) .venv-newest .venv-oldest reports .pytest_cache
+	rm -rf $(VENV) $(VENV36) .venv-newest .venv-oldest reports .pytest_cache

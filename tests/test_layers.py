@@ -121,7 +121,7 @@ def test_the_walk_reports_two_modules_importing_each_other():
 
 
 STATIC = ROOT.parent / "profiling" / "static"
-STATIC_ORDER = ("archs", "nvidia", "amd", "compile", "model", "configs", "launches", "tables", "cli")
+STATIC_ORDER = ("archs", "nvidia", "amd", "compile", "schedule", "model", "configs", "launches", "tables", "cli")
 
 
 def test_profiling_static_modules_import_only_those_before_them():

@@ -525,7 +525,8 @@ def test_kernels_workload_writes_the_launch_contract(tmp_path):
         assert r["arch"] == "sm_90" and open(r["cubin"], "rb").read(4) == b"\x7fELF"
         assert r["spill_bytes"] == 0 and r["registers"] > 0
         assert 0 < r["estimate_h100"] <= 1 and 0 < r["estimate_h200"] <= 1
-        assert r["batches"] >= 1 and r["l1_bytes_per_element"] > 0 and r["latency_view_h100"]["us"] > 0
+        assert r["batches"] >= 1 and r["l1_bytes_per_element"] > 0 and r["time_us_h100"] > 0
+        assert set(r["estimates_h100"]) == {"600ns@1.755GHz", "800ns@1.755GHz", "600ns@1.98GHz", "800ns@1.98GHz"}
     md = (out / "kernels.md").read_text()
     assert "| variant | pass | config |" in md and "est. H100" in md
     try:

@@ -275,10 +275,14 @@ class Job:
         cubin = kernel.asm["cubin"]
         md = kernel.metadata
         sass = run_cuobjdump("-sass", cubin)
+        # the kernel's parameters in order (the constexprs, and ints specialised to 1, are not
+        # parameters): where the schedule finds each in constant bank 0
+        signature, constexprs = dict(self.signature), dict(self.constexprs)
+        params = [(n, signature[n]) for n in fn.arg_names if n not in constexprs and n in signature]
         return {"compile_s": seconds, "triton_hash": kernel.hash, "cache_cubin": cached_cubin(kernel),
                 "kernel_name": md.name, "shared_dynamic": md.shared, "num_warps": md.num_warps,
                 "num_stages": md.num_stages, "res": res_usage(cubin, md.name), "sass_stats": read_sass(sass),
-                "cubin": cubin, "sass": sass}
+                "cubin": cubin, "sass": sass, "params": params}
 
 
 def _run_job(job: Job) -> dict:

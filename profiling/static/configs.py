@@ -146,20 +146,22 @@ def row(cfg: dict, arch: Arch, res: dict) -> dict:
     if "head_dim" in meta or "elements_per_tile" in meta:  # a rome config: the bandwidth model
         try:
             elements, dram, read = tile_elements(meta)
+            xb = {"bf16": 2, "fp16": 2, "fp32": 4}.get(meta.get("x_dtype"), 2)
             model = bandwidth_model(res["sass"], num_warps=res["num_warps"], elements_per_tile=elements,
                                     dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
-                                    registers=rs["reg"], shared_bytes=smem, arch=arch)
+                                    registers=rs["reg"], shared_bytes=smem, arch=arch, x_bytes=xb,
+                                    params=res.get("params"), schedule=arch.cc == 90)
         except Exception as e:  # the table keeps its row; the model says why it has no figures
             r["model"] = {"error": f"{type(e).__name__}: {e}"}
         else:
             r["model"] = model
-            r |= {k: model[k] for k in MODEL_KEYS}
-            r["inflight_kb_per_sm"] = model["inflight_mean_bytes_per_sm"] / 1024
+            r |= {k: model.get(k) for k in MODEL_KEYS}
     return r
 
 
-MODEL_KEYS = ("l1_bytes_per_element", "warp_instructions_per_dram_byte", "batches", "inflight_mean_bytes_per_sm",
-              "inflight_peak_bytes_per_sm", "estimate_h100", "limit_h100", "estimate_h200", "limit_h200")
+MODEL_KEYS = ("l1_bytes_per_element", "warp_instructions_per_dram_byte", "tile_l1_bytes_per_element",
+              "tile_warp_instructions_per_dram_byte", "batches", "inflight_mean_bytes_per_sm", "inflight_kb_per_sm",
+              "estimate_h100", "limit_h100", "estimate_h200", "limit_h200")
 
 
 def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
@@ -208,10 +210,10 @@ METHOD = (
     "share of the loop's global load (LDG, LDGSTS) and store (STG) instructions that move 128 bits; "
     "bytes issued = those instructions' widths x 32 lanes x warps, every lane active; bytes/tile = the "
     "config's own count of the global bytes one tile moves. The model's columns (L1 B/elem, instr/DRAM B, "
-    "batches, in flight KB/SM: the mean, est. H100/H200: fraction of copy bandwidth) take a tile of the "
-    "config's rows x head_dim whose x is read and written once, tables amortised to nothing (the launcher's "
-    "own elements_per_tile / dram_bytes_per_element where its meta has them); the SASS of the arch of the "
-    "row with the H100/H200 constants. Model: " + MODEL_METHOD
+    "batches, in flight KB/SM, est. H100/H200: fraction of copy bandwidth) are of sm_90 rows only (H100 and "
+    "H200 are sm_90): a steady tile, one wave of programs on an SM whose tile loops run twice (no launch: "
+    "the permutation's class unknown, the first branch's code), at the worst end (800 ns, 1.755 GHz); "
+    "`python -m profiling kernels --workload NAME` models real launches. Model: " + MODEL_METHOD
 )
 
 

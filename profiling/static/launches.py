@@ -70,7 +70,42 @@ def _captured(w, setup, variant, cc: int, num_sms: int) -> list[dict]:
         outs = run(v.prepare(q), v.prepare(k))
         torch.autograd.backward(outs, [torch.empty_like(o) for o in outs])
     return [_launch_dict(variant, L.kernel_config, cc, **{"pass": "backward" if L.transpose else "forward"},
-                         grid=L.grid, units=L.units, elements=L.elements) for L in launches]
+                         grid=L.grid, units=L.units, elements=L.elements, programs=launch_programs(L))
+            for L in launches]
+
+
+def launch_programs(L) -> dict:
+    """What the schedule needs of a captured launch's programs: ``kinds`` [(count, work)] in
+    dispatch order (work: the x elements a program stores through each of its tile loops, in the
+    order it reaches them; None: each tile loop once), ``grid``, ``uniform`` {pointer: value} of
+    the scalars the kernel reads at one address for every program.
+
+    rome's gather kernel (``_rome_gather_kernel``, this tree's and older ones with the same
+    arguments): grid (T tiles of BLOCK_R rows, head groups of HB heads); a program's heads
+    [g*HB, +HB) of q's a_H heads then k's b_H, so its work is q's heads then k's, BLOCK_R x D
+    elements each; the permutation's class at ``src[D]`` (where the launch stores one). Any other
+    kernel: every program alike, one pass through the kernel, its persistent loop (units over
+    programs) as one loop's work."""
+    fn = L.kernel_config.fn
+    names = [p.name for p in fn.params if not p.is_constexpr]
+    args = dict(zip(names, L.args))
+    block_r = (L.consts or {}).get("BLOCK_R") or getattr(L.config, "block_r", None)
+    if getattr(fn, "__name__", "") == "_rome_gather_kernel" and {"HB", "a_H", "b_H", "n_t", "D"} <= set(args):
+        hb, qa, kb, d = int(args["HB"]), int(args["a_H"]), int(args["b_H"]), int(args["D"])
+        tiles = -(-int(args["n_t"]) // block_r)
+        kinds = []
+        for g in range(-(-(qa + kb) // hb)):
+            lo, hi = g * hb, min(g * hb + hb, qa + kb)
+            q = max(0, min(hi, qa) - min(lo, qa))
+            k = max(0, hi - max(lo, qa))
+            kinds.append([tiles, [q * block_r * d, k * block_r * d]])
+        uniform = {}
+        src = args.get("src_ptr")
+        if src is not None and hasattr(src, "numel") and src.numel() > d:
+            uniform["src_ptr"] = int(src.reshape(-1)[d])
+        return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
+    per_program = L.elements / L.grid if L.units > L.grid else None
+    return {"kinds": [[L.grid, None if per_program is None else [per_program]]], "grid": L.grid, "uniform": {}}
 
 
 def _torch():
@@ -150,6 +185,7 @@ def _liger_launches(w, cc: int) -> dict:
         out.append({"variant": "liger-kernel", "config": cfg.name, "meta": meta, "num_warps": 4, "num_stages": 3,
                     "job": Job.of(cfg, cc), "pass": "backward" if backward else "forward",
                     "grid": w.batch * w.seq, "units": w.batch * w.seq, "elements": elements,
+                    "programs": {"kinds": [[w.batch * w.seq, None]], "grid": w.batch * w.seq, "uniform": {}},
                     "closest": "1D half rotation of the whole head, tables in q's dtype"})
     return {"status": "ok", "launches": out, "version": _liger_version()}
 
@@ -206,10 +242,15 @@ def launch_row(launch: dict, arch: Arch, res: dict) -> dict:
     rs = res["res"]
     smem = res["shared_dynamic"] + rs["shared"]
     elements, dram, read = tile_elements(launch["meta"])
-    model = bandwidth_model(res["sass"], num_warps=res["num_warps"], elements_per_tile=elements,
-                            dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
-                            registers=rs["reg"], shared_bytes=smem, arch=arch,
-                            grid=launch.get("grid"), units=launch.get("units"))
+    xb = {"bf16": 2, "fp16": 2, "fp32": 4}.get(launch["meta"].get("x_dtype"), 2)
+    try:
+        model = bandwidth_model(res["sass"], num_warps=res["num_warps"], elements_per_tile=elements,
+                                dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
+                                registers=rs["reg"], shared_bytes=smem, arch=arch,
+                                grid=launch.get("grid"), units=launch.get("units"), elements=launch.get("elements"),
+                                programs=launch.get("programs"), params=res.get("params"), x_bytes=xb)
+    except Exception as e:  # a launch the model cannot read is a row saying why, not the end of the table
+        return r | {"ok": False, "error": f"model failed: {type(e).__name__}: {e}"[:2000]}
     local = res["sass_stats"]["whole"]["local"]
     return r | {"ok": True, "error": None, "cubin": res["cache_cubin"], "registers": rs["reg"],
                 "spill_bytes": rs["stack"], "local_instructions": local, "spills": rs["stack"] > 0 or local > 0,

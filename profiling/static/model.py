@@ -8,27 +8,17 @@ import math
 import re
 
 from .archs import ARCHS, Arch, occupancy
-from .nvidia import (GLOBAL, SASS_LINE, WIDTH, Instr, branch_target, call_target, parse_sass, sass_labels,
-                     subroutines, tile_loops)
+from .nvidia import GLOBAL, Instr, branch_target, call_target, parse_sass, sass_labels, subroutines, tile_loops
+from .schedule import (CLOCKS_GHZ, LATENCIES_NS, SHARED, Params, PARAM_BASE, Programs, access_bits, control_bits,
+                       end_name, sass_controls, schedule_launch, wavefronts)
 
-# From a cubin's SASS, one tile of the kernel (one iteration of the innermost loop of the kernel's
-# own code that stores to global memory), what each on-chip path allows in DRAM bytes per second,
-# the estimate being the least of them as a fraction of copy bandwidth. What it reads:
-#
-# - every global load/store (LDG/STG/LDGSTS) and shared-memory access (LDS/STS/LDSM/STSM), their
-#   widths from the opcode (.128/.64/.U16/.U8, 32 bits otherwise; LDSM/STSM .x1/.x2/.x4 move 32,
-#   64, 128 bits a thread), as L1 wavefronts: max(1, ceil(32 lanes × width / 128 B)), 128 B each.
-#   Assumed: a warp's access touches one 128 B line per 128 B it moves (coalesced, no bank
-#   conflicts); scattered accesses cost more, and the model cannot see that.
-# - the control bits of each instruction (Volta and later: bits 41-61 of the second 64-bit word of
-#   its 128-bit encoding, which cuobjdump prints on the line after the instruction): stall 41-44,
-#   yield 45, write scoreboard 46-48 (7: none), read scoreboard 49-51, wait mask 52-57, reuse
-#   58-61. A global load sets a write scoreboard; the first instruction that reads its destination
-#   has that scoreboard's bit in its wait mask (checked on triton 3.9 sm_90 SASS).
-# - the tile's path: its instructions in address order, an unconditional forward branch taken, a
-#   conditional one not, inner loops once (their trip count is not in the SASS: a lower bound on
-#   the instructions where a tile has inner loops), a called subroutine's body counted where the
-#   CALL is.
+# The estimate (``bandwidth_model``) is ``schedule``'s: one launch's programs scheduled on its busiest
+# SM from the SASS at a fixed DRAM latency, at both ends of the latency range and both clocks, the
+# rate capped at copy; the worst end is the headline. Beside it, what one tile (one iteration of the
+# innermost loop holding a global store) issues, read from its SASS in address order (``tile_figures``):
+# L1 wavefronts, instructions, load->wait batches from the control bits (bits 41-61 of the second
+# 64-bit word of each instruction: stall 41-44, yield 45, write scoreboard 46-48 (7: none), read
+# scoreboard 49-51, wait mask 52-57, reuse 58-61).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,79 +41,31 @@ GPUS = {g.name: g for g in (
     Gpu("H200", 90, 132, 1.755, 128, 4, 800.0, 4300.0, 4800.0),
 )}
 GPU_NOTES = (
-    "H100 SXM5 and H200 SXM: 132 SMs each (both GH100); SM clock 1.755 GHz for both (their boost "
-    "clock is 1.98 GHz; a sustained memory-bound kernel runs lower: 1.755 GHz assumed, not measured); "
-    "L1/shared-memory path 128 B/clk/SM and 4 warp-instructions issued per clock per SM (one per "
-    "sub-partition), from NVIDIA's Hopper tuning guide and microbenchmarks; DRAM latency 800 ns "
-    "under load (600-800 ns idle-to-loaded, microbenchmarks: the upper end assumed); copy bandwidth "
-    "3.0 TB/s on H100 SXM (HBM3, 3.35 TB/s peak) and 4.3 TB/s on H200 (HBM3e, 4.8 TB/s peak): "
-    "assumed, about 90% of peak, until a GPU run measures them (the report's speed section does)."
+    "H100 SXM5 and H200 SXM: 132 SMs each (both GH100); SM clock 1.755 GHz (the sustained clock the "
+    "issue names, the worst end) and 1.98 GHz (boost); L1/shared-memory path 128 B/clk/SM (one 128 B "
+    "wavefront a clock) and 4 warp-instructions issued per clock per SM (one per sub-partition), from "
+    "NVIDIA's Hopper tuning guide and microbenchmarks; DRAM round trip 600 and 800 ns (idle to loaded, "
+    "microbenchmarks: both ends reported, the worse the headline); an L2 hit 270 clocks, shared memory 33, "
+    "constant and special registers 20, MUFU-class results 20, SHFL 25; copy bandwidth 3.0 TB/s on H100 SXM "
+    "(HBM3, 3.35 TB/s peak) and 4.3 TB/s on H200 (HBM3e, 4.8 TB/s peak): assumed, about 90% of peak (the "
+    "H200 run of profiling/results/h200/final-6d523e5 measured copy at 4.3-4.4 TB/s)."
 )
 MODEL_METHOD = (
-    "One tile = one iteration of the innermost loop of the kernel's own code holding a global store "
-    "(else the outermost loop, else the whole kernel), walked in address order: unconditional forward "
-    "branches taken, conditional ones not, inner loops once (their trip count is not in the SASS), called "
-    "subroutines in place. L1 B/elem: every global (LDG/STG/LDGSTS) and shared-memory (LDS/STS/LDSM/STSM) "
-    "access as 128 B L1 wavefronts, max(1, ceil(32 lanes x width / 128 B)), all warps, per x element: a "
-    "warp's access is assumed to touch one 128 B line per 128 B it moves (scattered accesses cost more; the "
-    "model cannot see that). instr/DRAM B: the tile's warp-instructions / the DRAM bytes its elements must "
-    "move (x read and written, tables amortised). Batches: control bits (Volta+ encoding: write scoreboard "
-    "bits 46-48, wait mask 52-57 of the second word): the global loads issued before the first instruction "
-    "that waits on one of their scoreboards; the loop body walked twice, the second pass measured (a load "
-    "of the previous iteration waited on in this one counts). In flight: global-load bytes (width x 32 "
-    "lanes) issued and not yet waited on, mean (and peak) over the tile's instructions, x resident warps per "
-    "SM. Bounds: L1 = 128 B/clk x clock x SMs / (L1 bytes per DRAM byte); issue = 4 warp-instructions/clk x "
-    "clock x SMs / (instructions per DRAM byte); latency (Little's law) = mean in-flight bytes per SM x SMs / "
-    "DRAM latency x (DRAM bytes / DRAM bytes read); estimate = min(bounds, copy) / copy. Latency view "
-    "(small launches): waves x ceil(units / grid) x batches x DRAM latency. ")
+    "Estimate: the launch's programs scheduled on its busiest SM (profiling/static/schedule.py): a program's "
+    "path through the SASS (branches on a scalar the launch gives resolved, e.g. the permutation's class; "
+    "each tile loop run the iterations its heads ask; the prologue, the q->k seam and the epilogue "
+    "included), ceil(grid / SMs) programs over the resident CTAs (wave quantisation: the last wave's "
+    "empty slots count), every warp on four schedulers issuing one instruction a clock, each waiting its "
+    "stall count and the scoreboards of its wait mask; a global load whose address depends on the program "
+    "is a DRAM round trip (600 or 800 ns), one every program reads an L2 hit; every access holds the L1 "
+    "path one clock per 128 B wavefront, a gathered load (address from a loaded index) of a tensor the "
+    "program also reads directly touching every line of that direct load (no DRAM bytes of its own). "
+    "Rate = the launch's DRAM bytes / the busiest SM's time; estimate = min(rate, copy) / copy at 600 and "
+    "800 ns, 1.755 and 1.98 GHz, the worst the headline. In flight: distinct DRAM bytes outstanding per SM, "
+    "averaged over time. L1 B/elem and instr/DRAM B: of the program's whole path (prologue included), per "
+    "element it stores. Static figures, not measurements. ")
 L1_WAVEFRONT = 128  # bytes
-_SHARED = {"LDS", "STS", "LDSM", "STSM"}
-_NO_SCOREBOARD = 7
-
-
-def control_bits(word: int) -> dict:
-    """The scheduling control bits of a Volta+ instruction from the second (high) 64-bit word of
-    its encoding: ``stall`` cycles, ``yield``, ``write``/``read`` scoreboard (None for 7: none),
-    ``wait`` (a mask of scoreboards 0-5 waited on before it issues), ``reuse`` (operand cache)."""
-    wb, rb = (word >> 46) & 7, (word >> 49) & 7
-    return {"stall": (word >> 41) & 15, "yield": (word >> 45) & 1,
-            "write": None if wb == _NO_SCOREBOARD else wb, "read": None if rb == _NO_SCOREBOARD else rb,
-            "wait": (word >> 52) & 63, "reuse": (word >> 58) & 15}
-
-
-_HI_WORD = re.compile(r"^\s*/\* 0x([0-9a-f]{16}) \*/\s*$")
-
-
-def sass_controls(text: str) -> dict[int, dict]:
-    """Address -> ``control_bits`` of every instruction of a ``cuobjdump -sass`` listing that
-    kept its encodings (the second word is the ``/* 0x... */`` line after the instruction)."""
-    out, pending = {}, None
-    for line in text.splitlines():
-        m = SASS_LINE.match(line)
-        if m:
-            pending = int(m.group(1), 16)
-            continue
-        h = _HI_WORD.match(line)
-        if h and pending is not None:
-            out[pending] = control_bits(int(h.group(1), 16))
-        pending = None
-    return out
-
-
-def access_bits(ins: Instr) -> int | None:
-    """Bits one thread moves in a global or shared-memory access (None: not one)."""
-    base, parts = ins.base, ins.opcode.split(".")[1:]
-    if base in ("LDSM", "STSM"):  # .x1/.x2/.x4: 8x8 16-bit matrices, one 32-bit register each a thread
-        n = next((int(p) for p in reversed(parts) if p in ("1", "2", "4")), 1)
-        return 32 * n
-    if base in GLOBAL or base in _SHARED:
-        return next((WIDTH[p] for p in parts if p in WIDTH), 32)
-    return None
-
-
-def wavefronts(bits: int) -> int:
-    """L1 wavefronts (128 B each) one warp's access of ``bits`` a lane takes, coalesced."""
-    return max(1, -(-bits * 32 // 8 // L1_WAVEFRONT))
+_SHARED = SHARED
 
 
 def _all_loops(instrs: list[Instr], labels: dict, subs) -> list[tuple[int, int]]:
@@ -300,64 +242,97 @@ def bounds(gpu: Gpu, *, l1_bytes_per_dram_byte: float, warp_instructions_per_dra
     return {"gbps": b, "limit": limit, "estimate": b[limit] / gpu.copy_gbps}
 
 
-def latency_view_us(*, grid: int, units: int, batches: float, ctas_per_sm: int, sms: int,
-                    latency_ns: float) -> dict:
-    """A small launch (decode) as a chain of DRAM round trips: the busiest program runs
-    ``ceil(units / grid)`` work units one after another, each ``batches`` load->wait batches of one
-    latency, in ``ceil(grid / (SMs x resident CTAs))`` waves. Compute, issue and launch overhead
-    (≈ 2-4 µs on its own) not counted."""
-    per_program = -(-units // grid) if grid else 0
-    waves = -(-grid // max(1, sms * ctas_per_sm)) if grid else 0
-    return {"units_per_program": per_program, "waves": waves,
-            "us": waves * per_program * batches * latency_ns / 1e3}
+def limit_of(end: dict, copy_gbps: float) -> str:
+    """What bounds the schedule at one end: ``copy`` where it reaches copy, else ``issue`` or ``l1``
+    where that path is busy >= 85% of the time, else ``latency`` (too few bytes in flight)."""
+    if end["gbps"] >= copy_gbps:
+        return "copy"
+    if end["issue_busy"] >= 0.85:
+        return "issue"
+    if end["l1_busy"] >= 0.85:
+        return "l1"
+    return "latency"
 
 
 def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram_bytes_per_element: float,
                     dram_read_bytes_per_element: float | None = None, registers: int, shared_bytes: int,
                     arch: Arch = ARCHS[90], grid: int | None = None, units: int | None = None,
-                    gpus=tuple(GPUS.values())) -> dict:
-    """The static bandwidth model of one kernel build (see the section's comment).
+                    elements: float | None = None, programs: dict | None = None, params: list | None = None,
+                    x_bytes: float = 2, gpus=tuple(GPUS.values()), clocks_ghz=CLOCKS_GHZ,
+                    latencies_ns=LATENCIES_NS, schedule: bool = True) -> dict:
+    """The static bandwidth model of one kernel build (see ``MODEL_METHOD`` and docs/kernels.md).
 
     ``sass``: ``cuobjdump -sass`` of the cubin with its encodings; ``num_warps``: the launch's;
     ``elements_per_tile``: x elements one tile (one iteration of the tile loop) rotates;
     ``dram_bytes_per_element``: the DRAM bytes the op must move per x element (x read and written,
-    tables amortised over what shares them), ``dram_read_bytes_per_element`` of them read (default:
-    all but the x element written, which is half of ``dram_bytes_per_element`` where unknown);
-    ``registers``, ``shared_bytes``: the build's, for the resident CTAs and warps on ``arch``;
-    ``grid``, ``units``: a launch's programs and work units, for the latency view.
-    """
+    the tables' share), ``dram_read_bytes_per_element`` of them read; ``registers``,
+    ``shared_bytes``: the build's, for the resident CTAs on ``arch``; ``grid``, ``elements``,
+    ``programs`` (``launches.launch_programs``), ``params`` (the kernel's parameters in order, (name,
+    type)): the launch, for the schedule. Without ``programs``: a steady tile, one wave of programs
+    whose tile loops run twice, at the worst end only (the every-configuration table); ``schedule``
+    False: the tile's figures only.
+    Returns the tile's figures, occupancy, and per GPU ``estimate_<gpu>`` (the worst end),
+    ``estimates_<gpu>`` (every end), ``limit_<gpu>``, ``time_us`` (the worst end's)."""
     t = tile_figures(sass)
     occ = occupancy(arch, registers, shared_bytes, num_warps)
     read = dram_read_bytes_per_element if dram_read_bytes_per_element is not None else dram_bytes_per_element / 2
     dram_tile = elements_per_tile * dram_bytes_per_element
-    l1 = (t.get("l1_global_bytes", 0) + t.get("l1_shared_bytes", 0)) * num_warps
     out = {
         "tile": t, "num_warps": num_warps, "elements_per_tile": elements_per_tile,
         "dram_bytes_per_element": dram_bytes_per_element, "dram_read_bytes_per_element": read,
         "ctas_per_sm": occ["ctas_per_sm"], "warps_per_sm": occ["warps_per_sm"],
         "occupancy_limited_by": occ["limited_by"],
-        "l1_bytes_per_element": l1 / elements_per_tile,
-        "l1_global_bytes_per_element": t.get("l1_global_bytes", 0) * num_warps / elements_per_tile,
-        "l1_shared_bytes_per_element": t.get("l1_shared_bytes", 0) * num_warps / elements_per_tile,
-        "warp_instructions_per_dram_byte": t.get("instructions", 0) * num_warps / dram_tile,
         "batches": t.get("batches"), "shfl_per_tile": t.get("shfl", 0) * num_warps,
         "bar_per_tile": t.get("bar", 0) * num_warps,
-        "inflight_peak_bytes_per_sm": t.get("inflight_peak_bytes_per_warp", 0) * occ["warps_per_sm"],
-        "inflight_mean_bytes_per_sm": t.get("inflight_mean_bytes_per_warp", 0) * occ["warps_per_sm"],
+        # one tile, as read in address order (coalesced wavefronts; instructions of the loop body)
+        "tile_l1_bytes_per_element": (t.get("l1_global_bytes", 0) + t.get("l1_shared_bytes", 0)) * num_warps
+        / elements_per_tile,
+        "tile_warp_instructions_per_dram_byte": t.get("instructions", 0) * num_warps / dram_tile,
+    }
+    if not schedule:  # (the every-configuration table off sm_90: H100/H200 are sm_90)
+        return out | {f"estimate_{g.name.lower()}": None for g in gpus}
+    if occ["ctas_per_sm"] == 0:
+        return out | {f"estimate_{g.name.lower()}": 0.0 for g in gpus}
+    sms = gpus[0].sms
+    layout = Params.layout(params, PARAM_BASE[arch.cc]) if params and arch.cc in PARAM_BASE else None
+    if programs is not None:
+        progs = Programs(tuple((int(n), None if w is None else tuple(float(x) for x in w))
+                               for n, w in programs["kinds"]), int(programs["grid"]),
+                         tuple(sorted((programs.get("uniform") or {}).items())))
+        ends_ns, clocks = latencies_ns, clocks_ghz
+    else:
+        n = sms * occ["ctas_per_sm"]
+        progs, elements = Programs(((n, None),), n, (), iterations=2), None
+        ends_ns, clocks = (max(latencies_ns),), (min(clocks_ghz),)
+    s = schedule_launch(sass, progs, params=layout, ctas_per_sm=occ["ctas_per_sm"], num_warps=num_warps,
+                        x_bytes=x_bytes, dram_bytes_per_element=dram_bytes_per_element, launch_elements=elements,
+                        sms=sms, clocks_ghz=clocks, latencies_ns=ends_ns)
+    worst_name = min(s["ends"], key=lambda k: s["ends"][k]["gbps"])
+    worst = s["ends"][worst_name]
+    first = s["paths"][0]
+    per_program = first["elements_stored"] or 1
+    out |= {
+        "schedule": s, "worst_end": worst_name, "time_us": worst["us"],
+        "programs_on_busiest_sm": s["programs_on_busiest_sm"],
+        "inflight_kb_per_sm": worst["inflight_kb_per_sm"],
+        "inflight_mean_bytes_per_sm": worst["inflight_kb_per_sm"] * 1024,
+        "issue_busy": worst["issue_busy"], "l1_busy": worst["l1_busy"],
+        # the program's whole path (prologue, seam, epilogue; gathered loads at their lines), per element
+        "l1_bytes_per_element": first["wavefronts"] * L1_WAVEFRONT * num_warps / per_program,
+        "warp_instructions_per_dram_byte": first["instructions"] * num_warps / (per_program * dram_bytes_per_element),
     }
     for g in gpus:
-        b = bounds(g, l1_bytes_per_dram_byte=out["l1_bytes_per_element"] / dram_bytes_per_element,
-                   warp_instructions_per_dram_byte=out["warp_instructions_per_dram_byte"],
-                   inflight_bytes_per_sm=out["inflight_mean_bytes_per_sm"],
-                   dram_bytes_per_read_byte=dram_bytes_per_element / read)
         key = g.name.lower()
-        out[f"bounds_{key}_gbps"] = b["gbps"]
-        out[f"estimate_{key}"] = b["estimate"]
-        out[f"limit_{key}"] = b["limit"]
-        if grid is not None and units is not None:
-            out[f"latency_view_{key}"] = latency_view_us(
-                grid=grid, units=units, batches=t.get("batches") or 0, ctas_per_sm=occ["ctas_per_sm"],
-                sms=g.sms, latency_ns=g.dram_latency_ns)
+        est = {k: min(1.0, e["gbps"] / g.copy_gbps) for k, e in s["ends"].items()}
+        out[f"estimates_{key}"] = est
+        out[f"estimate_{key}"] = est[worst_name]
+        out[f"limit_{key}"] = limit_of(worst, g.copy_gbps)
+        # the launch's time at the worst end, no faster than copy moves its bytes (kernel time, no launch overhead)
+        out[f"time_us_{key}"] = max(worst["us"], s["dram_bytes"] / g.copy_gbps / 1e3)
+        out[f"bounds_{key}_gbps"] = bounds(g, l1_bytes_per_dram_byte=out["l1_bytes_per_element"] / dram_bytes_per_element,
+                                           warp_instructions_per_dram_byte=out["warp_instructions_per_dram_byte"],
+                                           inflight_bytes_per_sm=out["inflight_mean_bytes_per_sm"],
+                                           dram_bytes_per_read_byte=dram_bytes_per_element / read)["gbps"]
     return out
 
 

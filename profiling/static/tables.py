@@ -116,24 +116,34 @@ def write(out: Path, section: dict) -> None:
 
 WORKLOAD_COLUMNS = [  # (header, key, format)
     ("variant", "variant", ""), ("pass", "pass", ""), ("config", "config", ""), ("grid", "grid", "n"),
-    ("units", "units", "n"), ("regs", "registers", "d"), ("spill B", "spill_bytes", "d"),
-    ("CTAs×warps/SM", "occupancy", ""), ("L1 B/elem", "l1_bytes_per_element", "1"),
-    ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"), ("batches", "batches", "1"),
-    ("in flight KB/SM", "inflight", ""), ("est. H100", "estimate_h100", "%"), ("limit", "limit_h100", ""),
-    ("est. H200", "estimate_h200", "%"), ("latency view µs", "latency_us", "1"),
+    ("regs", "registers", "d"), ("spill B", "spill_bytes", "d"), ("CTAs×warps/SM", "occupancy", ""),
+    ("L1 B/elem", "l1_bytes_per_element", "1"), ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"),
+    ("in flight KB/SM", "inflight_kb_per_sm", "1"), ("est. H100", "estimate_h100", "%"),
+    ("H100 800–600 ns", "range_h100", ""), ("limit", "limit_h100", ""), ("est. H200", "estimate_h200", "%"),
+    ("H200 800–600 ns", "range_h200", ""), ("µs H100", "time_us_h100", "1"),
 ]
+
+
+def estimate_range(r: dict, gpu: str = "h100", clock: float | None = None) -> str:
+    """The estimate at 800 ns and at 600 ns (at ``clock``; default the sustained 1.755 GHz) as
+    "81–96%"; "n/a" without the schedule."""
+    est = r.get(f"estimates_{gpu}")
+    if not est:
+        return "n/a"
+    clock = 1.755 if clock is None else clock
+    by = {k: v for k, v in est.items() if k.endswith(f"@{clock:g}GHz")}
+    lo = next((v for k, v in by.items() if k.startswith("800ns")), None)
+    hi = next((v for k, v in by.items() if k.startswith("600ns")), None)
+    if lo is None or hi is None:
+        return "n/a"
+    return f"{100 * lo:.0f}–{100 * hi:.0f}%"
 
 
 def workload_cell(r: dict, key: str, fmt: str) -> str:
     if key == "occupancy":
         return f"{r['ctas_per_sm']} × {r['num_warps']}" if r.get("ctas_per_sm") is not None else "n/a"
-    if key == "inflight":
-        if r.get("inflight_mean_bytes_per_sm") is None:
-            return "n/a"
-        return f"{r['inflight_mean_bytes_per_sm'] / 1024:.1f} (peak {r['inflight_peak_bytes_per_sm'] / 1024:.0f})"
-    if key == "latency_us":
-        v = r.get("latency_view_h100")
-        return "n/a" if not v else f"{v['us']:.1f}"
+    if key.startswith("range_"):
+        return estimate_range(r, key.removeprefix("range_"))
     v = r.get(key)
     if v is None:
         return "n/a"
@@ -171,6 +181,10 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
     if liger.get("status") != "ok":
         lines += [f"Liger-Kernel: {liger.get('status', 'not run')} ({liger.get('reason', '')}); its rope kernel "
                   "is compiled and modelled beside rome's where `liger_kernel` is importable.", ""]
+    lines += ["est.: the worst of 600/800 ns and 1.755/1.98 GHz; 800–600 ns: at 1.755 GHz; µs H100: the launch's "
+              "time on its busiest SM at the worst end, no less than copy's time for its bytes (kernel time, no "
+              "launch overhead). Static estimates, "
+              "not measurements.", ""]
     for s in section.get("skipped", []):
         lines.append(f"- {s['variant']}: not captured: {s['reason']}")
     return "\n".join(lines) + "\n"

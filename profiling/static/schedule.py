@@ -1,0 +1,832 @@
+"""One launch of a kernel scheduled on one SM from its SASS, at a fixed DRAM latency: the time
+its busiest SM takes, and from it the DRAM bandwidth the launch reaches (``model`` turns that into
+the estimate against copy; docs/kernels.md states the assumptions).
+
+What it does, in order:
+
+1. **The path of a program** (``program_path``): the instructions one program issues, walked from
+   the kernel's entry. A conditional branch whose predicate is known is taken or not (a uniform
+   scalar the launch gives, e.g. the gather kernel's permutation class at ``src[D]``, compared with
+   ``ISETP`` to an immediate); the closing branch of a *tile loop* (a loop holding a global store)
+   is taken until the loop has run the iterations the program's work asks (its elements / what
+   one iteration stores); an inner loop without stores runs once; any other conditional branch
+   goes the way from which the next wanted event (the next tile loop with work, else ``EXIT``) is
+   reachable, the fall-through where both can reach it. A called subroutine's body is walked in
+   place of the ``CALL``.
+2. **What each load reads** (``classify``): registers are tainted forward along the path by the
+   program id (``SR_CTAID``), the thread id, the kernel's parameters (constant bank 0, laid out from
+   the launch's signature) and global loads. A load whose address does not depend on the program
+   id is read by every program: an L2 hit, no DRAM bytes. One whose address depends on loaded data
+   (a gather) and reads a tensor that the program also reads directly (x's partner at ``src``) reads
+   lines the direct load brings: no DRAM bytes of its own, and it touches every line of the warp's
+   direct load (its L1 wavefronts: at least the direct load's). Every other load is a DRAM round trip
+   whose bytes are distinct.
+3. **The SM** (``simulate``): the busiest SM's programs (ceil(grid / SMs), program kinds in launch
+   order) over its resident CTAs, one CTA per slot, the next program when a slot's warps have all
+   exited. One warp scheduler (sub-partition) is simulated: its warps are one in four of the SM's
+   (warps are spread over the four, so each sees the same mix) and it has a quarter of the L1
+   path. It issues one instruction a clock, oldest-ready warp first; a warp's next instruction waits
+   the previous one's stall count and until the scoreboards in its wait mask (or ``DEPBAR``) are
+   clear. Fixed latencies (``LATENCY``); a DRAM load completes one DRAM latency after the L1 path
+   takes it; every global and shared-memory access holds the L1 path one clock per 128 B wavefront
+   (per SM). DRAM bandwidth is not a limit inside the SM (the model caps the rate at copy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import re
+
+from .nvidia import GLOBAL, WIDTH, Instr, branch_target, call_target, parse_sass, sass_labels, subroutines
+
+# --- control bits --------------------------------------------------------------------------
+
+_NO_SCOREBOARD = 7
+
+
+def control_bits(word: int) -> dict:
+    """The scheduling control bits of a Volta+ instruction from the second (high) 64-bit word of
+    its encoding: ``stall`` cycles, ``yield``, ``write``/``read`` scoreboard (None for 7: none),
+    ``wait`` (a mask of scoreboards 0-5 waited on before it issues), ``reuse`` (operand cache)."""
+    wb, rb = (word >> 46) & 7, (word >> 49) & 7
+    return {"stall": (word >> 41) & 15, "yield": (word >> 45) & 1,
+            "write": None if wb == _NO_SCOREBOARD else wb, "read": None if rb == _NO_SCOREBOARD else rb,
+            "wait": (word >> 52) & 63, "reuse": (word >> 58) & 15}
+
+
+_HI_WORD = re.compile(r"^\s*/\* 0x([0-9a-f]{16}) \*/\s*$")
+
+
+def sass_controls(text: str) -> dict[int, dict]:
+    """Address -> ``control_bits`` of every instruction of a ``cuobjdump -sass`` listing that
+    kept its encodings (the second word is the ``/* 0x... */`` line after the instruction)."""
+    from .nvidia import SASS_LINE
+
+    out, pending = {}, None
+    for line in text.splitlines():
+        m = SASS_LINE.match(line)
+        if m:
+            pending = int(m.group(1), 16)
+            continue
+        h = _HI_WORD.match(line)
+        if h and pending is not None:
+            out[pending] = control_bits(int(h.group(1), 16))
+        pending = None
+    return out
+
+
+SHARED = {"LDS", "STS", "LDSM", "STSM"}
+L1_WAVEFRONT = 128  # bytes
+
+
+def access_bits(ins: Instr) -> int | None:
+    """Bits one thread moves in a global or shared-memory access (None: not one)."""
+    base, parts = ins.base, ins.opcode.split(".")[1:]
+    if base in ("LDSM", "STSM"):  # .x1/.x2/.x4: 8x8 16-bit matrices, one 32-bit register each a thread
+        n = next((int(p[1:]) for p in reversed(parts) if p in ("x1", "x2", "x4")), None)
+        if n is None:
+            n = next((int(p) for p in reversed(parts) if p in ("1", "2", "4")), 1)
+        return 32 * n
+    if base in GLOBAL or base in SHARED:
+        return next((WIDTH[p] for p in parts if p in WIDTH), 32)
+    return None
+
+
+def wavefronts(bits: int) -> int:
+    """L1 wavefronts (128 B each) one warp's access of ``bits`` a lane takes, coalesced."""
+    return max(1, -(-bits * 32 // 8 // L1_WAVEFRONT))
+
+
+# --- fixed latencies (cycles), the assumptions of the schedule ----------------------------------
+
+LATENCY = {
+    "l2": 270,  # a global load every program reads (an L2 hit): ~150 ns at 1.755 GHz
+    "l1": 33,  # shared memory (LDS/LDSM), an L1 hit
+    "const": 20,  # LDC (constant cache hit)
+    "special": 20,  # S2R / S2UR
+    "mufu": 20,  # MUFU, and other variable-latency ALU results (I2F, F2I, FRND, POPC, ...)
+    "shfl": 25,
+    "operands": 10,  # a memory instruction's read scoreboard: its registers read, after the L1 takes it
+    "barrier": 20,  # BAR.SYNC once every warp of the CTA has arrived
+}
+_VARIABLE_ALU = {"MUFU", "I2F", "F2I", "FRND", "F2F", "POPC", "FLO", "BREV", "I2FP", "F2IP", "DADD", "DMUL",
+                 "DFMA", "IMUL", "QSPC"}
+
+
+# --- the program's path ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    start: int
+    end: int
+    store_bytes: int  # global-store bytes one warp issues in one iteration (one walk of the body)
+
+
+def _back_edges(instrs: list[Instr], labels: dict, subs) -> list[tuple[int, int]]:
+    out = []
+    for ins in instrs:
+        t = branch_target(ins, labels)
+        if t is not None and t < ins.addr and not any(a <= ins.addr <= b for a, b in subs):
+            out.append((t, ins.addr))
+    return sorted(set(out))
+
+
+class Kernel:
+    """A cubin's SASS, parsed once: instructions, control bits, labels, subroutines, loops."""
+
+    def __init__(self, text: str):
+        self.instrs = parse_sass(text)
+        self.controls = sass_controls(text)
+        if self.instrs and not self.controls:
+            raise ValueError("the SASS has no instruction encodings (cuobjdump -sass prints them; "
+                             "strip_encodings removed them): the control bits are needed")
+        self.labels = sass_labels(text)
+        self.subs = subroutines(self.instrs)
+        self.index = {ins.addr: n for n, ins in enumerate(self.instrs)}
+        self.sub_body = {a: [i for i in self.instrs if a <= i.addr <= b] for a, b in self.subs}
+        loops = _back_edges(self.instrs, self.labels, self.subs)
+        stores = [i for i in self.instrs if i.base == "STG" and not any(a <= i.addr <= b for a, b in self.subs)]
+        with_stores = [(s, e) for s, e in loops if any(s <= i.addr <= e for i in stores)]
+        # tile loops: the innermost loops holding a global store
+        inner = [(s, e) for s, e in with_stores
+                 if not any(s <= s2 and e2 <= e and (s2, e2) != (s, e) for s2, e2 in with_stores)]
+        self.tile_loops = {}
+        for s, e in inner:
+            body = self._body(s, e)
+            self.tile_loops[s] = Loop(s, e, sum(access_bits(i) * 32 // 8 for i in body if i.base == "STG"))
+        self.loop_ends = {e: s for s, e in loops}
+
+    def _body(self, s: int, e: int) -> list[Instr]:
+        """One walk of a loop body: conditional forward branches not taken, unconditional ones taken,
+        inner loops once."""
+        out, n = [], self.index[s]
+        while n < len(self.instrs) and self.instrs[n].addr <= e and len(out) < 100_000:
+            ins = self.instrs[n]
+            out.append(ins)
+            t = branch_target(ins, self.labels)
+            if ins.addr == e:
+                break
+            if t is not None and t > ins.addr and ins.pred in ("", "@PT") and t <= e:
+                n = self.index[t]
+                continue
+            n += 1
+        return out
+
+    def successors(self, n: int) -> list[int | str]:
+        """CFG successors of instruction ``n`` (indices; "exit"), forward edges only."""
+        ins = self.instrs[n]
+        always = ins.pred in ("", "@PT")
+        if ins.base == "EXIT":
+            return ["exit"] if always else ["exit", n + 1]
+        t = branch_target(ins, self.labels)
+        if t is not None:
+            if t < ins.addr:  # a back edge: leave the loop
+                return [n + 1]
+            return [self.index[t]] if always else [n + 1, self.index[t]]
+        return [n + 1] if n + 1 < len(self.instrs) else ["exit"]
+
+    def first_events(self, n: int) -> set:
+        """The events (a tile loop's start address, "exit") first reachable from instruction ``n``
+        along forward edges."""
+        seen, todo, found = set(), [n], set()
+        while todo:
+            m = todo.pop()
+            if m == "exit":
+                found.add("exit")
+                continue
+            if m in seen or m >= len(self.instrs):
+                continue
+            seen.add(m)
+            addr = self.instrs[m].addr
+            if addr in self.tile_loops:
+                found.add(addr)
+                continue
+            todo.extend(self.successors(m))
+        return found
+
+
+_ISETP = re.compile(r"^\s*(U?P\d|U?PT),\s*(U?P\d|U?PT),\s*(U?R\d+),\s*(-?0x[0-9a-f]+|-?\d+),\s*U?PT$")
+
+
+def _cmp(op: str, a: int, b: int) -> bool | None:
+    return {"EQ": a == b, "NE": a != b, "LT": a < b, "LE": a <= b, "GT": a > b, "GE": a >= b}.get(op)
+
+
+def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: int):
+    """The walk behind ``program_path``: ``trips_for(loop)`` the iterations of a tile loop,
+    ``wanted_for(entered)`` the next event wanted once the tile loops ``entered`` were (a loop's
+    start, "exit", or None: fall through wherever a branch is not known)."""
+    ins_list, idx = kernel.instrs, kernel.index
+    known: dict[str, int] = {}
+    preds: dict[str, bool] = {}
+    order: list[int] = []
+    trips: dict[int, int] = {}
+    done: dict[int, int] = {}
+    path: list[Instr] = []
+    n, steps = 0, 0
+    while isinstance(n, int) and n < len(ins_list) and steps < max_steps:
+        ins = ins_list[n]
+        steps += 1
+        path.append(ins)
+        if ins.addr in kernel.tile_loops and ins.addr not in trips:
+            trips[ins.addr] = trips_for(kernel.tile_loops[ins.addr])
+            done[ins.addr] = 0
+            order.append(ins.addr)
+        base, ops = ins.base, ins.operands
+        if base == "LDG" and ins.addr in known_loads:  # a scalar the launch gives
+            known[ops.split(",")[0].strip()] = known_loads[ins.addr]
+        elif base in ("ISETP", "UISETP"):
+            m = _ISETP.match(ops)
+            parts = ins.opcode.split(".")
+            r = _cmp(parts[1], known[m.group(3)], int(m.group(4), 0)) \
+                if m and m.group(3) in known and len(parts) > 1 else None
+            for p in ops.split(",")[:2]:
+                preds.pop(p.strip(), None)
+            if r is not None and ins.pred in ("", "@PT"):
+                preds[m.group(1)] = r
+        if base == "CALL" and call_target(ins) in kernel.sub_body:
+            path.extend(kernel.sub_body[call_target(ins)])
+        always = ins.pred in ("", "@PT")
+        if base == "EXIT":
+            if always or wanted_for(order) == "exit":
+                break
+            n += 1
+            continue
+        t = branch_target(ins, kernel.labels)
+        if t is None:
+            n += 1
+            continue
+        if t < ins.addr:  # a back edge: a tile loop's runs its iterations, an inner loop once
+            loop = kernel.tile_loops.get(t)
+            if loop is not None and loop.end == ins.addr:
+                done[t] += 1
+                n = idx[t] if done[t] < trips[t] else n + 1
+            else:
+                n += 1
+            continue
+        if always:
+            n = idx[t]
+            continue
+        p = ins.pred.lstrip("@")
+        neg, p = p.startswith("!"), p.lstrip("!")
+        if p in preds:
+            n = idx[t] if preds[p] != neg else n + 1
+            continue
+        want = wanted_for(order)
+        if want is None:
+            n += 1
+            continue
+        succ = kernel.successors(n)
+        good = [s for s in succ if want in ({"exit"} if s == "exit" else kernel.first_events(s))]
+        n = good[0] if good else n + 1
+    info = {"tile_loops": [[hex(a), trips[a]] for a in order], "instructions": len(path),
+            "truncated": steps >= max_steps}
+    return path, order, info
+
+
+def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte: float, num_warps: int,
+                 known_loads: dict | None = None, iterations: int = 1,
+                 max_steps: int = 2_000_000) -> tuple[list[Instr], dict]:
+    """The instructions one program issues (see the module's comment). ``work``: the elements the
+    program stores through each tile loop, in the order the program reaches them (None: each tile
+    loop once); ``elements_per_byte``: elements per stored byte (1 / x's bytes); ``known_loads``:
+    ``{address: value}`` of scalar loads whose value the launch gives; ``iterations``: with ``work``
+    None, the iterations of every tile loop. Also returns what it did:
+    the tile loops entered with their iterations, the instruction count.
+
+    First a walk with every tile loop once and unknown branches not taken gives the tile loops in
+    the order a program reaches them; the second walk runs each its iterations and, at an unknown
+    branch, goes the way that reaches the next loop with work (else an exit)."""
+    known_loads = known_loads or {}
+    path, order, info = _walk(kernel, lambda loop: iterations, lambda entered: None, known_loads, max_steps)
+    if work is None:
+        return path, info
+
+    def trips_for(loop):
+        k = order.index(loop.start) if loop.start in order else len(work)
+        if k >= len(work):
+            return 1
+        per_iter = loop.store_bytes * num_warps * elements_per_byte
+        return max(1, math.ceil(work[k] / per_iter - 1e-9)) if per_iter else 1
+
+    def wanted_for(entered):
+        k = max((order.index(a) + 1 for a in entered if a in order), default=0)
+        for j in range(k, min(len(work), len(order))):
+            if work[j] > 0:
+                return order[j]
+        return "exit"
+
+    path, _, info = _walk(kernel, trips_for, wanted_for, known_loads, max_steps)
+    info["order"] = [hex(a) for a in order]
+    return path, info
+
+
+# --- what each instruction reads and writes: taint along the path --------------------------------
+
+_CTAID, _TID, _LOADED = 1, 2, 4
+_SLOT0 = 3  # bit of constant-bank slot 0 (4 bytes) of the kernel's parameters
+_VIA = 512  # the taint that came through a loaded value sits this many bits up
+_LOW = (1 << _VIA) - 1
+_OPND = re.compile(r"(?<![A-Za-z0-9_])(UR|R|UP|P)(\d+)(\.64)?")
+_CONST = re.compile(r"c\[0x0\]\[(0x[0-9a-f]+)\]")
+_NO_DEST = {"STG", "STS", "ST", "STL", "STSM", "BRA", "EXIT", "BAR", "DEPBAR", "RED", "REDG", "MEMBAR", "NOP",
+            "WARPSYNC", "BSSY", "BSYNC", "CALL", "RET", "LDGDEPBAR", "ERRBAR", "CCTL", "YIELD", "BPT", "SYNCS",
+            "UTMALDG", "UTMASTG", "UBLKCP", "FENCE", "ELECT", "LDGSTS", "BMOV", "JMP", "BREAK", "KILL"}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Params:
+    """Where the kernel's parameters sit in constant bank 0: ``slots`` maps a 4-byte slot (its
+    offset from the first parameter, / 4) to the parameter's name; ``pointers`` the names of the
+    pointer parameters; ``base`` the bank offset of the first parameter (0x210 on sm_90)."""
+
+    base: int
+    slots: dict
+    pointers: frozenset
+
+    @classmethod
+    def layout(cls, params: list[tuple[str, str]], base: int) -> "Params":
+        """From the runtime parameters in order, (name, Triton type), constexprs left out: each
+        aligned to its size (pointers and 64-bit values 8 bytes, the rest 4)."""
+        slots, offset = {}, 0
+        for name, ty in params:
+            size = 8 if ty.startswith("*") or ty in ("i64", "u64", "fp64") else 4
+            offset = -(-offset // size) * size
+            for k in range(size // 4):
+                slots[offset // 4 + k] = name
+            offset += size
+        return cls(base, slots, frozenset(n for n, ty in params if ty.startswith("*")))
+
+
+PARAM_BASE = {80: 0x160, 86: 0x160, 89: 0x160, 90: 0x210}  # sm_100/120: not read here (no names)
+
+
+def _dest_count(ins: Instr) -> int:
+    parts = ins.opcode.split(".")
+    if ins.base in ("HMMA", "IMMA", "HGMMA"):
+        return 4
+    if ins.base == "LDSM":
+        return next((int(p[1:]) for p in parts if p in ("x1", "x2", "x4")), 1)
+    if "128" in parts:
+        return 4
+    if "64" in parts or "WIDE" in parts or ins.base == "CS2R":
+        return 2
+    return 1
+
+
+@dataclasses.dataclass
+class _Op:
+    """One static instruction, read once: its dests, its sources, its memory operand's registers."""
+
+    dests: list
+    sources: list
+    consts: list
+    address: list  # registers of the memory operand ([...] and desc[...])
+    special: int  # taint of S2R/S2UR
+
+
+def _regs(text: str, wide_last: bool = False) -> list[str]:
+    out = []
+    for kind, num, wide in _OPND.findall(text):
+        out.append(f"{kind}{num}")
+        if wide and kind in ("R", "UR"):
+            out.append(f"{kind}{int(num) + 1}")
+    return out
+
+
+def _read_op(ins: Instr) -> _Op:
+    tokens = [t.strip() for t in ins.operands.split(",")] if ins.operands else []
+    dests, sources, address = [], [], []
+    rest = tokens
+    if ins.base not in _NO_DEST and tokens:
+        first = _OPND.match(tokens[0])
+        if first and "[" not in tokens[0]:
+            n = _dest_count(ins) if first.group(1) in ("R", "UR") else 1
+            dests = [f"{first.group(1)}{int(first.group(2)) + k}" for k in range(n)]
+            rest = tokens[1:]
+            while rest and re.fullmatch(r"U?P(\d|T)", rest[0]):  # carry / second predicate outs
+                if rest[0][-1] != "T":
+                    dests.append(rest[0])
+                rest = rest[1:]
+    for t in rest:
+        if "[" in t:
+            address += _regs(t)
+        sources += _regs(t)
+    if "WIDE" in ins.opcode.split(".") and rest and re.fullmatch(r"U?R\d+", rest[-1]):
+        last = rest[-1]  # the 64-bit addend
+        sources.append(re.sub(r"\d+$", lambda m: str(int(m.group()) + 1), last))
+    special = 0
+    if ins.base in ("S2R", "S2UR", "CS2R"):
+        special = _CTAID if "CTAID" in ins.operands else _TID if ("TID" in ins.operands or "LANEID" in ins.operands) else 0
+    consts = [int(c, 16) for c in _CONST.findall(ins.operands)]
+    return _Op(dests, sources, consts, address, special)
+
+
+@dataclasses.dataclass
+class LoadInfo:
+    kind: str  # "dram" (a round trip, its bytes distinct), "hit" (a round trip, lines another load brings), "l2"
+    pointers: tuple  # the pointer parameters its address is formed from (not through loaded values)
+    gathered: bool  # its address depends on a loaded value
+    distinct_bytes: int  # per warp
+    wavefronts: int
+
+
+def taint_path(path: list[Instr], params: Params | None) -> dict[int, tuple]:
+    """Position in ``path`` -> (address taint, pointers) of every global load and store."""
+    ops: dict[int, _Op] = {}
+    taint: dict[str, int] = {}
+    shared = 0  # what was stored to shared memory (a layout conversion passes loaded values through it)
+    out = {}
+    base = params.base if params else None
+    for pos, ins in enumerate(path):
+        op = ops.get(id(ins))
+        if op is None:
+            op = ops[id(ins)] = _read_op(ins)
+        t = op.special
+        for r in op.sources:
+            t |= taint.get(r, 0)
+        if base is not None:
+            for c in op.consts:
+                if c >= base:
+                    t |= 1 << (_SLOT0 + (c - base) // 4)
+        if ins.base in GLOBAL or ins.base in ("LDG", "LD", "LDS", "LDSM"):
+            a = 0
+            for r in op.address:
+                a |= taint.get(r, 0)
+            if base is not None:
+                for c in op.consts:
+                    if c >= base:
+                        a |= 1 << (_SLOT0 + (c - base) // 4)
+            out[pos] = a
+            if ins.base in ("LDG", "LD", "LDGSTS"):
+                t = _LOADED | (((a & _LOW) | (a >> _VIA)) << _VIA)
+            elif ins.base in ("LDS", "LDSM"):
+                t |= shared
+        if ins.base in ("STS", "STSM"):
+            for r in op.sources:
+                if r not in op.address:
+                    shared |= taint.get(r, 0)
+        for d in op.dests:
+            taint[d] = t
+    return out
+
+
+def _pointers(a: int, params: Params | None) -> tuple:
+    if params is None:
+        return ()
+    names = []
+    for slot, name in params.slots.items():
+        if name in params.pointers and a >> (_SLOT0 + slot) & 1 and name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def classify(path: list[Instr], params: Params | None) -> dict[int, LoadInfo]:
+    """Position in ``path`` -> ``LoadInfo`` of every global load (see the module's comment)."""
+    addr = taint_path(path, params)
+    first = {}
+    direct_widest: dict[str, int] = {}
+    for pos, a in addr.items():
+        ins = path[pos]
+        if ins.base not in ("LDG", "LDGSTS"):
+            continue
+        low, via = a & _LOW, a >> _VIA
+        ptrs = _pointers(low, params)
+        gathered = bool(low & _LOADED)
+        per_program = bool((low | via) & _CTAID)
+        first[pos] = (ptrs, gathered, per_program)
+        if per_program and not gathered:
+            for p in ptrs:
+                direct_widest[p] = max(direct_widest.get(p, 0), wavefronts(access_bits(ins)))
+    out = {}
+    for pos, (ptrs, gathered, per_program) in first.items():
+        ins = path[pos]
+        bits = access_bits(ins)
+        wf = wavefronts(bits)
+        if not per_program:
+            kind = "l2"
+        elif gathered and any(p in direct_widest for p in ptrs):
+            kind = "hit"
+            wf = max(wf, max(direct_widest[p] for p in ptrs if p in direct_widest))
+        else:
+            kind = "dram"
+        out[pos] = LoadInfo(kind, ptrs, gathered, bits * 32 // 8 if kind == "dram" else 0, wf)
+    return out
+
+
+def known_loads(kernel: Kernel, params: Params | None, uniform: dict | None) -> dict[int, int]:
+    """``{address: value}`` of the scalar loads (one address for every thread and program, from a
+    single pointer parameter) whose value the launch gives in ``uniform`` ({pointer name: value}),
+    found on the walk with every tile loop once."""
+    if not uniform or params is None:
+        return {}
+    path, _, _ = _walk(kernel, lambda loop: 1, lambda entered: None, {}, 200_000)
+    out = {}
+    for pos, a in taint_path(path, params).items():
+        ins = path[pos]
+        if ins.base != "LDG" or (a & (_CTAID | _TID | _LOADED)) or (a >> _VIA):
+            continue
+        ptrs = _pointers(a, params)
+        if len(ptrs) == 1 and ptrs[0] in uniform:
+            out[ins.addr] = uniform[ptrs[0]]
+    return out
+
+
+# --- the SM ----------------------------------------------------------------------------------
+
+# what one dynamic instruction does in the schedule, as a tuple (fast to read in the loop):
+# (stall, wait mask, write sb, read sb, kind, latency class, L1 wavefronts, distinct DRAM bytes, depbar)
+_K_ALU, _K_MEM, _K_STORE, _K_BAR, _K_EXIT, _K_VAR, _K_ASYNC, _K_COMMIT = 0, 1, 2, 3, 4, 5, 6, 7
+
+
+def _steps(path: list[Instr], controls: dict, loads: dict[int, LoadInfo]) -> list[tuple]:
+    out = []
+    for pos, ins in enumerate(path):
+        c = controls.get(ins.addr) or {}
+        stall, wait = max(1, c.get("stall", 1)), c.get("wait", 0)
+        wsb, rsb = c.get("write"), c.get("read")
+        base = ins.base
+        kind, lat, wf, dram, dep = _K_ALU, 0, 0, 0, None
+        if base == "DEPBAR":
+            m = re.search(r"SB(\d)\s*,\s*(0x[0-9a-f]+|\d+)", ins.operands)
+            dep = (int(m.group(1)), int(m.group(2), 0)) if m else None
+        if base in ("LDG", "LDGSTS"):
+            info = loads.get(pos)
+            kind = _K_ASYNC if base == "LDGSTS" else _K_MEM
+            lat = "l2" if info is not None and info.kind == "l2" else "dram"
+            wf = info.wavefronts if info else wavefronts(access_bits(ins))
+            dram = info.distinct_bytes if info else access_bits(ins) * 4
+        elif base == "STG" or base in ("STS", "STSM"):
+            kind, wf = _K_STORE, wavefronts(access_bits(ins))
+        elif base in ("LDS", "LDSM"):
+            kind, lat, wf = _K_MEM, "l1", wavefronts(access_bits(ins))
+        elif base == "BAR" and ins.opcode not in ("BAR.ARV",):
+            kind = _K_BAR
+        elif base == "EXIT" and ins.pred in ("", "@PT"):
+            kind = _K_EXIT
+        elif base == "LDGDEPBAR":
+            kind = _K_COMMIT
+        elif wsb is not None or rsb is not None:
+            kind = _K_VAR
+            lat = ("const" if base in ("LDC", "ULDC") else "special" if base in ("S2R", "S2UR", "CS2R")
+                   else "shfl" if base == "SHFL" else "mufu")
+        out.append((stall, wait, wsb, rsb, kind, lat, wf, dram, dep))
+    if not out or out[-1][4] != _K_EXIT:
+        out.append((1, 0, None, None, _K_EXIT, 0, 0, 0, None))
+    return out
+
+
+class _Warp:
+    __slots__ = ("steps", "pc", "ready", "sb", "last", "groups", "open", "slot", "barrier", "program", "sched")
+
+    def __init__(self, steps, slot, start, program):
+        self.steps, self.pc, self.ready, self.slot, self.program = steps, 0, start, slot, program
+        self.sb = [[] for _ in range(6)]  # pending completions a DEPBAR counts (kept where one does)
+        self.last = [0.0] * 6  # the last completion on each scoreboard: a wait mask waits for it
+        self.groups, self.open, self.barrier = [], [], 0
+
+
+_BITS = [[k for k in range(6) if m >> k & 1] for m in range(64)]
+
+
+def _earliest(w: _Warp) -> float:
+    """When ``w``'s next instruction may issue (its stall and the scoreboards it waits on)."""
+    step = w.steps[w.pc]
+    t = w.ready
+    wait = step[1]
+    if wait:
+        last = w.last
+        for k in _BITS[wait]:
+            if last[k] > t:
+                t = last[k]
+    dep = step[8]
+    if dep is not None:
+        k, keep = dep
+        times = sorted(w.sb[k])
+        if len(times) > keep:
+            t = max(t, times[len(times) - keep - 1])
+        if k == 0 and len(w.groups) > keep:
+            t = max(t, sorted(w.groups)[len(w.groups) - keep - 1])
+    return t
+
+
+def simulate(programs: list[list[tuple]], *, ctas_per_sm: int, num_warps: int, dram_cycles: float,
+             latency: dict = LATENCY) -> dict:
+    """The busiest SM running ``programs`` (each the ``_steps`` of one program, in dispatch order)
+    over ``ctas_per_sm`` slots (see the module's comment): every warp, on four schedulers (warp
+    ``slot * num_warps + w`` on scheduler ``% 4``), one L1 path. Returns the cycles to the last
+    exit and what was busy."""
+    ctas = max(1, ctas_per_sm)
+    lat = dict(latency)
+    lat["dram"] = dram_cycles
+    queue = list(range(len(programs)))
+    queue.reverse()
+    heap, seq = [], 0
+    live = [0] * ctas
+    arrived: dict = {}
+    sched_free = [0.0] * 4
+    l1_free = 0.0
+    issued = l1_busy = inflight = dram_bytes = 0.0
+    end = 0.0
+    scheds = [[(s * num_warps + w) % 4 for w in range(num_warps)] for s in range(ctas)]
+    operands = latency["operands"]
+    # the scoreboards some DEPBAR counts (their pending completions kept as lists)
+    distinct = {id(p): p for p in programs}.values()
+    counted = [any(st[8] is not None and st[8][0] == k for prog in distinct for st in prog) for k in range(6)]
+
+    def start(slot, t):
+        nonlocal seq
+        if not queue:
+            return
+        p = queue.pop()
+        for w in range(num_warps):
+            warp = _Warp(programs[p], slot, t, p)
+            warp.sched = scheds[slot][w]
+            heapq.heappush(heap, (t, seq, warp))
+            seq += 1
+        live[slot] = num_warps
+
+    for s in range(ctas):
+        start(s, 0.0)
+    while heap:
+        e, _, w = heapq.heappop(heap)
+        sc = w.sched
+        if sched_free[sc] > e:  # its scheduler issued this clock: the next one
+            heapq.heappush(heap, (sched_free[sc], seq, w))
+            seq += 1
+            continue
+        t = e
+        sched_free[sc] = t + 1
+        issued += 1
+        stall, wait, wsb, rsb, kind, lt, wf, dram, dep = w.steps[w.pc]
+        if dep is not None or kind == _K_COMMIT:  # forget what completed, where a DEPBAR counts
+            for k in range(6):
+                if w.sb[k]:
+                    w.sb[k] = [x for x in w.sb[k] if x > t]
+            if w.groups:
+                w.groups = [x for x in w.groups if x > t]
+        w.ready = t + stall
+        last = w.last
+        if kind == _K_ALU:
+            pass
+        elif kind <= _K_STORE or kind == _K_ASYNC:
+            if True:
+                s0 = l1_free if l1_free > t else t
+                l1_free = s0 + wf
+                l1_busy += wf
+                if rsb is not None:
+                    x = s0 + operands
+                    if x > last[rsb]:
+                        last[rsb] = x
+                    if counted[rsb]:
+                        w.sb[rsb].append(x)
+                if kind != _K_STORE:
+                    done_at = s0 + lat[lt]
+                    if dram:
+                        inflight += dram * (done_at - s0)
+                        dram_bytes += dram
+                    if kind == _K_ASYNC:
+                        w.open.append(done_at)
+                    elif wsb is not None:
+                        if done_at > last[wsb]:
+                            last[wsb] = done_at
+                        if counted[wsb]:
+                            w.sb[wsb].append(done_at)
+        elif kind == _K_VAR:
+            if wsb is not None:
+                x = t + lat[lt]
+                if x > last[wsb]:
+                    last[wsb] = x
+                if counted[wsb]:
+                    w.sb[wsb].append(x)
+            if rsb is not None:
+                x = t + 5
+                if x > last[rsb]:
+                    last[rsb] = x
+                if counted[rsb]:
+                    w.sb[rsb].append(x)
+        elif kind == _K_COMMIT:
+            w.groups.append(max(w.open) if w.open else t)
+            w.open = []
+        elif kind == _K_EXIT:
+            end = max(end, t)
+            live[w.slot] -= 1
+            if live[w.slot] == 0:
+                start(w.slot, t + 1)
+            continue
+        w.pc += 1
+        if kind == _K_BAR:
+            key = (w.slot, w.program, w.barrier)
+            w.barrier += 1
+            group = arrived.setdefault(key, [])
+            group.append(w)
+            if len(group) < num_warps:
+                continue  # waits for the CTA's other warps
+            go = max(x.ready for x in group) + latency["barrier"]
+            for x in group:
+                x.ready = max(x.ready, go)
+                heapq.heappush(heap, (_earliest(x), seq, x))
+                seq += 1
+            del arrived[key]
+            continue
+        heapq.heappush(heap, (_earliest(w), seq, w))
+        seq += 1
+    return {"cycles": end, "issue_busy": issued / 4 / end if end else 0.0,
+            "l1_busy": l1_busy / end if end else 0.0, "programs": len(programs),
+            "inflight_bytes_per_sm": inflight / end if end else 0.0, "dram_bytes_per_sm": dram_bytes}
+
+
+# --- a launch ---------------------------------------------------------------------------------
+
+CLOCKS_GHZ = (1.755, 1.98)  # the sustained clock the issue names (worst end), and H100/H200's boost
+LATENCIES_NS = (600.0, 800.0)  # a DRAM round trip, idle to loaded (microbenchmarks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+    """A launch's programs: ``kinds`` as (count, work) in dispatch order (work: the elements each
+    tile loop stores, in the order a program reaches them; None: each tile loop once), ``grid``
+    the programs in all, ``uniform`` {pointer name: value} of the scalar loads the launch gives."""
+
+    kinds: tuple
+    grid: int
+    uniform: tuple = ()
+    iterations: int | None = None  # where work is None: every tile loop this many times (a steady tile)
+
+    def busiest(self, sms: int) -> list[int]:
+        """Kind indices of the programs the busiest SM runs: ceil(grid / SMs) of them, every SMs-th
+        in dispatch order (the block scheduler hands programs out in order)."""
+        ids = range(0, self.grid, max(1, sms))
+        out, bounds, acc = [], [], 0
+        for n, _ in self.kinds:
+            acc += n
+            bounds.append(acc)
+        k = 0
+        for i in ids:
+            while k < len(bounds) - 1 and i >= bounds[k]:
+                k += 1
+            out.append(k)
+        return out
+
+
+_CACHE: dict = {}
+
+
+def schedule_launch(sass: str, programs: Programs, *, params: Params | None, ctas_per_sm: int, num_warps: int,
+                    x_bytes: float, dram_bytes_per_element: float, launch_elements: float | None = None,
+                    sms: int = 132, clocks_ghz=CLOCKS_GHZ, latencies_ns=LATENCIES_NS) -> dict:
+    """The launch on its busiest SM at each DRAM latency and clock: ``ends`` {"800ns@1.755GHz":
+    {us, gbps, ...}}, and per program kind its path (tile loops and iterations, instructions, L1
+    wavefronts, the elements it stores) and its global loads by class. The rate: the DRAM bytes of
+    the launch (``launch_elements`` x ``dram_bytes_per_element``; without a launch, those of the
+    busiest SM's programs x SMs) over the busiest SM's time."""
+    key = (hash(sass), programs, (params.base, tuple(sorted(params.slots.items())), params.pointers) if params else None,
+           ctas_per_sm, num_warps, x_bytes, dram_bytes_per_element, launch_elements, sms, tuple(clocks_ghz),
+           tuple(latencies_ns))
+    if key in _CACHE:
+        return _CACHE[key]
+    kernel = Kernel(sass)
+    known = known_loads(kernel, params, dict(programs.uniform))
+    steps, paths = [], []
+    for _, work in programs.kinds:
+        path, info = program_path(kernel, list(work) if work is not None else None, elements_per_byte=1 / x_bytes,
+                                  num_warps=num_warps, known_loads=known, iterations=programs.iterations or 1)
+        loads = classify(path, params)
+        st = _steps(path, kernel.controls, loads)
+        steps.append(st)
+        by = {}
+        for li in loads.values():
+            b = by.setdefault(li.kind, {"loads": 0, "wavefronts": 0, "distinct_bytes": 0})
+            b["loads"] += 1
+            b["wavefronts"] += li.wavefronts
+            b["distinct_bytes"] += li.distinct_bytes
+        stored = sum(access_bits(i) * 32 // 8 for i in path if i.base == "STG") * num_warps / x_bytes
+        info |= {"loads": by, "wavefronts": sum(x[6] for x in st), "elements_stored": stored,
+                 "shared_accesses": sum(1 for i in path if i.base in SHARED),
+                 "barriers": sum(1 for x in st if x[4] == _K_BAR)}
+        paths.append(info)
+    order = programs.busiest(sms)
+    seq = [steps[k] for k in order]
+    if launch_elements is None:
+        launch_elements = sum(paths[k]["elements_stored"] for k in order) * sms
+    dram_bytes = launch_elements * dram_bytes_per_element
+    ends = {}
+    for lat in latencies_ns:
+        for clk in clocks_ghz:
+            r = simulate(seq, ctas_per_sm=ctas_per_sm, num_warps=num_warps, dram_cycles=lat * clk)
+            us = r["cycles"] / clk / 1e3
+            ends[end_name(lat, clk)] = {
+                "latency_ns": lat, "clock_ghz": clk, "us": us, "gbps": dram_bytes / (us * 1e3) if us else math.inf,
+                "issue_busy": r["issue_busy"], "l1_busy": r["l1_busy"],
+                "inflight_kb_per_sm": r["inflight_bytes_per_sm"] / 1024}
+    out = {"ends": ends, "paths": paths, "programs_on_busiest_sm": len(seq), "dram_bytes": dram_bytes,
+           "known_loads": {hex(a): v for a, v in known.items()}}
+    _CACHE[key] = out
+    return out
+
+
+def end_name(latency_ns: float, clock_ghz: float) -> str:
+    return f"{latency_ns:.0f}ns@{clock_ghz:g}GHz"
