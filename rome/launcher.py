@@ -244,7 +244,8 @@ _GATHER_OUT = tuple(kernel._rome_gather_kernel.arg_names.index(n) for n in ("a_o
 _DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
 
 
-def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False) -> None:
+def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False,
+           native: bool = False) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -259,6 +260,9 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     positions in ``[0, 2**24)``; columns with inv_freq 0 pass through (cos 1, sin 0).
 
     cos and sin may have different dtypes (each is read as its own).
+
+    ``native`` (``rounding="native"``): the eager chain's rounding (``kernel._native``): the tables
+    rounded to x's dtype, each product rounded to it, then the sum; a signed permutation only.
 
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
@@ -277,14 +281,20 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles, sin_dtype=sin.dtype)
+    if native and not launch.describe(matrix).gather:
+        raise ValueError(_NATIVE_GATHER)
     elements = sum(x.numel() for x in xs)
     if rec is not None:
         kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
         rec.constants.update((t.data_ptr(), t.dtype) for t in kept if t is not None)
     if plan.config.heads:
-        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements)
+        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, native)
     else:
-        _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode)
+        _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native)
+
+
+_NATIVE_GATHER = ("rounding='native' needs a signed permutation matrix (every rotation matrix, partial "
+                  "rotary's too): the eager chain it reproduces gathers x, it does not multiply by M")
 
 
 def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
@@ -441,11 +451,13 @@ def _pick(fn, plan, device, elements, args, grid, consts, out_index):
     return cfg
 
 
-def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements):
+def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, native=False):
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+    if native:  # (only then: the default launch's constexprs stay those the static gate compiles)
+        consts["NATIVE"] = True
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
     cfg = None
@@ -473,7 +485,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         _run(fn, grid, full, c, cfg, transpose, elements, units[0] * units[1], meta)
 
 
-def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode):
+def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native=False):
     x0 = xs[0]
     blocks = []
     for x, out in zip(xs, outs):
@@ -507,6 +519,8 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, GATHER_SIN=cfg0.gather_sin,
                   NZ=plan.nz, BLOCK_D=cfg0.block_d, BLOCK_N=cfg0.block_n, SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype,
                   FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+    if native:
+        consts["NATIVE"] = True
     fn = kernel._rome_kernel
     args0, a_rows0, b_rows0 = groups[0]
     cfg = _pick(fn, plan, x0.device, elements, args0, grid(a_rows0, b_rows0), consts, _DOT_OUT)
