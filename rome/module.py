@@ -85,10 +85,10 @@ from .layouts import (
     tables_for_positions,
 )
 from .matrices import check_mode, kept_matrix
-from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
+from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at, check_rounding,
                   positions_checked)
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
-from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
+from .types import ANGLE_SOURCES, AngleSource, Backend, Mode, Rounding
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
 
@@ -385,7 +385,11 @@ class RoPE(nn.Module):
     ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
     whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
     ``angles``: ``"cache"`` (cos/sin rows of the shared cache) or ``"kernel"`` (computed in the
-    op from positions and frequencies, no cache; see the module doc).
+    op from positions and frequencies, no cache; see the module doc). ``rounding``: as
+    ``rome.apply`` (``"native"``: the tables rounded to q's dtype, each product and the sum
+    rounded to it, as an eager chain given those tables; the tables are rome's, from float64
+    angles, not a model's own fp32 ones, so a model's bits need its own tables:
+    ``rome.integrations.patch(model, rounding="native")``).
     The module has no parameters or buffers: caches and matrices follow q's device and dtype.
     """
 
@@ -398,8 +402,10 @@ class RoPE(nn.Module):
         dynamic: Callable[[int], RopeLayout] | None = None,
         angles: AngleSource = "cache",
         cache_positions: int | None = None,
+        rounding: Rounding = "exact",
     ):
         super().__init__()
+        check_rounding(rounding)
         if angles not in ANGLE_SOURCES:
             raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
@@ -424,6 +430,7 @@ class RoPE(nn.Module):
         self.backend = backend
         self.dynamic = dynamic
         self.angles = angles
+        self.rounding = rounding
         self._freqs: dict[torch.device, tuple[Tensor, Tensor]] = {}  # angles="kernel"
         self._key = _layout_key(layout)
         self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
@@ -445,6 +452,7 @@ class RoPE(nn.Module):
         angles: AngleSource = "cache",
         cache_positions: int | None = None,
         mode: Mode | None = None,
+        rounding: Rounding = "exact",
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -455,7 +463,8 @@ class RoPE(nn.Module):
         (``rope_parameters['mrope_section']``, else transformers' default), axial for
         Qwen2-VL's vision config. Every ``rope_type`` of ``rome.frequencies``; ``dynamic`` and
         ``longrope`` get length-dependent layouts. ``layer_type`` picks per-layer-type
-        parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``: as the constructor's.
+        parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``, ``rounding``: as the
+        constructor's.
         ``cache_positions``: as the constructor's; None: what the config allows
         (``config_positions``: ``max_position_embeddings``, or the length a ``factor`` scales
         ``original_max_position_embeddings`` to where that is more).
@@ -470,6 +479,7 @@ class RoPE(nn.Module):
         # the caller's own arguments first: a bad one is not the config's refusal
         if mode is not None:
             check_mode(mode)
+        check_rounding(rounding)
         if layer_type is not None and not isinstance(layer_type, str):
             raise TypeError(f"layer_type must be a str (a config's layer type) or None, got "
                             f"{type(layer_type).__name__} {layer_type!r}")
@@ -484,7 +494,7 @@ class RoPE(nn.Module):
         except Exception as e:  # noqa: BLE001 - whatever reading the config raised (transformers' own too)
             raise _hf_refusal(config, e) from e
         rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles,
-                   cache_positions=cache_positions)
+                   cache_positions=cache_positions, rounding=rounding)
         if device is not None:
             n = _get(text, "max_position_embeddings", "n_positions")
             if n is None:
@@ -563,7 +573,12 @@ class RoPE(nn.Module):
             f"{self.max_positions}, cache_limit={self.cache_limit}, backend={self.backend!r}, "
             f"dynamic={self.dynamic is not None}"
             + (f", angles={self.angles!r}" if self.angles != "cache" else "")
+            + (f", rounding={self._rounding!r}" if self._rounding != "exact" else "")
         )
+
+    @property
+    def _rounding(self) -> str:
+        return getattr(self, "rounding", "exact")  # (a RoPE pickled before the option: exact)
 
     def _cache(self, device: torch.device, dtype: torch.dtype) -> _Cache:
         key = (device, dtype)
@@ -630,11 +645,13 @@ class RoPE(nn.Module):
                     t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
                 _keep(self._freqs, device, freqs)
             if graph:  # the op checks positions when a compiled graph runs
-                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
             if rows is not None and rows > ANGLE_POSITIONS:
                 raise ValueError(f"positions must be < 2**24 with angles='kernel', got max {rows - 1}")
             with positions_checked():
-                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
         cache = self._cache(device, dtype)
         if graph:  # the op checks positions when a compiled graph runs (not a captured one)
             if cache.cos is None:
@@ -642,11 +659,13 @@ class RoPE(nn.Module):
                     f"rome.RoPE has no {dtype} cache on {device} yet: call rope.reserve(n, device=..., "
                     f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture"
                 )
-            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
         rows = max(rows or 1, 1)
         cache.reserve(rows, self._bound(rows))
         with positions_checked():  # check_range has run: 0 <= pos < rows <= cache rows
-            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device), backend=self.backend)
+            return apply_qk_at(q, k, cache.cos, cache.sin, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
 
     def _fast(self, q, k, positions, offsets, axes_dim):
         """The call as ``_cached`` makes it, where an earlier call normalised and checked these
@@ -674,7 +693,7 @@ class RoPE(nn.Module):
             axis = None
         elif (axis := self._axes.get(device)) is None:
             return None
-        return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend)
+        return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend, self._rounding)
 
     def _layout_for(self, length: int) -> RopeLayout | None:
         """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
@@ -811,7 +830,7 @@ class RoPE(nn.Module):
             cos, sin = cos[0], sin[0]  # [S, D]
         else:
             cos, sin = cos[:, None], sin[:, None]  # [B, 1, S, D]
-        return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+        return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend, rounding=self._rounding)
 
 
 # --- positions checked once per positions tensor -----------------------------------------------
