@@ -1069,7 +1069,7 @@ def _check_config(model, family: str) -> None:
             raise ValueError(f"{name}: inner dim {rope.dim} < 6 gives no RoPE frequency per axis")
 
 
-def patch(model, *, backend: Backend = "auto") -> Patch | None:
+def patch(model, *, backend: Backend = "auto", rounding: str = "exact") -> Patch | None:
     """Patch a diffusers transformer of ``SUPPORTED`` in place (this instance only) to rotate q
     and k with one rome launch per attention layer; None for another diffusers model.
 
