@@ -52,9 +52,9 @@ from torch import Tensor
 
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
 from ..matrices import kept_rotation_matrix
-from ..ops import BACKENDS, apply, apply_qk
+from ..ops import BACKENDS, apply, apply_qk, check_rounding
 from ..tables import grid_positions
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import Patch
 
 __all__ = ["SUPPORTED", "patch"]
@@ -79,10 +79,21 @@ class _Rotate:
     """``(q, k) -> rome.apply_qk(q, k, cos, sin, M)`` with M ``interleave_matrix(D)`` (pairs
     ``(2i, 2i+1)``, the default) or ``half_matrix(D)`` (``mode="half"``: pairs ``(i, i + D/2)``),
     built once per (mode, D, dtype, device). Tables in a dtype rome does not take with q's (bf16
-    tables for fp32 q) go in as float32."""
+    tables for fp32 q) go in as float32.
 
-    def __init__(self, backend: Backend = "auto"):
+    ``native`` (``patch(..., rounding="native")``): None (rome's exact rounding), or how the
+    family's code rounds its rotation (``_Family.native``): ``"float"`` (diffusers'
+    ``apply_rotary_emb`` and LTX's: ``(x.float() * cos + x_rotated.float() * sin).to(x.dtype)``:
+    float32 ops, or the tables' dtype where that is wider, then one rounding to x's dtype) or
+    ``"x"`` (Wan's nested ``apply_rotary_emb``: ``x1 * cos - x2 * sin`` in the promoted dtype of x
+    and the tables, written into a tensor of x's dtype); rome then computes with
+    ``rounding="native"`` in that dtype and casts back, bit for bit the family's result."""
+
+    native: str | None = None
+
+    def __init__(self, backend: Backend = "auto", native: str | None = None):
         self.backend = backend
+        self.native = native
 
     @staticmethod
     def _matrix(x: Tensor, mode: str = "interleave") -> Tensor:
@@ -94,14 +105,30 @@ class _Rotate:
         dtype = cos.dtype if cos.dtype in (torch.float32, x.dtype) else torch.float32
         return cos.to(x.device, dtype), sin.to(x.device, dtype)
 
+    def _compute(self, x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
+        """The dtype the family's code rotates x in (``native``)."""
+        base = x.dtype if self.native == "x" else torch.float32
+        return torch.promote_types(torch.promote_types(base, cos.dtype), sin.dtype)
+
     def __call__(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave"
                  ) -> tuple[Tensor, Tensor]:
+        if self.native is not None:
+            dt = self._compute(q, cos, sin)
+            qc, kc = q.to(dt), k.to(dt)
+            qo, ko = apply_qk(qc, kc, cos.to(q.device, dt), sin.to(q.device, dt), self._matrix(qc, mode),
+                              backend=self.backend, rounding="native")
+            return qo.to(q.dtype), ko.to(k.dtype)
         cos, sin = self._tables(q, cos, sin)
         return apply_qk(q, k, cos, sin, self._matrix(q, mode), backend=self.backend)
 
     def one(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave") -> Tensor:
         """``rome.apply`` of x alone (cross attention: the keys are not rotated, or rotated by
         other tables)."""
+        if self.native is not None:
+            dt = self._compute(x, cos, sin)
+            xc = x.to(dt)
+            return apply(xc, cos.to(x.device, dt), sin.to(x.device, dt), self._matrix(xc, mode),
+                         backend=self.backend, rounding="native").to(x.dtype)
         cos, sin = self._tables(x, cos, sin)
         return apply(x, cos, sin, self._matrix(x, mode), backend=self.backend)
 
@@ -937,6 +964,9 @@ class _Family(NamedTuple):
     layers: tuple
     # the class of the rotary module's float64 forward, or None (the model's tables as given)
     rope_forward: type | None = None
+    # how the family's code rounds its rotation (_Rotate.native: "float" or "x"), for
+    # patch(..., rounding="native"); None: a rotation rounding="native" does not reproduce
+    native: str | None = None
 
 
 _FAMILIES = {
@@ -1006,6 +1036,22 @@ _FAMILIES = {
         ((_T + "transformer_hidream_image", "HiDreamAttnProcessor", RomeHiDreamAttnProcessor, ()),),
         (("double_stream_blocks", "block.attn1"), ("single_stream_blocks", "block.attn1"))),
 }
+# patch(..., rounding="native"): how each family's code rounds its rotation (_Rotate.native):
+# "x", Wan's nested apply_rotary_emb (x1 * cos - x2 * sin, in x's dtype promoted with the
+# tables'); "float", diffusers' apply_rotary_emb(use_real=True) and LTX's / LTX-2's copies
+# ((x.float() * cos + x_rotated.float() * sin).to(x.dtype)). The others are refused: complex
+# products (Qwen-Image, Z-Image, Lumina2), Mochi's and HiDream's own per-pair formulas.
+_NATIVE = {
+    "WanTransformer3DModel": "x", "WanVACETransformer3DModel": "x", "WanAnimateTransformer3DModel": "x",
+    "ChronoEditTransformer3DModel": "x", "SkyReelsV2Transformer3DModel": "x",
+    "HunyuanVideoTransformer3DModel": "float", "HunyuanVideoFramepackTransformer3DModel": "float",
+    "HunyuanVideo15Transformer3DModel": "float", "HunyuanImageTransformer2DModel": "float",
+    "FluxTransformer2DModel": "float", "ChromaTransformer2DModel": "float", "Flux2Transformer2DModel": "float",
+    "CogVideoXTransformer3DModel": "float", "ConsisIDTransformer3DModel": "float",
+    "LTXVideoTransformer3DModel": "float", "LTX2VideoTransformer3DModel": "float",
+    "CosmosTransformer3DModel": "float", "CogView4Transformer2DModel": "float",
+}
+_FAMILIES = {name: f._replace(native=_NATIVE.get(name)) for name, f in _FAMILIES.items()}
 SUPPORTED = tuple(_FAMILIES)
 
 
@@ -1069,9 +1115,13 @@ def _check_config(model, family: str) -> None:
             raise ValueError(f"{name}: inner dim {rope.dim} < 6 gives no RoPE frequency per axis")
 
 
-def patch(model, *, backend: Backend = "auto", rounding: str = "exact") -> Patch | None:
+def patch(model, *, backend: Backend = "auto", rounding: Rounding = "exact") -> Patch | None:
     """Patch a diffusers transformer of ``SUPPORTED`` in place (this instance only) to rotate q
     and k with one rome launch per attention layer; None for another diffusers model.
+
+    ``rounding="native"``: the patched model's outputs are the unpatched model's bit for bit: the
+    rotary modules are kept (the model's own tables) and each launch rounds as the family's code
+    does (``_NATIVE``); a family whose rotation it cannot reproduce raises ValueError.
 
     Raises ValueError for a model patched already, a RoPE configuration rome cannot express, or a
     RoPE attention layer whose processor is not the model's default (naming the layer and class).
@@ -1082,7 +1132,13 @@ def patch(model, *, backend: Backend = "auto", rounding: str = "exact") -> Patch
     name = type(model).__name__
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    native = check_rounding(rounding) == "native"
     spec = _FAMILIES[family]
+    if native and spec.native is None:
+        raise ValueError(
+            f"rome.integrations.patch({name}, rounding='native'): its rotation (complex products, or "
+            f"its own per-pair formula) is not one rounding='native' reproduces; rounding='native' "
+            f"patches {', '.join(n for n in SUPPORTED if _FAMILIES[n].native)} (rounding='exact' patches {name})")
     rome_classes = {}  # the library's processor class -> its rome subclass
     for module_name, proc_name, rome_cls, helpers in spec.processors:
         module = importlib.import_module(module_name)
@@ -1117,7 +1173,7 @@ def patch(model, *, backend: Backend = "auto", rounding: str = "exact") -> Patch
                 f"{defaults} (the model's default)"
             )
     handle = Patch(model, family)
-    rotate = _Rotate(backend)
+    rotate = _Rotate(backend, spec.native if native else None)
     for _, attn in layers:
         proc = attn.processor
         rome_cls = rome_classes[type(proc)]
@@ -1125,6 +1181,6 @@ def patch(model, *, backend: Backend = "auto", rounding: str = "exact") -> Patch
         new.__dict__.update(proc.__dict__)  # attention backend, parallel config
         new._rome = rotate
         handle.setattr(attn, "processor", new)
-    if spec.rope_forward is not None:
+    if spec.rope_forward is not None and not native:  # (native: the model's own tables)
         handle.setattr(model.rope, "forward", spec.rope_forward(model.rope))
     return handle
