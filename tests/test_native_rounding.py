@@ -88,18 +88,41 @@ def test_torch_backend_is_the_eager_chain(dtype, mode):
         assert not torch.equal(out, rome.apply(x, cos, sin, mode=mode, backend="torch"))
 
 
+@pytest.mark.parametrize("product", ["gather", "dot"])
 @pytest.mark.parametrize("mode", ["half", "interleave"])
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-def test_kernel_is_the_eager_chain(dtype, mode):
+def test_kernel_is_the_eager_chain(dtype, mode, product):
     """The Triton kernel (interpreted on a CPU): q and k of different head counts in one launch,
-    a BSND view, tables in float32 and in x's dtype."""
+    a BSND view, tables in float32 and in x's dtype; the gather and the dot (``x @ M`` on the
+    tensor cores, exact) end in the same epilogue."""
+    from rome import launch
+
     q = _x(2, 40, 4, 32, dtype=dtype).transpose(1, 2)
     k = _x(2, 2, 40, 32, dtype=dtype)
     for cos, sin in (_tables(40, 32), tuple(t.to(dtype) for t in _tables(40, 32))):
-        qo, ko = rome.apply_qk(q, k, cos, sin, mode=mode, backend="triton", rounding="native")
+        with launch.product(product):
+            qo, ko = rome.apply_qk(q, k, cos, sin, mode=mode, backend="triton", rounding="native")
         assert torch.equal(qo, chain(q, cos, sin, mode)) and torch.equal(ko, chain(k, cos, sin, mode))
         tq, tk = rome.apply_qk(q, k, cos, sin, mode=mode, backend="torch", rounding="native")
         assert torch.equal(qo, tq) and torch.equal(ko, tk)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_row_tile_dot_kernel_native(dtype):
+    """D > 128 under ``product("dot")``: the row-tile kernel (``_rome_kernel``) and its
+    transposed launch (sin gathered at src) end in the same NATIVE epilogue."""
+    from rome import launch
+
+    x = _x(1, 2, 6, 160, dtype=dtype).requires_grad_()
+    cos, sin = _tables(6, 160)
+    g = _x(1, 2, 6, 160, dtype=dtype)
+    with launch.product("dot"):
+        out = rome.apply(x, cos, sin, mode="half", backend="triton", rounding="native")
+        (dx,) = torch.autograd.grad(out, x, g)
+    ref = x.detach().requires_grad_()
+    want = chain(ref, cos, sin)
+    (dref,) = torch.autograd.grad(want, ref, g)
+    assert torch.equal(out, want) and torch.equal(dx, dref)
 
 
 def test_interpreter_fp16_cast_rounds_to_nearest_even():
@@ -127,6 +150,47 @@ def test_interpreter_fp16_cast_rounds_to_nearest_even():
         warnings.simplefilter("ignore", RuntimeWarning)  # (numpy's overflow warning for inf)
         cast[(1,)](x, y, N=8192)
     assert torch.equal(y, x.half())
+
+
+_SASS = """
+import collections, json, re, sys, torch
+from rome import launcher
+from profiling import kernels
+out = {}
+for name in sys.argv[1:]:
+    dtype, transpose = getattr(torch, name.split("-")[0]), name.endswith("bwd")
+    kc = launcher._gather_configs(dtype, 128, transpose, torch.float32, 0, False)[0]
+    k = kernels.compile_kernel(kc.fn, kc.signature, dict(kc.constexprs, NATIVE=True), kc.divisible_by_16,
+                               cc=90, num_warps=kc.num_warps, num_stages=kc.num_stages, **kc.options)
+    ops = collections.Counter(i.opcode.split(".")[0] for i in kernels.parse_sass(kernels._cuobjdump("-sass", k.asm["cubin"])))
+    out[name] = dict(ops=ops, fma_ptx=len(re.findall(r"\\bfma\\.", k.asm["ptx"])), usage=kernels.res_usage(k.asm["cubin"]))
+print(json.dumps(out))
+"""
+
+
+def test_native_kernel_on_sm90_has_no_fma():
+    """The GPU code of the NATIVE epilogue, compiled for sm_90 without a GPU (a process without
+    the interpreter): no fma anywhere in fp32 (FMUL and FADD: the launch turns fp fusion off) nor
+    in bf16, where LLVM narrows the float32 ops and their rounding to bf16 ``mul.rn``/``add.rn``
+    (the same bits: float32 has 2p + 2 bits of a bf16/fp16 significand, so the double rounding
+    is innocuous; ``.rn`` ops are never fused); no spill."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _SASS, "float32-fwd", "float32-bwd", "bfloat16-fwd"], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, r in got.items():
+        assert r["ops"].get("FFMA", 0) == 0 and r["fma_ptx"] == 0, (name, r)
+        assert r["usage"]["local"] == 0 and r["usage"]["stack"] == 0, (name, r)
+    assert got["float32-fwd"]["ops"]["FMUL"] > 0 and got["float32-fwd"]["ops"]["FADD"] > 0
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
