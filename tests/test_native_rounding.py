@@ -594,6 +594,48 @@ def test_transformers_qwen_vl_native_is_unpatched(kind, monkeypatch):
     assert rules == {"_RotateText": "x", "_RotateVision": "float"}
 
 
+_TF_REFUSED = {"deepseek_v3": "de-interleaved", "glm4_moe_lite": "de-interleaved", "llama4": "complex numbers"}
+
+
+@needs_transformers
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "gemma2",
+                                    "gemma3", "phi3", "deepseek_v3", "deepseek_v3_half", "llama4", "gpt_oss", "glm",
+                                    "glm4", "glm4_moe", "glm4_moe_lite", "qwen3_5", "qwen3_5_moe"])
+def test_transformers_families_native(family, monkeypatch):
+    """docs/families.md's native column: every family bitwise its unpatched bf16 self (Gemma 3's
+    per-layer-type tables, Phi-3's LongRoPE, GPT-OSS's half-width tables, GLM's pairs, Qwen3.5's
+    partial mRoPE), or refused with the reason (MLA's de-interleaving, Llama 4's complex product)."""
+    import test_integrations_transformers as first
+    import test_integrations_transformers_families as fams
+    from rome.integrations import patch
+    from rome.integrations import transformers as rome_tf
+    from helpers import token_ids
+
+    if family in first.FAMILIES:
+        cls, config = first.FAMILIES[family]
+        model = first._llama(cls=cls, config=config)
+    else:
+        model = fams._build(family)
+    model = model.to(torch.bfloat16)
+    if family in _TF_REFUSED:
+        with pytest.raises(ValueError, match=rf"rounding='native'\): .*{_TF_REFUSED[family]}"):
+            patch(model, rounding="native")
+        return
+    _patched_equal(model, {"input_ids": token_ids()}, _logits, monkeypatch, rome_tf)
+
+
+@needs_transformers
+@pytest.mark.parametrize("kind", ["qwen3_vl", "qwen3_vl_moe"])
+def test_transformers_qwen3_vl_native(kind, monkeypatch):
+    import test_integrations_transformers_families as fams
+    from rome.integrations import transformers as rome_tf
+
+    model, inputs = fams._qwen3_vl(kind)
+    model = model.to(torch.bfloat16)
+    inputs = {k: (v.bfloat16() if v.is_floating_point() else v) for k, v in inputs.items()}
+    _patched_equal(model, inputs, _logits, monkeypatch, rome_tf)
+
+
 @needs_transformers
 def test_transformers_native_rule_probe():
     """The probe names the rounding of a modeling function, and refuses one it cannot match."""
@@ -640,7 +682,9 @@ def _diffusers_case(name):
 
 @needs_diffusers
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-@pytest.mark.parametrize("name", ["wan", "flux", "hunyuan", "ltx", "cogvideox", "cosmos", "wanvace", "flux2"])
+@pytest.mark.parametrize("name", ["wan", "hunyuan", "cogvideox", "flux", "ltx", "flux2", "chroma", "wanvace",
+                                  "wananimate", "chronoedit", "skyreels", "hunyuan15", "hunyuanimage", "ltx2",
+                                  "cosmos", "cogview4", "framepack", "consisid"])
 def test_diffusers_native_is_unpatched(name, dtype, monkeypatch):
     """The model's own tables (HunyuanVideo's and LTX's float32-angle rotary modules kept) and
     each family's rounding: Wan's ops in x's dtype (bf16 after ``.to``: its tables are cast
@@ -651,8 +695,10 @@ def test_diffusers_native_is_unpatched(name, dtype, monkeypatch):
     model, inputs = mod.build(name)
     if dtype != torch.float32:
         model = model.to(dtype)
-        inputs = {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() and v.ndim > 1 else v)
-                  for k, v in inputs.items()}
+        if hasattr(mod, "_cast"):  # (each module's own input cast)
+            inputs = {k: mod._cast(v, dtype) for k, v in inputs.items()}
+        else:
+            inputs = {k: mod._bf16(v) for k, v in inputs.items()}
     _patched_equal(model, inputs, mod.run, monkeypatch, rd)
 
 
