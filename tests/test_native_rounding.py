@@ -417,6 +417,35 @@ def test_vllm_get_rope_and_mrope_native():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_vllm_registered_op():
+    """``torch.ops.rome.vllm_rotary_embedding``: vLLM's ``_C.rotary_embedding`` schema (positions,
+    query, key or None, head_size, cos_sin_cache, is_neox), in place, returning None; with
+    "native" vLLM's bits; opcheck and a fullgraph compile."""
+    from torch.library import opcheck
+
+    cache = vllm_cache(16, 64)
+    pos = torch.randint(0, 64, (7,), device=DEVICE)
+    q, k = _x(7, 4 * 32, dtype=torch.bfloat16), _x(7, 2 * 32, dtype=torch.bfloat16)
+    want = vllm_forward_native(pos, q, k, 32, 16, cache, True)
+    a, b = q.clone(), k.clone()
+    assert torch.ops.rome.vllm_rotary_embedding(pos, a, b, 32, cache, True, "native") is None
+    assert torch.equal(a, want[0]) and torch.equal(b, want[1])
+    from rome.integrations import vllm
+
+    a = q.clone()
+    torch.ops.rome.vllm_rotary_embedding(pos, a, None, 32, cache, False)  # (vLLM's arguments only)
+    assert torch.equal(a, vllm.rotary_embedding(pos, q, None, head_size=32, cos_sin_cache=cache,
+                                                is_neox_style=False)[0])
+    opcheck(torch.ops.rome.vllm_rotary_embedding.default, (pos, q.clone(), k.clone(), 32, cache, True, "native"))
+    fn = torch.compile(lambda p, x, y: torch.ops.rome.vllm_rotary_embedding(p, x, y, 32, cache, True, "native"),
+                       fullgraph=True, backend="aot_eager")
+    a, b = q.clone(), k.clone()
+    fn(pos, a, b)
+    assert torch.equal(a, want[0]) and torch.equal(b, want[1])
+    with pytest.raises(ValueError, match=r"rounding must be one of \('exact', 'native'\), got 'x'"):
+        torch.ops.rome.vllm_rotary_embedding(pos, q.clone(), None, 32, cache, True, "x")
+
+
 def test_flashinfer_cache_forms_native():
     from rome.integrations import flashinfer
 

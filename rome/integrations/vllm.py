@@ -7,6 +7,7 @@ cos/sin-cache functions, ``rome.integrations.flashinfer``, call it).
     rope = RotaryEmbedding(head_size=128, rotary_dim=128, max_position_embeddings=4096,
                            base=10000.0, is_neox_style=True)
     q, k = rope(positions, q, k)           # q [T, N*D], k [T, N_kv*D] (or k=None -> (q, None))
+    torch.ops.rome.vllm_rotary_embedding(positions, q, k, 128, rope.cos_sin_cache, True)  # vLLM's op, in place
 
 The semantics of vLLM's ``RotaryEmbedding.forward_native``: ``positions`` ``[T]`` (or any shape
 of T tokens, e.g. ``[B, S]``), query/key flattened ``[T, N * head_size]`` (or ``[T, N,
@@ -60,6 +61,7 @@ __all__ = [
     "YaRNScalingRotaryEmbedding",
     "get_rope",
     "rotary_embedding",
+    "vllm_rotary_embedding",
 ]
 
 
@@ -196,6 +198,24 @@ def rotary_embedding(
     else:
         q, k = apply(q, *tables(q_lead), m, **kw), apply(k, *tables(k_lead), m, **kw)
     return q.reshape(query.shape), k.reshape(key.shape)
+
+
+# vLLM's ``torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``
+# as a registered op of rome's namespace, for code that calls the op itself: in place on query
+# and key (key may be None), returning nothing, as vLLM's; ``rounding`` (a trailing argument vLLM's
+# schema has not, default "exact") as ``rotary_embedding``'s, "native" giving vLLM's bits.
+@torch.library.custom_op("rome::vllm_rotary_embedding", mutates_args=("query", "key"))
+def vllm_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
+                          cos_sin_cache: Tensor, is_neox: bool, rounding: str = "exact") -> None:
+    """``torch.ops.rome.vllm_rotary_embedding``: vLLM's ``_C.rotary_embedding`` schema, query and
+    key rotated in place by ``rotary_embedding(..., inplace=True)``."""
+    rotary_embedding(positions, query, key, head_size=head_size, cos_sin_cache=cos_sin_cache,
+                     is_neox_style=is_neox, inplace=True, rounding=rounding)
+
+
+@vllm_rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox, rounding="exact"):
+    check_rounding(rounding)
 
 
 def _half_cache(freqs: Frequencies, rows: int, dtype: torch.dtype, device) -> Tensor:
