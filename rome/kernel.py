@@ -61,6 +61,10 @@ compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + 
 to ±inf (it overflows, or a term is infinite) the result is that infinity, not the NaN the
 error terms (inf - inf) would give. cos and sin may differ in dtype: each is read as its own.
 
+``NATIVE`` (``rounding="native"``; both kernels, a signed permutation only) replaces that
+epilogue by the eager chain's rounding (``_native``): cos and sin rounded to x's dtype, ``x*cos``
+and ``r*sin`` each rounded to it, their float32 sum rounded by the store; fp fusion off, so no fma.
+
 Positions (``POSITIONS`` > 0, in both kernels with the table path, chosen by constexpr): cos/sin
 are then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32
 or int64 ``[..., A]`` broadcast to x's rows (stride 0 over heads), gives each element its cache

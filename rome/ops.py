@@ -12,6 +12,11 @@ forward:   dcos = Σ h*x,  dsin = Σ h*(x@M),  dM = Σ xᵀ(h*sin)
 transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
 (Σ over the dims cos/sin/M were broadcast along). The ops also have batching rules (vmap).
 
+Rounding (the ops' trailing ``rounding`` arg, every entry point's ``rounding=``): ``"exact"``, one
+rounding of the exact value, or ``"native"``, the eager chain's bits (``torch_backend._native``,
+``kernel._native``); the backward of a native op is the transposed native op (the eager chain's
+backward), its table grads the exact ones.
+
 Positions (``apply_at``/``apply_qk_at``; the ops' optional ``positions``/``axis`` args): cos and
 sin are then caches ``[P, D]`` and element (r, j) of x reads row ``positions[r, axis[j]]`` of them
 (``rome.positions.gather_rows``); the kernel gathers them itself, no per-token table is
