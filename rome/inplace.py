@@ -260,7 +260,7 @@ def _launch(xs: list[Tensor], outs: list[Tensor], cos, sin, matrix, backend: str
             tmp = ops._out_like(x)
             targets.append(tmp)
             copies.append((out, tmp))
-    ops._rotate(xs, cos, sin, matrix, backend, transpose=False, outs=targets, rounding=rounding)
+    ops._rotate(xs, cos, sin, matrix, backend, transpose=False, outs=targets, **ops._native(rounding))
     for out, tmp in copies:
         out.copy_(tmp)
 

@@ -465,8 +465,20 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
         if learn is not None:
             learn.rec, learn.warn = rec, warn
     else:
-        _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles, rounding)
+        _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles, **_native(rounding))
     return outs
+
+
+def _native(rounding: str) -> dict:
+    """``_rotate``'s rounding keyword, passed only where it is not the default (a test's spy of
+    ``_rotate``, or a traced call, sees the calls it saw before)."""
+    return {} if rounding == "exact" else {"rounding": rounding}
+
+
+def _extra(rounding: str) -> tuple:
+    """The ops' trailing rounding argument, passed only where it is not the default (a traced
+    graph keeps the ops' calls as they were)."""
+    return () if rounding == "exact" else (rounding,)
 
 
 def _warn_fp32_dot(dtype) -> None:
@@ -483,13 +495,13 @@ def _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles
     (``positions_checked()``) go straight to the gather."""
     if positions is None or _CHECKED.get() is True or positions.device.type == "meta":
         torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis,
-                                  angles=angles, rounding=rounding)
+                                  angles=angles, **_native(rounding))
         return
     limit = ANGLE_POSITIONS if angles else cos.shape[0]
     bad = (positions < 0) | (positions >= limit)  # [..., A]
     safe = positions.clamp(0, limit - 1)
     torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=safe, axis=axis,
-                              angles=angles, rounding=rounding)
+                              angles=angles, **_native(rounding))
     columns = _bad_columns(bad, axis, matrix, transpose)
     for out in outs:
         out.masked_fill_(columns, float("nan"))
@@ -529,7 +541,7 @@ def _apply(
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
     rounding: str = "exact",
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles, rounding=rounding)[0]
+    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles, **_native(rounding))[0]
 
 
 @torch.library.custom_op("rome::apply_transposed", mutates_args=())
@@ -538,7 +550,7 @@ def _apply_t(
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
     rounding: str = "exact",
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles, rounding=rounding)[0]
+    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles, **_native(rounding))[0]
 
 
 @torch.library.custom_op("rome::apply_qk", mutates_args=())
@@ -547,7 +559,7 @@ def _apply_qk(
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
     rounding: str = "exact",
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles, rounding=rounding)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles, **_native(rounding))
     return q_out, k_out
 
 
@@ -557,7 +569,7 @@ def _apply_qk_t(
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
     rounding: str = "exact",
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles, rounding=rounding)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles, **_native(rounding))
     return q_out, k_out
 
 
@@ -688,7 +700,7 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):
             with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
-                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
+                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, **_native(ctx.rounding))
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
                             positions, axis, ctx.angles)
@@ -738,7 +750,7 @@ def _make_vmap(transpose: bool, n: int):
                 cos, sin = (_batch_front(t, d, b, rank) for t, d in zip((cos, sin), in_dims[n : n + 2]))
             if in_dims[n + 4] is not None:  # positions [B, 1.., ..., A], as the tables
                 positions = _batch_front(positions, in_dims[n + 4], b, rank)
-            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles, rounding)
+            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
             outs = [out] if n == 1 else list(out)
             outs = [o[(slice(None),) + (0,) * (rank - r)] for o, r in zip(outs, ranks)]
         return (outs[0], 0) if n == 1 else (tuple(outs), (0,) * n)
@@ -790,7 +802,7 @@ class _Rotate(torch.autograd.Function):
 
     @staticmethod
     def forward(transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs):
-        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, rounding)
+        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
         return (out,) if len(xs) == 1 else tuple(out)
 
     @staticmethod
@@ -887,10 +899,8 @@ def _run(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, xs
     (autograd, compile, modes); the entry points and the op's backward both come here."""
     extra = [t for t in (positions, axis) if t is not None]
     if _direct(*xs, cos, sin, matrix, *extra):
-        return _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles, rounding=rounding)
-    # (rounding passed only where it is not the default: a traced graph keeps the ops' old calls)
-    extra = () if rounding == "exact" else (rounding,)
-    outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, *extra)
+        return _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles, **_native(rounding))
+    outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
     return [outs] if len(xs) == 1 else list(outs)
 
 
@@ -901,7 +911,7 @@ def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *
     if _use_function(*xs, cos, sin, matrix):
         outs = _Rotate.apply(transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs)
     else:
-        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, xs, rounding)
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, xs, **_native(rounding))
     return outs[0] if len(xs) == 1 else tuple(outs)
 
 
@@ -1061,9 +1071,10 @@ def _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted) 
     if not entry.triton:
         if trusted:
             with positions_checked():
-                _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles, entry.rounding)
+                _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles,
+                              **_native(entry.rounding))
         else:
-            _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles, entry.rounding)
+            _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles, **_native(entry.rounding))
         return outs
     if entry.warn:
         _warn_fp32_dot(x0.dtype)
@@ -1110,7 +1121,7 @@ class _Lean(torch.autograd.Function):
 def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, rounding="exact") -> list[Tensor]:
     """``_run`` through the lean path (the backward's rotation)."""
     def full():
-        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, rounding)
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, **_native(rounding))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     out = _lean("rotate", transpose, hs, cos, sin, matrix, positions, axis, angles, backend, None, full,
