@@ -244,6 +244,22 @@ def test_forward_mode_and_vmap():
     assert torch.equal(torch.vmap(fn)(x), chain(x, cos, sin))
 
 
+def test_compile_fullgraph_keeps_native():
+    """torch.compile traces the op with its rounding argument: forward and backward bitwise the
+    eager chain's."""
+    x = _x(2, 10, 16, dtype=torch.float16).requires_grad_()
+    cos, sin = _tables(10, 16)
+    fn = torch.compile(lambda v: rome.apply(v, cos, sin, mode="interleave", backend="torch", rounding="native"),
+                       fullgraph=True, backend="aot_eager")
+    out = fn(x)
+    g = _x(2, 10, 16, dtype=torch.float16)
+    (dx,) = torch.autograd.grad(out, x, g)
+    ref = x.detach().requires_grad_()
+    want = chain(ref, cos, sin, "interleave")
+    (dref,) = torch.autograd.grad(want, ref, g)
+    assert torch.equal(out, want) and torch.equal(dx, dref)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float32), ids=str)
 def test_positions_and_in_place_forms(dtype, backend):
