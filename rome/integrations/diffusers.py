@@ -446,9 +446,10 @@ class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProce
             if attn.norm_k is not None:
                 key = attn.norm_k(key)
             query = self._rome.one(query, cos, sin)
-        else:  # (its per-head LayerNorms fused into the rotation where rome takes them; BNSD)
+        else:  # (its per-head LayerNorms fused into the rotation where rome takes them; BSND
+            # views of its BNSD q and k, tables [S, 1, D])
             query, key = (t.transpose(1, 2) for t in self._rome.norm_then(
-                query.transpose(1, 2), key.transpose(1, 2), cos, sin, attn.norm_q, attn.norm_k))
+                query.transpose(1, 2), key.transpose(1, 2), cos[:, None], sin[:, None], attn.norm_q, attn.norm_k))
         hidden_states = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
         )
