@@ -340,8 +340,10 @@ replaced, by rome with `rounding="native"` in the dtype the model's code compute
 
 No q/k norm is fused with `rounding="native"`: the fused norm (`rome.apply_qk_norm`) keeps the
 normalised values in float32, which is not the model's norm rounded to its dtype, so the model's
-own norm modules run as it runs them (transformers' Qwen3, Qwen3-MoE, Gemma 3, OLMo 2; the
-diffusers processors that fuse them) and only the rotation is rome's.
+own norm modules run as it runs them (transformers' Qwen3, Qwen3-MoE, Gemma 3; the diffusers
+processors that fuse them) and only the rotation is rome's. (OLMo 2, whose norms an exact patch
+fuses too, is refused by the probe: its function computes in the promoted dtype and casts back
+to q's, neither rule above.)
 
 Tested in `tests/test_native_rounding.py` on the tiny models above, each against itself
 unpatched with `torch.equal` (rome called), undone bitwise:

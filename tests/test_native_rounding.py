@@ -792,6 +792,117 @@ def test_diffusers_native_refuses_other_rotations(name):
     rome.integrations.patch(model).undo()
 
 
+@needs_diffusers
+def test_diffusers_native_refuses_rebound_families():
+    """The rebound processors' rotary functions (rome/integrations/_diffusers_rope.py) round
+    exactly only: those families are refused with rounding="native", saying so."""
+    mod = _diffusers_case("allegro")
+    model, _ = mod.build("allegro")
+    with pytest.raises(ValueError, match=r"rounding='native'\): its processor is rebound to rome's rotary "
+                                         r"functions .* which round exactly only"):
+        rome.integrations.patch(model, rounding="native")
+    rome.integrations.patch(model).undo()
+
+
+# --- no q/k norm fused with native ------------------------------------------------------------------
+
+
+@needs_transformers
+@pytest.mark.parametrize("family", ["qwen3", "gemma3", "olmo2"])
+def test_transformers_native_fuses_no_norm(family, monkeypatch):
+    """Qwen3 and Gemma 3, whose q/k norms an exact patch fuses (rome.apply_qk_norm, the norm
+    modules passing their input through), keep their norms with rounding="native": the norm
+    modules run as the model runs them, no apply_qk_norm, one apply_qk per layer, bf16 logits
+    bitwise the unpatched ones (norm weights away from 1). OLMo 2 (fused too with exact) is
+    refused by the probe: its apply_rotary_pos_emb computes in the promoted dtype and casts back
+    to q's, neither rule of ``_native_rule``."""
+    import test_integrations_transformers_families as fams
+    from helpers import RomeCalls, token_ids
+    from rome.integrations import patch
+    from rome.integrations import transformers as rome_tf
+
+    cls_name, config_name, kw, _ = fams.NORMED[family]
+    cls, config = getattr(transformers, cls_name, None), getattr(transformers, config_name, None)
+    if cls is None or config is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {cls_name}")
+    torch.manual_seed(0)
+    model = cls(config(**{**fams.TEXT, **kw})).eval()
+    norms = [m for n, m in model.named_modules() if n.endswith(("q_norm", "k_norm"))]
+    with torch.no_grad():
+        for m in norms:
+            m.weight.uniform_(-0.5, 1.5)
+    model = model.to(torch.bfloat16)
+    ids = token_ids(1, 8)
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    with patch(model, backend="torch"):  # (exact: the norms are fused, so the check below means something)
+        assert all("forward" in m.__dict__ for m in norms)
+    if family == "olmo2":
+        with pytest.raises(ValueError, match=r"rounding='native'\): olmo2's apply_rotary_pos_emb does not round"):
+            patch(model, backend="torch", rounding="native")
+        assert not any("forward" in m.__dict__ for m in norms)  # (nothing left patched)
+        return
+    handle = patch(model, backend="torch", rounding="native")
+    count = RomeCalls(monkeypatch, rome_tf)
+    try:
+        assert not any("forward" in m.__dict__ for m in norms)
+        with torch.no_grad():
+            out = model(input_ids=ids).logits
+        assert count.by == {"apply_qk": fams._rope_layers(model)}
+        assert torch.equal(out, ref)
+    finally:
+        handle.undo()
+
+
+@needs_diffusers
+@pytest.mark.parametrize("name", ["wan", "flux", "hunyuan", "cogvideox", "ltx"])
+def test_diffusers_native_fuses_no_norm(name, monkeypatch):
+    """The processors that fuse the model's q/k norms into rome.apply_qk_norm with rounding="exact"
+    (Wan and LTX-Video over a token's heads, Flux, HunyuanVideo, CogVideoX per head) run the
+    model's own norms with rounding="native" (``_Rotate.normed`` declines): only apply_qk, bf16
+    output bitwise the unpatched model's."""
+    import test_integrations_diffusers as a
+    from rome.integrations import diffusers as rd
+
+    model, inputs = a.build(name, torch.bfloat16)
+    ref = a.run(model, inputs)
+    calls = a._spy_rome(monkeypatch)
+    with rome.integrations.patch(model, backend="torch"):
+        a.run(model, inputs)
+    assert set(calls) == {"apply_qk_norm"}  # (exact fuses them)
+    calls.clear()
+    with rome.integrations.patch(model, backend="torch", rounding="native"):
+        out = a.run(model, inputs)
+    assert calls and set(calls) == {"apply_qk"}
+    assert torch.equal(out, ref)
+    assert rd._Rotate("torch", "float").normed(*(torch.zeros(1, 2, 2, 8),) * 2, *(torch.ones(2, 1, 8),) * 2,
+                                               torch.nn.RMSNorm(8, eps=1e-6), torch.nn.RMSNorm(8, eps=1e-6)) is None
+
+
+def test_rope_module_native_refuses_norm():
+    """rome.RoPE(rounding="native") refuses norm= (the fused norm is not the model's rounding);
+    apply_qk_norm takes no rounding at all; the launcher refuses native with the norm prologue."""
+    layout = rome.rope_layout(rome.rope_frequencies(16))
+    q, k = _x(1, 2, 9, 16, dtype=torch.bfloat16), _x(1, 1, 9, 16, dtype=torch.bfloat16)
+    spec = rome.QKNorm(torch.ones(16), torch.ones(16))
+    with pytest.raises(ValueError, match=r"norm= is rome's fused q/k norm.*rounding='native'"):
+        rome.RoPE(layout, rounding="native", backend="torch")(q, k, norm=spec)
+    rome.RoPE(layout, backend="torch")(q, k, norm=spec)  # (exact takes it)
+    with pytest.raises(TypeError):
+        rome.apply_qk_norm(q, k, *_tables(9, 16), rotation_matrix([16], "half", dtype=torch.bfloat16),
+                           torch.ones(16), torch.ones(16), rounding="native")
+    pytest.importorskip("triton")
+    from rome import launcher
+
+    if not launcher.INTERPRET and not torch.cuda.is_available():
+        pytest.skip("the launcher needs CUDA or TRITON_INTERPRET=1")
+    x = _x(1, 2, 9, 16, dtype=torch.float32)
+    w = torch.ones(16, device=x.device)
+    with pytest.raises(ValueError, match=r"rounding='native' does not take the norm prologue"):
+        launcher.rotate([x], [torch.empty_like(x)], *_tables(9, 16), rotation_matrix([16], "half", device=x.device),
+                        transpose=False, norm=("rms", 1e-6, [(w, None)]), native=True)
+
+
 def test_patch_refuses_bad_rounding():
     with pytest.raises(ValueError, match=r"rounding must be one of \('exact', 'native'\), got 'bits'"):
         rome.integrations.patch(torch.nn.Linear(2, 2), rounding="bits")
