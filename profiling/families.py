@@ -8,14 +8,17 @@ the code that decides it:
   reads), ``_CLASSES`` (the model classes), ``_REFUSED`` (model types refused, with the reason),
   and the rule of ``_discovered`` (every other model type, read from its modeling file);
 - diffusers (``rome/integrations/diffusers.py``): ``_FAMILIES`` (per class: the processors
-  replaced, restated or rebound, the layers, the rotary module's float64 forward), the rotary
-  functions of the rebound processors (``_diffusers_rope``: what they read and rotate, whether q
-  and k go in one launch), ``REFUSED`` (with the reason) and ``NO_ROPE``.
+  replaced, restated or rebound, the layers, the rotary module's float64 forward, the
+  ``rounding="native"`` rule), the rotary functions of the rebound processors
+  (``_diffusers_rope``: what they read and rotate, whether q and k go in one launch), ``REFUSED``
+  (with the reason) and ``NO_ROPE``.
 
 What the code cannot say in words, this file does: each family's display name and, for the
 families whose rotation rome reads from the model's config or restates in a processor, a short
 description of that rotation (``TRANSFORMERS`` and ``DIFFUSERS`` below; a family missing there
-is listed under its key, and tests/test_families_doc.py fails). The page's prose is the header
+is listed under its key, and tests/test_families_doc.py fails), and the ``rounding="native"``
+section's lists (the transformers families tests/test_native_rounding.py runs bitwise, and why a
+restated diffusers family has no native rule). The page's prose is the header
 and the notes below. Nothing of the installed transformers or diffusers is read: the page is the
 same whichever versions are installed, or none (tests/test_families_doc.py holds the committed
 page to it).
@@ -299,6 +302,58 @@ not cover goes to the model's own processor unchanged: no RoPE tables given, Wan
 (the model's rotary module always makes them per head).
 """
 
+# patch(model, rounding="native"): the transformers families tested bitwise (the probe of
+# ``_native_rule`` decides at patch time, so this is what tests/test_native_rounding.py runs), the
+# ones refused, and why diffusers families without a ``_Family.native`` rule are refused
+TRANSFORMERS_NATIVE = (
+    "Llama (bf16, fp16, fp32; the kernel too), Mistral, Qwen2, Qwen3, Qwen2-MoE, Qwen3-MoE, Mixtral, Gemma 2, "
+    "Gemma 3, Phi-3, DeepSeek-V3 with `rope_interleave=False`, GPT-OSS, GLM, GLM-4, GLM-4.5, Qwen3.5, "
+    "Qwen3.5-MoE (bf16), GPT-NeoX partial (bf16), Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE with their "
+    "vision towers (bf16)")
+TRANSFORMERS_NATIVE_REFUSED = (
+    "DeepSeek-V3 and GLM-4.7-Flash with `rope_interleave` (transformers writes the pairs de-interleaved, "
+    "rome in place), Llama 4 (complex products)")
+DIFFUSERS_NATIVE_REFUSED = {
+    "QwenImageTransformer2DModel": "complex products", "ZImageTransformer2DModel": "complex products",
+    "Lumina2Transformer2DModel": "complex products", "MochiTransformer3DModel": "their own per-pair formulas",
+    "HiDreamImageTransformer2DModel": "their own per-pair formulas",
+}
+DIFFUSERS_NATIVE_REBOUND = "rebound processors: rome's rotary functions round exactly only"
+
+NATIVE_INTRO = """\
+## Rounding: native
+
+`rome.integrations.patch(model, rounding="native")` gives outputs bit for bit the unpatched
+model's ([precision.md](precision.md#rounding-exact-and-native)). The model's rotary modules are
+left as they are (their tables, in the dtype they return them, are what the model multiplies by;
+HunyuanVideo's and LTX-Video's float32-angle modules included) and only the rotation is
+replaced, by rome with `rounding="native"` in the dtype the model's code computes it in:
+
+- transformers: found at patch time by probing the modeling file's function on bf16 values with
+  bf16 and float32 tables: `q * cos + rotate_half(q) * sin` in q's dtype promoted with the
+  tables' (Llama's `apply_rotary_pos_emb` and its copies), or float32 then cast back to q's dtype
+  (Qwen's `apply_rotary_pos_emb_vision`); a function that rounds as neither is refused.
+- diffusers: per family (`_Family.native`, from `rome.integrations.diffusers._NATIVE`): Wan's
+  nested `apply_rotary_emb` (`x1 * cos - x2 * sin` in x's dtype promoted with the tables': bf16
+  after `model.to(bf16)`, which casts its tables too) or diffusers' `apply_rotary_emb` and LTX's
+  copies (float32, one rounding to x's dtype).
+
+No q/k norm is fused with `rounding="native"`: the fused norm (`rome.apply_qk_norm`) keeps the
+normalised values in float32, which is not the model's norm rounded to its dtype, so the model's
+own norm modules run as it runs them (transformers' Qwen3, Qwen3-MoE, Gemma 3; the diffusers
+processors that fuse them) and only the rotation is rome's. (OLMo 2, whose norms an exact patch
+fuses too, is refused by the probe: its function computes in the promoted dtype and casts back
+to q's, neither rule above.)
+
+Tested in `tests/test_native_rounding.py` on the tiny models above, each against itself
+unpatched with `torch.equal` (rome called), undone bitwise:
+"""
+
+NATIVE_NOTES = """\
+A refused family still patches with `rounding="exact"`. Families found from their modeling files
+(not in the table above) get the same probe: patched if it matches, refused otherwise.
+"""
+
 # --- the page ----------------------------------------------------------------------------------------
 
 
@@ -378,9 +433,29 @@ def _diffusers() -> list[str]:
     return lines
 
 
+def _native() -> list[str]:
+    patched = [DIFFUSERS.get(c, (c,))[0] for c, spec in rd._FAMILIES.items() if spec.native]
+    refused, rebound = {}, []
+    for cls, spec in rd._FAMILIES.items():
+        if spec.native:
+            continue
+        name = DIFFUSERS.get(cls, (cls,))[0]
+        if all(issubclass(r, rd._ReboundProcessor) for _, _, r, _ in spec.processors):
+            rebound.append(name)
+        else:
+            refused.setdefault(DIFFUSERS_NATIVE_REFUSED.get(cls, "its rotation"), []).append(name)
+    why = [f"{', '.join(names)} ({reason})" for reason, names in refused.items()]
+    if rebound:
+        why.append(f"{', '.join(rebound)} ({DIFFUSERS_NATIVE_REBOUND})")
+    return [NATIVE_INTRO,
+            "| Library | Bitwise with `rounding=\"native\"` (dtypes tested) | Refused (ValueError) |", "|---|---|---|",
+            _row(["transformers", TRANSFORMERS_NATIVE, TRANSFORMERS_NATIVE_REFUSED]),
+            _row(["diffusers", ", ".join(patched) + " (bf16 and fp32)", "; ".join(why)]), "", NATIVE_NOTES]
+
+
 def generate() -> str:
     """The text of docs/families.md."""
-    text = "\n".join([HEADER, *_transformers(), *_diffusers()])
+    text = "\n".join([HEADER, *_transformers(), *_diffusers(), *_native()])
     return text.rstrip("\n") + "\n"
 
 
@@ -391,7 +466,9 @@ def missing_names() -> list[str]:
             + [k for k in rt._REFUSED if k not in TRANSFORMERS_REFUSED]
             + [c for c in rt.SUPPORTED if c not in made and c not in TRANSFORMERS_CLASSES]
             + [k for k in rd._FAMILIES if k not in DIFFUSERS]
-            + [k for k in rd.REFUSED if k not in DIFFUSERS_REFUSED])
+            + [k for k in rd.REFUSED if k not in DIFFUSERS_REFUSED]
+            + [k for k, f in rd._FAMILIES.items() if not f.native and k not in DIFFUSERS_NATIVE_REFUSED
+               and not all(issubclass(r, rd._ReboundProcessor) for _, _, r, _ in f.processors)])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

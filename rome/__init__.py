@@ -26,7 +26,7 @@ from .module import RoPE, registry_bytes
 from .ops import BACKENDS, apply, apply_at, apply_qk, apply_qk_angles, apply_qk_at, positions_checked
 from .qknorm import QKNorm, apply_qk_norm, apply_qk_norm_at
 from .tables import grid_positions, rope_angles, rope_cos_sin
-from .types import AngleSource, Backend, Mode, QkvLayout
+from .types import AngleSource, Backend, Mode, QkvLayout, Rounding
 
 __all__ = [
     "__version__",
@@ -39,6 +39,7 @@ __all__ = [
     "QkvLayout",
     "RoPE",
     "RopeLayout",
+    "Rounding",
     "axial_layout",
     "cos_sin_cache",
     "frequencies_from_hf",

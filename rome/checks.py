@@ -1,4 +1,4 @@
-"""The argument checks of rome's four ops (types, devices, shapes), below both ``rome.ops`` and
+"""The argument checks of rome's four ops (types, devices, shapes, the rounding), below both ``rome.ops`` and
 ``rome.distributed``: ``check_arguments`` raises for any argument the ops cannot take, and is all
 ``rome.distributed.prepare`` needs of the ops' checks (it checks DTensors on their global shapes).
 What needs more than the arguments stays in ``rome.ops``: the backend ``"auto"`` picks, and the
@@ -10,7 +10,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from .types import BACKENDS
+from .types import BACKENDS, ROUNDINGS
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _BROADCAST_HINT = "e.g. [S, D] or [B, 1, S, D] for BNSD x, [S, 1, D] for BSND x, [N, S, D] per head"
@@ -51,6 +51,14 @@ def check_types(xs: dict[str, Tensor], cos, sin, matrix, backend, tables=("cos",
             raise TypeError(f"{name} must be a float16/bfloat16/float32/float64 tensor, got {t.dtype}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def check_rounding(rounding) -> str:
+    """``rounding`` itself (``"exact"`` or ``"native"``), or ValueError naming the argument and
+    its value: every entry point that takes ``rounding=`` checks it here."""
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding
 
 
 def _check_no_forward_ad(named: dict[str, Tensor]) -> None:

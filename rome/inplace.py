@@ -53,8 +53,8 @@ import torch
 from torch import Tensor
 
 from . import ops, torch_backend
-from .checks import check_types
-from .types import QKV_LAYOUTS, Backend, QkvLayout
+from .checks import check_rounding, check_types
+from .types import QKV_LAYOUTS, Backend, QkvLayout, Rounding
 
 
 # --- packed QKV views ---------------------------------------------------------------------
@@ -250,7 +250,7 @@ def _direct_ok(backend: str, x: Tensor, out: Tensor, cos: Tensor, matrix: Tensor
     return not any(plan.reads(n, k) for n in range(np_) for k in range(n))
 
 
-def _launch(xs: list[Tensor], outs: list[Tensor], cos, sin, matrix, backend: str) -> None:
+def _launch(xs: list[Tensor], outs: list[Tensor], cos, sin, matrix, backend: str, rounding: str = "exact") -> None:
     """One launch of the functional op's launcher into ``outs``, through temporaries where the
     backend cannot write an out directly (then copied back)."""
     targets, copies = [], []
@@ -261,7 +261,7 @@ def _launch(xs: list[Tensor], outs: list[Tensor], cos, sin, matrix, backend: str
             tmp = ops._out_like(x)
             targets.append(tmp)
             copies.append((out, tmp))
-    ops._rotate(xs, cos, sin, matrix, backend, transpose=False, outs=targets)
+    ops._rotate(xs, cos, sin, matrix, backend, transpose=False, outs=targets, **ops._native(rounding))
     for out, tmp in copies:
         out.copy_(tmp)
 
@@ -282,31 +282,32 @@ class _Call:
     sin: Tensor
     matrix: Tensor
     backend: str
+    rounding: str = "exact"
 
 
 def _inplace_call(names):
     def parts(*args):
-        *xs, cos, sin, matrix, backend = args
+        *xs, cos, sin, matrix, backend, rounding = args
         named = dict(zip(names, xs))
-        return _Call(named, named, named, {}, cos, sin, matrix, backend)
+        return _Call(named, named, named, {}, cos, sin, matrix, backend, rounding)
 
     return parts
 
 
-def _qkv_call(qkv, cos, sin, matrix, num_heads, num_kv_heads, layout, backend):
+def _qkv_call(qkv, cos, sin, matrix, num_heads, num_kv_heads, layout, backend, rounding="exact"):
     q, k, _ = qkv_split(qkv, num_heads=num_heads, num_kv_heads=num_kv_heads, layout=layout)
     xs = {f"q (qkv[{layout}])": q, f"k (qkv[{layout}])": k}
-    return _Call(xs, xs, {"qkv": qkv}, {}, cos, sin, matrix, backend)
+    return _Call(xs, xs, {"qkv": qkv}, {}, cos, sin, matrix, backend, rounding)
 
 
 def _out_call(names):
     def parts(*args):
         n = len(names)
         xs = dict(zip(names, args[:n]))
-        cos, sin, matrix, *outs, backend = args[n:]
+        cos, sin, matrix, *outs, backend, rounding = args[n:]
         outs = dict(zip((f"{x}_out" if n > 1 else "out" for x in names), outs))
         may_equal = dict(zip(outs, names))
-        return _Call(xs, outs, outs, may_equal, cos, sin, matrix, backend)
+        return _Call(xs, outs, outs, may_equal, cos, sin, matrix, backend, rounding)
 
     return parts
 
@@ -322,14 +323,15 @@ class Spec:
 
 
 _T = "Tensor cos, Tensor sin, Tensor matrix"
+_B = 'str backend, str rounding="exact"'
 SPECS = (
-    Spec("apply_", f"(Tensor(a!) x, {_T}, str backend) -> ()", ("x",), _inplace_call(("x",))),
-    Spec("apply_qk_", f"(Tensor(a!) q, Tensor(b!) k, {_T}, str backend) -> ()", ("q", "k"),
+    Spec("apply_", f"(Tensor(a!) x, {_T}, {_B}) -> ()", ("x",), _inplace_call(("x",))),
+    Spec("apply_qk_", f"(Tensor(a!) q, Tensor(b!) k, {_T}, {_B}) -> ()", ("q", "k"),
          _inplace_call(("q", "k"))),
     Spec("apply_qkv_", f"(Tensor(a!) qkv, {_T}, int num_heads, int num_kv_heads, str layout, "
-         "str backend) -> ()", ("qkv",), _qkv_call),
-    Spec("apply_out", f"(Tensor x, {_T}, Tensor(a!) out, str backend) -> ()", ("out",), _out_call(("x",))),
-    Spec("apply_qk_out", f"(Tensor q, Tensor k, {_T}, Tensor(a!) q_out, Tensor(b!) k_out, str backend) -> ()",
+         f"{_B}) -> ()", ("qkv",), _qkv_call),
+    Spec("apply_out", f"(Tensor x, {_T}, Tensor(a!) out, {_B}) -> ()", ("out",), _out_call(("x",))),
+    Spec("apply_qk_out", f"(Tensor q, Tensor k, {_T}, Tensor(a!) q_out, Tensor(b!) k_out, {_B}) -> ()",
          ("q_out", "k_out"), _out_call(("q", "k"))),
 )
 
@@ -339,25 +341,30 @@ def _run(spec: Spec, args, *, real: bool) -> None:
     c = spec.parts(*args)
     tables = {"cos": c.cos, "sin": c.sin, "matrix": c.matrix}
     check_types(c.xs, c.cos, c.sin, c.matrix, c.backend)
+    check_rounding(c.rounding)
     _check_outs(c.xs, c.outs)
     backend = ops._check(c.xs, c.cos, c.sin, c.matrix, c.backend)
     if real:
         read = {**{n: x for n, x in c.xs.items() if n not in c.outs}, **tables}
         _check_memory(c.written, read, c.may_equal)
-        _launch(list(c.xs.values()), list(c.outs.values()), c.cos, c.sin, c.matrix, backend)
+        _launch(list(c.xs.values()), list(c.outs.values()), c.cos, c.sin, c.matrix, backend, c.rounding)
 
 
 def _register(spec: Spec):
+    def full(args):  # the trailing defaults a call left out (rounding), filled in
+        return args if len(args) == len(defaults) else (*args, *defaults[len(args):])
+
     def impl(*args):
-        _run(spec, args, real=True)
+        _run(spec, full(args), real=True)
 
     def fake(*args):
-        _run(spec, args, real=False)
+        _run(spec, full(args), real=False)
 
     op = torch.library.custom_op(f"rome::{spec.name}", impl, mutates_args=spec.mutates, schema=spec.schema)
     op.register_fake(fake)
     overload = getattr(torch.ops.rome, spec.name).default
     names = [a.name for a in overload._schema.arguments]
+    defaults = [a.default_value for a in overload._schema.arguments]
 
     def autograd(keyset, *args):
         # replaces custom_op's generated Autograd kernel, which runs a mutating op with no
@@ -383,39 +390,50 @@ OPS = {spec.name: _register(spec) for spec in SPECS}
 # --- public API ---------------------------------------------------------------------------
 
 
-def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None) -> None:
+def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None, rounding="exact") -> None:
     """The types the ops' schemas take, checked before the dispatcher (whose own message for a
     list or an int is a RuntimeError): TypeError / ValueError as ``rome.apply`` raises them."""
     check_types(xs, cos, sin, matrix, backend)
+    check_rounding(rounding)
     for name, out in (outs or {}).items():
         if not isinstance(out, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
 
 
-def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto") -> Tensor:
-    """``x <- x*cos + (x @ matrix)*sin`` in place; returns x. Bitwise ``rome.apply``'s result.
+def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto",
+           rounding: Rounding = "exact") -> Tensor:
+    """``x <- x*cos + (x @ matrix)*sin`` in place; returns x. Bitwise ``rome.apply``'s result
+    (``rounding`` as there).
 
     Shapes, dtypes and backends as ``rome.apply``. Not differentiable (see the module docstring);
     x must not overlap itself nor share memory with cos/sin/matrix.
     """
-    _check_args({"x": x}, cos, sin, matrix, backend)
-    torch.ops.rome.apply_(x, cos, sin, matrix, backend)
+    _check_args({"x": x}, cos, sin, matrix, backend, rounding=rounding)
+    torch.ops.rome.apply_(x, cos, sin, matrix, backend, *_extra(rounding))
     return x
 
 
+def _extra(rounding: str) -> tuple:
+    """The ops' trailing rounding argument, passed only where it is not the default (a traced
+    graph keeps the ops' old calls)."""
+    return () if rounding == "exact" else (rounding,)
+
+
 def apply_qk_(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """q and k rotated in place in one launch (``rome.apply_qk``'s rules); returns (q, k).
     q and k may be views of one buffer, but must not share memory."""
-    _check_args({"q": q, "k": k}, cos, sin, matrix, backend)
-    torch.ops.rome.apply_qk_(q, k, cos, sin, matrix, backend)
+    _check_args({"q": q, "k": k}, cos, sin, matrix, backend, rounding=rounding)
+    torch.ops.rome.apply_qk_(q, k, cos, sin, matrix, backend, *_extra(rounding))
     return q, k
 
 
 def apply_qkv_(
     qkv: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, num_heads: int | None = None,
     num_kv_heads: int | None = None, layout: QkvLayout = "stacked", backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> Tensor:
     """The q and k parts of a packed ``qkv`` rotated in place in one launch; v is not touched.
     Returns qkv (``qkv_split`` gives the views).
@@ -425,29 +443,30 @@ def apply_qkv_(
     the q and k views (``[S, 1, D]`` for ``[B, S, 3, N, D]`` or ``[B, S, N_q + 2 N_kv, D]``).
     """
     q, k, _ = qkv_split(qkv, num_heads=num_heads, num_kv_heads=num_kv_heads, layout=layout)
-    _check_args({"qkv": qkv}, cos, sin, matrix, backend)
-    torch.ops.rome.apply_qkv_(qkv, cos, sin, matrix, q.shape[-2], k.shape[-2], layout, backend)
+    _check_args({"qkv": qkv}, cos, sin, matrix, backend, rounding=rounding)
+    torch.ops.rome.apply_qkv_(qkv, cos, sin, matrix, q.shape[-2], k.shape[-2], layout, backend, *_extra(rounding))
     return qkv
 
 
 def apply_out(
-    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: Tensor, backend: Backend = "auto"
+    x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: Tensor, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> Tensor:
     """``out <- x*cos + (x @ matrix)*sin``; returns out. out: x's shape and dtype, any strides;
     it is x itself (in place) or disjoint from x and the tables."""
-    _check_args({"x": x}, cos, sin, matrix, backend, {"out": out})
-    torch.ops.rome.apply_out(x, cos, sin, matrix, out, backend)
+    _check_args({"x": x}, cos, sin, matrix, backend, {"out": out}, rounding)
+    torch.ops.rome.apply_out(x, cos, sin, matrix, out, backend, *_extra(rounding))
     return out
 
 
 def apply_qk_out(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, out: tuple[Tensor, Tensor],
-    backend: Backend = "auto",
+    backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """``rome.apply_qk`` into ``out = (q_out, k_out)`` in one launch; returns out."""
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise TypeError(f"out must be a (q_out, k_out) pair of tensors, got {type(out).__name__}")
     q_out, k_out = out
-    _check_args({"q": q, "k": k}, cos, sin, matrix, backend, {"q_out": q_out, "k_out": k_out})
-    torch.ops.rome.apply_qk_out(q, k, cos, sin, matrix, q_out, k_out, backend)
+    _check_args({"q": q, "k": k}, cos, sin, matrix, backend, {"q_out": q_out, "k_out": k_out}, rounding)
+    torch.ops.rome.apply_qk_out(q, k, cos, sin, matrix, q_out, k_out, backend, *_extra(rounding))
     return q_out, k_out

@@ -61,6 +61,10 @@ compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + 
 to ±inf (it overflows, or a term is infinite) the result is that infinity, not the NaN the
 error terms (inf - inf) would give. cos and sin may differ in dtype: each is read as its own.
 
+``NATIVE`` (``rounding="native"``; both kernels, a signed permutation only) replaces that
+epilogue by the eager chain's rounding (``_native``): cos and sin rounded to x's dtype, ``x*cos``
+and ``r*sin`` each rounded to it, their float32 sum rounded by the store; fp fusion off, so no fma.
+
 Positions (``POSITIONS`` > 0, in both kernels with the table path, chosen by constexpr): cos/sin
 are then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a positions tensor, int32
 or int64 ``[..., A]`` broadcast to x's rows (stride 0 over heads), gives each element its cache
@@ -172,6 +176,25 @@ def _add2(x, c, a, F64: tl.constexpr):
     # x*c + a for an exact fp32 term a
     p, ep = _two_prod(x, c, F64)
     return _sum2(p, a, ep)
+
+
+@triton.jit
+def _in_dtype(v, ty: tl.constexpr, RAW_BF16: tl.constexpr):
+    # fp32 v rounded to nearest even in x's dtype ty and widened back (exact; fp32: v itself);
+    # RAW_BF16: bf16 rounded by hand (the interpreter's cast truncates)
+    if RAW_BF16:
+        return (_bf16_bits(v) << 16).to(tl.float32, bitcast=True)
+    return v.to(ty).to(tl.float32)
+
+
+@triton.jit
+def _native(x, c, r, s, ty: tl.constexpr, RAW_BF16: tl.constexpr):
+    # rounding="native": x*c + r*s as the eager chain computes it in x's dtype ty: the tables
+    # rounded to ty, each product computed in fp32 and rounded to ty, their fp32 sum left to the
+    # store's rounding. No fma: the launch turns fp fusion off (fp32: plain fp32 ops)
+    c = _in_dtype(c, ty, RAW_BF16)
+    s = _in_dtype(s, ty, RAW_BF16)
+    return _in_dtype(x * c, ty, RAW_BF16) + _in_dtype(r * s, ty, RAW_BF16)
 
 
 @triton.jit
@@ -341,7 +364,8 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
                  TRANSPOSE: tl.constexpr, GATHER_SIN: tl.constexpr, NZ: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                  SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
+                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
+                 NATIVE: tl.constexpr):
     # rows [tile*BLOCK_R, +BLOCK_R) of one tensor, output panel by output panel (static: the
     # panels' loads are independent); panel n sums its nonzero blocks k in a runtime loop, so
     # the code holds one dot per panel whatever D (an unrolled NP x NP took minutes to compile)
@@ -413,7 +437,10 @@ def _rotate_tile(tile, w_ptr, stride_wk, stride_wn, src_ptr,
                 s = _sin_at(s_ptr, sr, p_ptr, prow, axis_ptr, stride_ax, stride_pa, stride_ps,
                             n_pos, p_ok, src, mask, D, RAW_S, POSITIONS,
                             ANGLES, c_ptr, stride_pc, p1, F64)
-            y = _dot2(x, c, acc, s, F64)
+            if NATIVE:  # (a signed permutation: acc is x @ W exactly)
+                y = _native(x, c, acc, s, o_ptr.dtype.element_ty, RAW_X)
+            else:
+                y = _dot2(x, c, acc, s, F64)
         _store(o_ptr, orow + cols[None, :], y, mask, RAW_X)
 
 
@@ -445,6 +472,7 @@ def _rome_kernel(
     FP32_DOT: tl.constexpr,  # fp32 operands, IEEE (general matrices; the interpreter)
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: x / cos / sin in bf16, read as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
+    NATIVE: tl.constexpr = False,  # rounding="native" (a signed permutation only): _native
 ):
     # Persistent over the row tiles of a (q) and then of b (k), as one sequence: program p does
     # tiles p, p + P, ...; a tile of b takes b's arguments by scalar selects, so the tile's code
@@ -465,7 +493,7 @@ def _rome_kernel(
                      tl.where(on_b, b_ss0, a_ss0), tl.where(on_b, b_ss1, a_ss1), tl.where(on_b, b_ss2, a_ss2),
                      tl.where(on_b, b_sp0, a_sp0), tl.where(on_b, b_sp1, a_sp1), tl.where(on_b, b_sp2, a_sp2),
                      D, POSITIONS, ANGLES, TRANSPOSE, GATHER_SIN, NZ, BLOCK_R, BLOCK_D, BLOCK_N,
-                     SPLIT, OP_DTYPE, FP32_DOT, RAW_X, RAW_C, RAW_S, F64)
+                     SPLIT, OP_DTYPE, FP32_DOT, RAW_X, RAW_C, RAW_S, F64, NATIVE)
 
 
 
@@ -562,7 +590,7 @@ def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
 def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_heads, PAIR: tl.constexpr,
           DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
           BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
-          NORM: tl.constexpr):
+          NORM: tl.constexpr, NATIVE: tl.constexpr):
     # one head's math and store (m: the store's mask) from its x tile and partner g = x[:, src],
     # loaded earlier. The product x @ M: g (PAIRS_SWAPPED: x's own pairs swapped in registers, g
     # unused), or with DOT the dot x @ w (the program's matrix). NORM: x normalised first, over
@@ -590,7 +618,10 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
         r = _widen(g, RAW_X)
         if NORM != NORM_NONE:
             r = _normed(r, mean, rstd, nws, nbs, NORM)
-    y = _dot2(xw, c, r, s, F64)
+    if NATIVE:
+        y = _native(xw, c, r, s, o_ptr.dtype.element_ty, RAW_X)
+    else:
+        y = _dot2(xw, c, r, s, F64)
     _store(o_ptr + ho, o_off, y, m, RAW_X)
 
 
@@ -619,7 +650,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                   mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, LOADED: tl.constexpr, PAIR: tl.constexpr,
                   DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
-                  NORM: tl.constexpr):
+                  NORM: tl.constexpr, NATIVE: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
     # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
@@ -714,21 +745,21 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         if NORM == NORM_RMS_HEADS:
             nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
         _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd,
-              PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
+              PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
         if K >= 2:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
                 nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
             _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
                   nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                  F64, NORM)
+                  F64, NORM, NATIVE)
         if K >= 3:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
                 nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
             _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
                   nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                  F64, NORM)
+                  F64, NORM, NATIVE)
         hac, hbc = _next_head(hac, hbc, H1)
         x0 = n0
         x1 = n1
@@ -746,7 +777,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
-                 F64: tl.constexpr, NORM: tl.constexpr):
+                 F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's
@@ -767,13 +798,13 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     ag_off = xrow_a + src2
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, a_nw, a_nb, src_ptr,
-                  eps, D, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
+                  eps, D, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
     # (k's partner offsets from q's: src's tile is not held through q's loop)
     _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                   (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, b_nw, b_nb, src_ptr,
-                  eps, D, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM)
+                  eps, D, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
 
 
 @triton.jit
@@ -815,6 +846,7 @@ def _rome_gather_kernel(
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
     NORM: tl.constexpr,  # forward: x normalised per head first (NORM_RMS, NORM_LAYER): the QK-norm prologue
+    NATIVE: tl.constexpr = False,  # rounding="native": the eager chain's per-op rounding (_native)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -940,28 +972,28 @@ def _rome_gather_kernel(
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

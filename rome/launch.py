@@ -585,6 +585,7 @@ def dot_kernel_config(cfg: Config, matrix_kind: str, suffix: str = "") -> Kernel
         POSITIONS=cfg.positions, ANGLES=cfg.angles, TRANSPOSE=cfg.transpose, GATHER_SIN=cfg.gather_sin, NZ=(1 << np_ * np_) - 1,
         BLOCK_R=cfg.block_r, BLOCK_D=cfg.block_d, BLOCK_N=cfg.block_n, SPLIT=cfg.split,
         OP_DTYPE=cfg.op_dtype, FP32_DOT=cfg.fp32_dot, RAW_X=False, RAW_C=False, RAW_S=False, F64=False,
+        NATIVE=False,
     )
     # a forward launch passes M with strides (D, 1), the backward Mᵀ as (1, D): the unit stride
     # is specialised to the constant 1 either way

@@ -268,7 +268,7 @@ _DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
 
 
 def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False,
-           norm=None) -> None:
+           norm=None, native: bool = False) -> None:
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -290,6 +290,10 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     (RMSNorm over all H·D values of a token, BNSD x: weight fp32 ``[H·D]`` head-major): each x
     normalised first, in fp32, the result rounded once (the QK-norm prologue).
 
+    ``native`` (``rounding="native"``): the eager chain's rounding (``kernel._native``): the tables
+    rounded to x's dtype, each product rounded to it, then the sum; a signed permutation only. Not
+    with ``norm``: the prologue's fp32 result is not a model's norm rounded to x's dtype.
+
     Preconditions (checked by the caller): x and out share shape and dtype, unit last stride;
     cos/sin broadcast to every x (or are [P, D] caches) and have a unit last stride; matrix is [D, D].
     """
@@ -307,6 +311,11 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
     plan = launch.plan(matrix, x0.dtype, cos.dtype, transpose=transpose, interpret=INTERPRET,
                        positions=mode, angles=angles, sin_dtype=sin.dtype)
+    if native and not launch.describe(matrix).gather:
+        raise ValueError(_NATIVE_GATHER)
+    if native and norm is not None:
+        raise ValueError("rounding='native' does not take the norm prologue (the fused norm's fp32 result "
+                         "is not the model's norm rounded to x's dtype): run the norm, then rotate")
     elements = sum(x.numel() for x in xs)
     if rec is not None:
         kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
@@ -318,9 +327,13 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
         plan = replace(plan, config=replace(plan.config, maxnreg=NORM_MAXNREG),
                        candidates=tuple(replace(c, maxnreg=NORM_MAXNREG) for c in plan.candidates))
     if plan.config.heads:
-        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm)
+        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm, native)
     else:
-        _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode)
+        _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native)
+
+
+_NATIVE_GATHER = ("rounding='native' needs a signed permutation matrix (every rotation matrix, partial "
+                  "rotary's too): the eager chain it reproduces gathers x, it does not multiply by M")
 
 
 def _run(fn, grid, args, consts, cfg, transpose, elements, units, meta=None):
@@ -492,12 +505,13 @@ _NORMS = {None: 0, "rms": 1, "layer": 2, "rms_heads": 3}  # kernel.NORM_NONE, _R
 NORM_MAXNREG = 168
 
 
-def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None):
+def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
+                   native=False):
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET,
-                  NORM=_NORMS[None if norm is None else norm[0]])
+                  NORM=_NORMS[None if norm is None else norm[0]], NATIVE=native)
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
     cfg = None
@@ -529,7 +543,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         _run(fn, grid, full, c, cfg, transpose, elements, units[0] * units[1], meta)
 
 
-def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode):
+def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native=False):
     x0 = xs[0]
     blocks = []
     for x, out in zip(xs, outs):
@@ -562,7 +576,8 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, GATHER_SIN=cfg0.gather_sin,
                   NZ=plan.nz, BLOCK_D=cfg0.block_d, BLOCK_N=cfg0.block_n, SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype,
-                  FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET)
+                  FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET,
+                  NATIVE=native)
     fn = kernel._rome_kernel
     args0, a_rows0, b_rows0 = groups[0]
     cfg = _pick(fn, plan, x0.device, elements, args0, grid(a_rows0, b_rows0), consts, _DOT_OUT)

@@ -73,6 +73,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor, nn
 
+from .checks import check_rounding
 from .frequencies import _get, frequencies_from_hf, rope_frequencies
 from .layouts import (
     RopeLayout,
@@ -89,7 +90,7 @@ from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, app
                   positions_checked)
 from .positions import angle_frequencies, check_range, normalize_positions, token_mask
 from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at
-from .types import ANGLE_SOURCES, AngleSource, Backend, Mode
+from .types import ANGLE_SOURCES, AngleSource, Backend, Mode, Rounding
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
 
@@ -386,7 +387,11 @@ class RoPE(nn.Module):
     ``"triton"``). ``dynamic``: None, or ``seq_len -> RopeLayout`` giving the layout of a call
     whose largest position is ``seq_len - 1`` (same blocks as ``layout``); see the module doc.
     ``angles``: ``"cache"`` (cos/sin rows of the shared cache) or ``"kernel"`` (computed in the
-    op from positions and frequencies, no cache; see the module doc).
+    op from positions and frequencies, no cache; see the module doc). ``rounding``: as
+    ``rome.apply`` (``"native"``: the tables rounded to q's dtype, each product and the sum
+    rounded to it, as an eager chain given those tables; the tables are rome's, from float64
+    angles, not a model's own fp32 ones, so a model's bits need its own tables:
+    ``rome.integrations.patch(model, rounding="native")``).
     The module has no parameters or buffers: caches and matrices follow q's device and dtype.
     """
 
@@ -399,8 +404,10 @@ class RoPE(nn.Module):
         dynamic: Callable[[int], RopeLayout] | None = None,
         angles: AngleSource = "cache",
         cache_positions: int | None = None,
+        rounding: Rounding = "exact",
     ):
         super().__init__()
+        check_rounding(rounding)
         if angles not in ANGLE_SOURCES:
             raise ValueError(f"angles must be 'cache' or 'kernel', got {angles!r}")
         if not isinstance(layout, RopeLayout):
@@ -425,6 +432,7 @@ class RoPE(nn.Module):
         self.backend = backend
         self.dynamic = dynamic
         self.angles = angles
+        self.rounding = rounding
         self._freqs: dict[torch.device, tuple[Tensor, Tensor]] = {}  # angles="kernel"
         self._key = _layout_key(layout)
         self._caches: dict[tuple[torch.device, torch.dtype], _Cache] = {}
@@ -446,6 +454,7 @@ class RoPE(nn.Module):
         angles: AngleSource = "cache",
         cache_positions: int | None = None,
         mode: Mode | None = None,
+        rounding: Rounding = "exact",
     ) -> RoPE:
         """The RoPE of a transformers ``PretrainedConfig`` (or config.json dict); composite
         configs (Qwen2-VL) use their text config.
@@ -456,7 +465,8 @@ class RoPE(nn.Module):
         (``rope_parameters['mrope_section']``, else transformers' default), axial for
         Qwen2-VL's vision config. Every ``rope_type`` of ``rome.frequencies``; ``dynamic`` and
         ``longrope`` get length-dependent layouts. ``layer_type`` picks per-layer-type
-        parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``: as the constructor's.
+        parameters (Gemma 3). ``max_positions``, ``backend``, ``angles``, ``rounding``: as the
+        constructor's.
         ``cache_positions``: as the constructor's; None: what the config allows
         (``config_positions``: ``max_position_embeddings``, or the length a ``factor`` scales
         ``original_max_position_embeddings`` to where that is more).
@@ -471,6 +481,7 @@ class RoPE(nn.Module):
         # the caller's own arguments first: a bad one is not the config's refusal
         if mode is not None:
             check_mode(mode)
+        check_rounding(rounding)
         if layer_type is not None and not isinstance(layer_type, str):
             raise TypeError(f"layer_type must be a str (a config's layer type) or None, got "
                             f"{type(layer_type).__name__} {layer_type!r}")
@@ -485,7 +496,7 @@ class RoPE(nn.Module):
         except Exception as e:  # noqa: BLE001 - whatever reading the config raised (transformers' own too)
             raise _hf_refusal(config, e) from e
         rope = cls(layout, max_positions=max_positions, backend=backend, dynamic=dynamic, angles=angles,
-                   cache_positions=cache_positions)
+                   cache_positions=cache_positions, rounding=rounding)
         if device is not None:
             n = _get(text, "max_position_embeddings", "n_positions")
             if n is None:
@@ -564,7 +575,12 @@ class RoPE(nn.Module):
             f"{self.max_positions}, cache_limit={self.cache_limit}, backend={self.backend!r}, "
             f"dynamic={self.dynamic is not None}"
             + (f", angles={self.angles!r}" if self.angles != "cache" else "")
+            + (f", rounding={self._rounding!r}" if self._rounding != "exact" else "")
         )
+
+    @property
+    def _rounding(self) -> str:
+        return getattr(self, "rounding", "exact")  # (a RoPE pickled before the option: exact)
 
     def _cache(self, device: torch.device, dtype: torch.dtype) -> _Cache:
         key = (device, dtype)
@@ -637,11 +653,13 @@ class RoPE(nn.Module):
                     t.to(device) for t in angle_frequencies(self.layout.inv_freq, self.layout.attention_scaling))
                 _keep(self._freqs, device, freqs)
             if graph:  # the op checks positions when a compiled graph runs
-                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
             if rows is not None and rows > ANGLE_POSITIONS:
                 raise ValueError(f"positions must be < 2**24 with angles='kernel', got max {rows - 1}")
             with positions_checked():
-                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device), backend=self.backend)
+                return apply_qk_angles(q, k, *freqs, m, pos, axis=self._axis(device),
+                                   backend=self.backend, rounding=self._rounding)
         cache = self._cache(device, dtype)
         if graph:  # the op checks positions when a compiled graph runs (not a captured one)
             if cache.cos is None:
@@ -684,7 +702,7 @@ class RoPE(nn.Module):
         if norm is not None:
             with positions_checked():
                 return self._at(q, k, cache.cos, cache.sin, m, pos, axis, norm)
-        return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend)
+        return _apply_qk_at_checked(q, k, cache.cos, cache.sin, m, pos, axis, self.backend, self._rounding)
 
     def _layout_for(self, length: int) -> RopeLayout | None:
         """``dynamic``'s layout for a call of ``length``, None when it is the base layout."""
@@ -767,12 +785,16 @@ class RoPE(nn.Module):
         where the shape matches two forms (B = S = A): a ValueError says so. See ``rome.positions``.
         norm: a ``rome.QKNorm`` (the model's q/k norm, e.g. ``QKNorm.from_modules(attn.norm_q,
         attn.norm_k)``): q and k are normalised first, in the same pass where fused
-        (``rome.apply_qk_norm``; BNSD q/k). The normalised values are never rounded to q's dtype.
+        (``rome.apply_qk_norm``; BNSD q/k). The normalised values are never rounded to q's dtype,
+        so a module with ``rounding="native"`` refuses ``norm`` (ValueError).
         """
         if norm is not None and not isinstance(norm, QKNorm):
             raise TypeError(f"norm must be a rome.QKNorm or None, got {type(norm).__name__}")
         if norm is not None and (cu_seqlens is not None or q.ndim != 4):
             raise ValueError("norm= takes BNSD q/k ([B, N, S, D]), not packed ones (cu_seqlens)")
+        if norm is not None and self._rounding == "native":
+            raise ValueError("norm= is rome's fused q/k norm, whose fp32 result is not rounded as a model's "
+                             "norm is: with rounding='native', run the model's norm first and call without norm=")
         if cu_seqlens is None and unrotated is None:
             out = self._fast(q, k, positions, offsets, axes_dim, norm)
             if out is not None:
@@ -832,12 +854,12 @@ class RoPE(nn.Module):
         if norm is not None:
             return apply_qk_norm(q, k, cos, sin, self.matrix(q.dtype, device), norm.q_weight, norm.k_weight,
                                  backend=self.backend, **norm.kwargs())
-        return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend)
+        return apply_qk(q, k, cos, sin, self.matrix(q.dtype, device), backend=self.backend, rounding=self._rounding)
 
     def _at(self, q, k, cos, sin, m, pos, axis, norm):
         """``apply_qk_at`` of the cache, or with ``norm`` ``apply_qk_norm_at``."""
         if norm is None:
-            return apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=self.backend)
+            return apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=self.backend, rounding=self._rounding)
         return apply_qk_norm_at(q, k, cos, sin, m, pos, norm.q_weight, norm.k_weight, axis=axis,
                                 backend=self.backend, **norm.kwargs())
 

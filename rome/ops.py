@@ -12,6 +12,11 @@ forward:   dcos = Σ h*x,  dsin = Σ h*(x@M),  dM = Σ xᵀ(h*sin)
 transpose: dcos = Σ h*x,  dsin = Σ x*(h@M),  dM = Σ hᵀ(x*sin)
 (Σ over the dims cos/sin/M were broadcast along). The ops also have batching rules (vmap).
 
+Rounding (the ops' trailing ``rounding`` arg, every entry point's ``rounding=``): ``"exact"``, one
+rounding of the exact value, or ``"native"``, the eager chain's bits (``torch_backend._native``,
+``kernel._native``); the backward of a native op is the transposed native op (the eager chain's
+backward), its table grads the exact ones.
+
 Positions (``apply_at``/``apply_qk_at``; the ops' optional ``positions``/``axis`` args): cos and
 sin are then caches ``[P, D]`` and element (r, j) of x reads row ``positions[r, axis[j]]`` of them
 (``rome.positions.gather_rows``); the kernel gathers them itself, no per-token table is
@@ -43,11 +48,11 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from . import torch_backend
-from .checks import DTYPES, check_arguments, check_position_types, check_types
+from .checks import DTYPES, check_arguments, check_position_types, check_rounding, check_types
 from .matrices import check_mode, check_size, kept_rotation_matrix
 from .positions import angle_rows, cache_index, check_range, gather_rows, rows_of, scatter_rows
 from .settings import ThreadSetting
-from .types import BACKENDS, Backend, Mode
+from .types import BACKENDS, Backend, Mode, Rounding
 
 # Triton's interpreter patches triton.language globally while it runs a kernel, so two threads
 # interpreting at once fail (InterpreterError); launches under TRITON_INTERPRET take this lock.
@@ -267,10 +272,13 @@ def _unit_last(t: Tensor) -> Tensor:
 
 
 def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None,
-            angles=False, outs=None, norm=None) -> list[Tensor]:
+            angles=False, outs=None, norm=None, rounding="exact") -> list[Tensor]:
     """The one launcher: into ``outs`` (x's shape and dtype, unit last stride; rome.inplace checks
     them and whether one may be its x) or, by default, into new tensors. ``norm``: the kernel's
-    QK-norm prologue (``rome.launcher.rotate``'s; triton only, rome.qknorm decides)."""
+    QK-norm prologue (``rome.launcher.rotate``'s; triton only, rome.qknorm decides). ``rounding``:
+    "exact" or "native" (the eager chain's bits: ``torch_backend._native``, ``kernel._native``;
+    not with ``norm``)."""
+    check_rounding(rounding)
     names = ("q", "k") if len(xs) == 2 else ("x",)
     backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     if positions is not None:
@@ -292,14 +300,27 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
                     [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
                     transpose=transpose, positions=positions, axis=axis, angles=angles,
                     **({} if norm is None else {"norm": norm}),
+                    **({"native": True} if rounding == "native" else {}),
                 )
         if learn is not None:
             learn.rec, learn.warn = rec, warn
     else:
         if norm is not None:
             raise ValueError("the QK-norm prologue is the triton backend's (the torch backend normalises first)")
-        _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles)
+        _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles, **_native(rounding))
     return outs
+
+
+def _native(rounding: str) -> dict:
+    """``_rotate``'s rounding keyword, passed only where it is not the default (a test's spy of
+    ``_rotate``, or a traced call, sees the calls it saw before)."""
+    return {} if rounding == "exact" else {"rounding": rounding}
+
+
+def _extra(rounding: str) -> tuple:
+    """The ops' trailing rounding argument, passed only where it is not the default (a traced
+    graph keeps the ops' calls as they were)."""
+    return () if rounding == "exact" else (rounding,)
 
 
 def _warn_fp32_dot(dtype) -> None:
@@ -310,19 +331,19 @@ def _warn_fp32_dot(dtype) -> None:
     )
 
 
-def _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles) -> None:
+def _torch_rotate(xs, outs, cos, sin, matrix, transpose, positions, axis, angles, rounding="exact") -> None:
     """The torch backend, with the kernel's rule for positions outside the cache (or, with angles,
     outside ``[0, 2**24)``): never read, the elements that would read one NaN. Trusted positions
     (``positions_checked()``) go straight to the gather."""
     if positions is None or _CHECKED.get() is True or positions.device.type == "meta":
         torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=positions, axis=axis,
-                                  angles=angles)
+                                  angles=angles, **_native(rounding))
         return
     limit = ANGLE_POSITIONS if angles else cos.shape[0]
     bad = (positions < 0) | (positions >= limit)  # [..., A]
     safe = positions.clamp(0, limit - 1)
     torch_backend.rotate_into(xs, outs, cos, sin, matrix, transpose=transpose, positions=safe, axis=axis,
-                              angles=angles)
+                              angles=angles, **_native(rounding))
     columns = _bad_columns(bad, axis, matrix, transpose)
     for out in outs:
         out.masked_fill_(columns, float("nan"))
@@ -340,7 +361,9 @@ def _bad_columns(bad: Tensor, axis, matrix: Tensor, transpose: bool) -> Tensor:
     return columns
 
 
-def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=False) -> list[Tensor]:
+def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=False,
+          rounding="exact") -> list[Tensor]:
+    check_rounding(rounding)
     names = ("q", "k") if len(xs) == 2 else ("x",)
     _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
     return [_out_like(x) for x in xs]
@@ -351,31 +374,34 @@ def _fake(xs, cos, sin, matrix, backend: str, positions=None, axis=None, angles=
 
 # positions=None: cos/sin are per-row tables; else caches [P, D] read at positions [..., A]
 # (axis [D]: the axis of each column, for A > 1); angles=True: cos/sin are the frequencies [2, D]
-# and scales [2, D], the angles computed from the positions
+# and scales [2, D], the angles computed from the positions; rounding: "exact" or "native"
 
 
 @torch.library.custom_op("rome::apply", mutates_args=())
 def _apply(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+    rounding: str = "exact",
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles)[0]
+    return _rotate([x], cos, sin, matrix, backend, False, positions, axis, angles, **_native(rounding))[0]
 
 
 @torch.library.custom_op("rome::apply_transposed", mutates_args=())
 def _apply_t(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+    rounding: str = "exact",
 ) -> Tensor:
-    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles)[0]
+    return _rotate([x], cos, sin, matrix, backend, True, positions, axis, angles, **_native(rounding))[0]
 
 
 @torch.library.custom_op("rome::apply_qk", mutates_args=())
 def _apply_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+    rounding: str = "exact",
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, False, positions, axis, angles, **_native(rounding))
     return q_out, k_out
 
 
@@ -383,17 +409,18 @@ def _apply_qk(
 def _apply_qk_t(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, backend: str = "auto",
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+    rounding: str = "exact",
 ) -> tuple[Tensor, Tensor]:
-    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles)
+    q_out, k_out = _rotate([q, k], cos, sin, matrix, backend, True, positions, axis, angles, **_native(rounding))
     return q_out, k_out
 
 
-def _fake_one(x, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
-    return _fake([x], cos, sin, matrix, backend, positions, axis, angles)[0]
+def _fake_one(x, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False, rounding="exact"):
+    return _fake([x], cos, sin, matrix, backend, positions, axis, angles, rounding)[0]
 
 
-def _fake_two(q, k, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False):
-    q_out, k_out = _fake([q, k], cos, sin, matrix, backend, positions, axis, angles)
+def _fake_two(q, k, cos, sin, matrix, backend="auto", positions=None, axis=None, angles=False, rounding="exact"):
+    q_out, k_out = _fake([q, k], cos, sin, matrix, backend, positions, axis, angles, rounding)
     return q_out, k_out
 
 
@@ -499,9 +526,10 @@ def _product(name: str | None):
 
 
 def _setup_context(ctx, inputs, output):
-    *xs, cos, sin, matrix, backend, positions, axis, angles = inputs
+    *xs, cos, sin, matrix, backend, positions, axis, angles, rounding = inputs
     n = len(xs)
     ctx.n, ctx.backend, ctx.angles, ctx.product, ctx.checked = n, backend, angles, _product_now(), _checked_now()
+    ctx.rounding = rounding
     table_grads = any(ctx.needs_input_grad[n : n + 3])
     ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
 
@@ -514,11 +542,11 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):
             with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
-                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
+                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, **_native(ctx.rounding))
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
                             positions, axis, ctx.angles)
-        return (*dxs, *table, None, None, None, None)
+        return (*dxs, *table, None, None, None, None, None)
 
     return backward
 
@@ -536,14 +564,14 @@ def _batch_front(t: Tensor, dim, size: int, rank: int) -> Tensor:
     return t[(slice(None),) + (None,) * (rank + 1 - t.ndim)]
 
 
-_TRAILING = ("auto", None, None, False)  # the ops' defaults of backend, positions, axis, angles
+_TRAILING = ("auto", None, None, False, "exact")  # the ops' defaults of backend, positions, axis, angles, rounding
 
 
 def _make_vmap(transpose: bool, n: int):
     def rule(info, in_dims, *args):
         pad = n + 3 + len(_TRAILING) - len(args)  # trailing defaults the caller left out
         args, in_dims = (*args, *_TRAILING[len(_TRAILING) - pad :]), (*in_dims, *(None,) * pad)
-        *xs, cos, sin, matrix, backend, positions, axis, angles = args
+        *xs, cos, sin, matrix, backend, positions, axis, angles, rounding = args
         op, b = _OPS[(transpose, n)], info.batch_size
         cached = positions is not None
         tables_batched = in_dims[n] is not None or in_dims[n + 1] is not None
@@ -564,7 +592,7 @@ def _make_vmap(transpose: bool, n: int):
                 cos, sin = (_batch_front(t, d, b, rank) for t, d in zip((cos, sin), in_dims[n : n + 2]))
             if in_dims[n + 4] is not None:  # positions [B, 1.., ..., A], as the tables
                 positions = _batch_front(positions, in_dims[n + 4], b, rank)
-            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles)
+            out = op(*bxs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
             outs = [out] if n == 1 else list(out)
             outs = [o[(slice(None),) + (0,) * (rank - r)] for o, r in zip(outs, ranks)]
         return (outs[0], 0) if n == 1 else (tuple(outs), (0,) * n)
@@ -608,23 +636,23 @@ class _Rotate(torch.autograd.Function):
         ṫ = op(ẋ) + the table and matrix terms of ``_tangent_terms``
 
     (op(ẋ) alone, bitwise, when only x has a tangent; else one more rounding to x's dtype).
-    forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs) returns a tuple,
-    one output per x (positions None: per-row tables; else caches read at positions).
+    forward(transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs) returns
+    a tuple, one output per x (positions None: per-row tables; else caches read at positions).
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs):
-        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
+    def forward(transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs):
+        out = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
         return (out,) if len(xs) == 1 else tuple(out)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        transpose, backend, positions, axis, angles, cos, sin, matrix, *xs = inputs
+        transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs = inputs
         ctx.transpose, ctx.backend, ctx.angles, ctx.product = transpose, backend, angles, _product_now()
-        ctx.checked = _checked_now()
-        table_grads = any(ctx.needs_input_grad[5:8])
+        ctx.checked, ctx.rounding = _checked_now(), rounding
+        table_grads = any(ctx.needs_input_grad[6:9])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
         ctx.save_for_forward(positions, axis, cos, sin, matrix, *xs)
 
@@ -632,7 +660,8 @@ class _Rotate(torch.autograd.Function):
     def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
             with _CHECKED.scoped(getattr(ctx, "checked", "forward")), _product(getattr(ctx, "product", None)):
-                return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, *hs))
+                return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, ctx.rounding, cos, sin,
+                                          matrix, *hs))
 
         return rotate
 
@@ -641,12 +670,12 @@ class _Rotate(torch.autograd.Function):
         positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
         needs = ctx.needs_input_grad
         rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
-        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[8:], needs[5:8],
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[9:], needs[6:9],
                             positions, axis, ctx.angles)
-        return (None, None, None, None, None, *table, *dxs)
+        return (None, None, None, None, None, None, *table, *dxs)
 
     @staticmethod
-    def jvp(ctx, _transpose, _backend, _positions, _axis, _angles, tcos, tsin, tm, *txs):
+    def jvp(ctx, _transpose, _backend, _positions, _axis, _angles, _rounding, tcos, tsin, tm, *txs):
         positions, axis, cos, sin, matrix, *xs = ctx.saved_tensors
         rotate = _Rotate._rotate(ctx, positions, axis, cos, sin, matrix)
         if ctx.angles:
@@ -707,23 +736,24 @@ def _direct(*tensors: Tensor) -> bool:
     return all(type(t) is Tensor and not _is_legacy_batched(t) for t in tensors)
 
 
-def _run(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, xs) -> list[Tensor]:
+def _run(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, xs, rounding="exact") -> list[Tensor]:
     """The rotated ``xs``: the implementation itself where ``_direct`` allows, else the op
     (autograd, compile, modes); the entry points and the op's backward both come here."""
     extra = [t for t in (positions, axis) if t is not None]
     if _direct(*xs, cos, sin, matrix, *extra):
-        return _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles)
-    outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles)
+        return _rotate(list(xs), cos, sin, matrix, backend, transpose, positions, axis, angles, **_native(rounding))
+    outs = _OPS[(transpose, len(xs))](*xs, cos, sin, matrix, backend, positions, axis, angles, *_extra(rounding))
     return [outs] if len(xs) == 1 else list(outs)
 
 
-def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *xs):
+def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *xs, rounding="exact"):
     """The public entry points' one way in: ``_Rotate`` under forward AD and torch.func, else
     ``_run``."""
+    check_rounding(rounding)
     if _use_function(*xs, cos, sin, matrix):
-        outs = _Rotate.apply(transpose, backend, positions, axis, angles, cos, sin, matrix, *xs)
+        outs = _Rotate.apply(transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs)
     else:
-        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, xs)
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, xs, **_native(rounding))
     return outs[0] if len(xs) == 1 else tuple(outs)
 
 
@@ -758,12 +788,12 @@ class _Learn:
 
 
 class _Entry:
-    __slots__ = ("matrix", "version", "triton", "recipe", "outs", "warn", "grad", "n", "transpose")
+    __slots__ = ("matrix", "version", "triton", "recipe", "outs", "warn", "grad", "n", "transpose", "rounding")
 
-    def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose):
+    def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose, rounding="exact"):
         self.matrix, self.version = matrix, matrix._version
         self.triton, self.recipe, self.outs, self.warn, self.grad, self.n = triton, recipe, outs, warn, grad, n
-        self.transpose = transpose
+        self.transpose, self.rounding = transpose, rounding
 
 
 def _plain_state() -> bool:
@@ -792,14 +822,14 @@ def _settings():
             None if captured is None else captured.num_sms)
 
 
-def _key(kind, tensors, backend, mode):
+def _key(kind, tensors, backend, mode, rounding="exact"):
     """The call's signature, or None where the lean path does not apply (a tensor of another type,
     an unhashable argument, a legacy-vmap batched tensor, a layout without strides)."""
     settings = _settings()
     if settings is None:
         return None
     try:  # (the matrix by identity too: two matrices of one shape do not evict each other's entry)
-        sig = [kind, backend, mode, () if backend == "torch" else settings, id(tensors[-3])]
+        sig = [kind, backend, mode, rounding, () if backend == "torch" else settings, id(tensors[-3])]
         for t in tensors:
             if t is None:
                 sig.append(None)
@@ -812,13 +842,14 @@ def _key(kind, tensors, backend, mode):
         return None
 
 
-def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backend, mode, full, trusted=False):
+def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backend, mode, full, trusted=False,
+          rounding="exact"):
     """``full()`` (the entry point's full path) the first time a signature is seen, learning it;
     the remembered work for the next calls of it (see above). ``kind``: which entry point."""
     if (mode is not None and matrix is not None) or not _plain_state():
         return full()
     tensors = (*xs, cos, sin, matrix if mode is None else None, positions, axis)
-    key = _key(kind, tensors, backend, mode)
+    key = _key(kind, tensors, backend, mode, rounding)
     if key is None:
         return full()
     try:
@@ -832,13 +863,13 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     learn = _Learn()
     with _LEARN.scoped(learn):
         result = full()
-    key = _key(kind, tensors, backend, mode)  # (the first triton call imports the launcher: its settings)
+    key = _key(kind, tensors, backend, mode, rounding)  # (the first triton call imports the launcher: its settings)
     if key is not None:
-        _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode)
+        _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode, rounding)
     return result
 
 
-def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode) -> None:
+def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode, rounding="exact") -> None:
     """Remember the signature of a call whose full path ran once through ``_rotate``."""
     if learn.calls != 1 or learn.outs is None:
         return
@@ -857,9 +888,9 @@ def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode)
         recipe = Recipe.bind(learn.rec, roles)
         if recipe is None:
             return
-        entry = _Entry(matrix, True, recipe, outs, learn.warn, grad, len(xs), transpose)
+        entry = _Entry(matrix, True, recipe, outs, learn.warn, grad, len(xs), transpose, rounding)
     else:
-        entry = _Entry(matrix, False, None, outs, False, grad, len(xs), transpose)
+        entry = _Entry(matrix, False, None, outs, False, grad, len(xs), transpose, rounding)
     if len(_LEAN) >= _LEAN_MAX:
         _LEAN.clear()
     _LEAN[key] = entry
@@ -882,9 +913,10 @@ def _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted) 
     if not entry.triton:
         if trusted:
             with positions_checked():
-                _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles)
+                _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles,
+                              **_native(entry.rounding))
         else:
-            _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles)
+            _torch_rotate(xs, outs, cos, sin, matrix, entry.transpose, positions, axis, angles, **_native(entry.rounding))
         return outs
     if entry.warn:
         _warn_fp32_dot(x0.dtype)
@@ -908,6 +940,7 @@ class _Lean(torch.autograd.Function):
         outs = _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted)
         n = len(xs)
         ctx.backend, ctx.angles, ctx.product, ctx.transpose = backend, angles, _product_now(), entry.transpose
+        ctx.rounding = entry.rounding
         ctx.checked = True if trusted else _checked_now()
         table_grads = any(ctx.needs_input_grad[6:9])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * n))
@@ -920,20 +953,21 @@ class _Lean(torch.autograd.Function):
 
         def rotate(t, hs):
             with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
-                return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs)
+                return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
 
         dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[9:], needs[6:9],
                             positions, axis, ctx.angles)
         return (None, None, None, None, None, None, *table, *dxs)
 
 
-def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs) -> list[Tensor]:
+def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, rounding="exact") -> list[Tensor]:
     """``_run`` through the lean path (the backward's rotation)."""
     def full():
-        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs)
+        outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, **_native(rounding))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    out = _lean("rotate", transpose, hs, cos, sin, matrix, positions, axis, angles, backend, None, full)
+    out = _lean("rotate", transpose, hs, cos, sin, matrix, positions, axis, angles, backend, None, full,
+                rounding=rounding)
     return [out] if len(hs) == 1 else list(out)
 
 
@@ -977,7 +1011,7 @@ def _matrix_or_mode(matrix, mode, x, name: str):
 
 def apply(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *, mode: Mode | None = None,
-    backend: Backend = "auto",
+    backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> Tensor:
     """Rotary position embedding as a matrix: ``x*cos + (x @ matrix)*sin``, a new tensor.
 
@@ -988,45 +1022,50 @@ def apply(
     a matrix, ``mode="half"``/``"interleave"``: ``rotation_matrix(D, mode)`` over the whole
     head (built once per D, dtype and device); exactly one of matrix and mode.
 
-    Computed in float32 (float64 for float64 x) and rounded once to x's dtype. backend:
+    Computed in float32 (float64 for float64 x) and rounded once to x's dtype (``rounding="exact"``,
+    the default); ``rounding="native"``: the bits of the eager chain ``x*cos + rotate(x)*sin`` in
+    x's dtype instead (tables rounded to x's dtype, each product and the sum rounded to it, no
+    fma; a signed permutation matrix only; docs/precision.md), its backward the eager backward's
+    (``grad*cos`` and ``grad*sin`` rounded, moved by Mᵀ, summed and rounded). backend:
     ``"triton"`` (CUDA, or CPU under ``TRITON_INTERPRET=1``), ``"torch"``, or ``"auto"`` (the
     Triton kernel for CUDA tensors it supports, torch otherwise). Differentiable in x, cos, sin
     and matrix, in reverse and forward mode and under torch.func transforms; the backward of x
     runs the same fused kernel with Mᵀ.
     """
     return _lean("apply", False, (x,), cos, sin, matrix, None, None, False, backend, mode,
-                 lambda: _full_apply(x, cos, sin, matrix, mode, backend))
+                 lambda: _full_apply(x, cos, sin, matrix, mode, backend, rounding), rounding=rounding)
 
 
-def _full_apply(x, cos, sin, matrix, mode, backend):
+def _full_apply(x, cos, sin, matrix, mode, backend, rounding="exact"):
     matrix = _matrix_or_mode(matrix, mode, x, "x")
     check_types({"x": x}, cos, sin, matrix, backend)
     if (dist := _distributed(x, cos, sin, matrix)) is not None:
         x, cos, sin, matrix = dist.prepare(("x",), x, cos, sin, matrix, backend=backend)
-    return _call(False, backend, None, None, False, cos, sin, matrix, x)
+    return _call(False, backend, None, None, False, cos, sin, matrix, x, rounding=rounding)
 
 
 def apply_qk(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor | None = None, *,
-    mode: Mode | None = None, backend: Backend = "auto",
+    mode: Mode | None = None, backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """``(apply(q, ...), apply(k, ...))`` in one kernel launch; q and k may differ in head count
-    (GQA) and layout but share head_dim, dtype and the tables. ``mode=`` as in ``apply``."""
+    (GQA) and layout but share head_dim, dtype and the tables. ``mode=`` and ``rounding=`` as
+    in ``apply``."""
     return _lean("apply_qk", False, (q, k), cos, sin, matrix, None, None, False, backend, mode,
-                 lambda: _full_apply_qk(q, k, cos, sin, matrix, mode, backend))
+                 lambda: _full_apply_qk(q, k, cos, sin, matrix, mode, backend, rounding), rounding=rounding)
 
 
-def _full_apply_qk(q, k, cos, sin, matrix, mode, backend):
+def _full_apply_qk(q, k, cos, sin, matrix, mode, backend, rounding="exact"):
     matrix = _matrix_or_mode(matrix, mode, q, "q")
     check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     if (dist := _distributed(q, k, cos, sin, matrix)) is not None:
         q, k, cos, sin, matrix = dist.prepare(("q", "k"), q, k, cos, sin, matrix, backend=backend)
-    return _call(False, backend, None, None, False, cos, sin, matrix, q, k)
+    return _call(False, backend, None, None, False, cos, sin, matrix, q, k, rounding=rounding)
 
 
 def apply_at(
     x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: Backend = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> Tensor:
     """``apply`` with the tables read from caches at positions, no per-token table built:
 
@@ -1043,49 +1082,52 @@ def apply_at(
     element whose position lies outside ``[0, P)`` is NaN, on either backend (the kernel masks
     the read; nothing outside the cache is ever read); ``position_checks("device")`` asserts the
     range on the device instead, ``position_checks("host")`` raises ValueError (a sync). ``axis``
-    is read on the host once per axis tensor (it is read unmasked).
+    is read on the host once per axis tensor (it is read unmasked). ``rounding`` as in ``apply``
+    (native: the gathered rows rounded to x's dtype, as the eager chain's tables).
     """
     return _lean("apply_at", False, (x,), cos, sin, matrix, positions, axis, False, backend, None,
-                 lambda: _full_apply_at(x, cos, sin, matrix, positions, axis, backend))
+                 lambda: _full_apply_at(x, cos, sin, matrix, positions, axis, backend, rounding), rounding=rounding)
 
 
-def _full_apply_at(x, cos, sin, matrix, positions, axis, backend):
+def _full_apply_at(x, cos, sin, matrix, positions, axis, backend, rounding="exact"):
     check_types({"x": x}, cos, sin, matrix, backend)
     check_position_types(positions, axis)
     _no_dtensor("apply_at", {"x": x, "cos": cos, "sin": sin, "positions": positions})
-    return _call(False, backend, positions, axis, False, cos, sin, matrix, x)
+    return _call(False, backend, positions, axis, False, cos, sin, matrix, x, rounding=rounding)
 
 
 def apply_qk_at(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: Backend = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """``apply_at`` of q and k in one kernel launch (shared positions and caches, any head
     counts: positions broadcast over heads)."""
     return _lean("apply_qk_at", False, (q, k), cos, sin, matrix, positions, axis, False, backend, None,
-                 lambda: _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend))
+                 lambda: _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend, rounding),
+                 rounding=rounding)
 
 
-def _apply_qk_at_checked(q, k, cos, sin, matrix, positions, axis, backend):
+def _apply_qk_at_checked(q, k, cos, sin, matrix, positions, axis, backend, rounding="exact"):
     """``apply_qk_at`` of positions the caller has checked (``positions_checked()`` without the
     context manager's cost): rome.RoPE's call."""
     def full():
         with positions_checked():
-            return _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend)
+            return _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend, rounding)
 
-    return _lean("apply_qk_at", False, (q, k), cos, sin, matrix, positions, axis, False, backend, None, full, True)
+    return _lean("apply_qk_at", False, (q, k), cos, sin, matrix, positions, axis, False, backend, None, full, True,
+                 rounding=rounding)
 
 
-def _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend):
+def _full_apply_qk_at(q, k, cos, sin, matrix, positions, axis, backend, rounding="exact"):
     check_types({"q": q, "k": k}, cos, sin, matrix, backend)
     check_position_types(positions, axis)
     _no_dtensor("apply_qk_at", {"q": q, "k": k, "cos": cos, "sin": sin, "positions": positions})
-    return _call(False, backend, positions, axis, False, cos, sin, matrix, q, k)
+    return _call(False, backend, positions, axis, False, cos, sin, matrix, q, k, rounding=rounding)
 
 
 def apply_qk_angles(
     q: Tensor, k: Tensor, freqs: Tensor, scales: Tensor, matrix: Tensor, positions: Tensor, *,
-    axis: Tensor | None = None, backend: Backend = "auto",
+    axis: Tensor | None = None, backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """``apply_qk_at`` without a cache: the kernel computes each element's table entries,
 
@@ -1098,16 +1140,20 @@ def apply_qk_angles(
     against 2.98e-8 for the float64-derived fp32 table (fp32 angles: 6e-2). Positions must be
     in ``[0, 2**24)``.
     The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
-    and matrix, not in freqs/scales."""
+    and matrix, not in freqs/scales. ``rounding`` as in ``apply`` (native: the computed cos and sin
+    rounded to q's dtype, as an eager chain's tables; the two backends' tables may then differ
+    where the fp32 and float64 angles round apart, so native is bitwise an eager chain only
+    with given tables)."""
     return _lean("apply_qk_angles", False, (q, k), freqs, scales, matrix, positions, axis, True, backend, None,
-                 lambda: _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend))
+                 lambda: _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend, rounding),
+                 rounding=rounding)
 
 
-def _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend):
+def _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend, rounding="exact"):
     check_types({"q": q, "k": k}, freqs, scales, matrix, backend, ("freqs", "scales"))
     check_position_types(positions, axis)
     _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
-    return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k)
+    return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k, rounding=rounding)
 
 
 # the functions the lean path skips, as defined (``_settings``: a replaced one turns it off)

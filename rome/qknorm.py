@@ -156,7 +156,9 @@ def apply_qk_norm(
 ) -> tuple[Tensor, Tensor]:
     """q and k normalised (``norm`` over ``over``, scaled by ``weight + weight_offset``, plus the
     biases for ``norm="layer"``), then rotated as ``rome.apply_qk(q, k, cos, sin, matrix)``; see
-    the module doc. ``q_weight``/``k_weight`` None: no scale (``elementwise_affine=False``)."""
+    the module doc. ``q_weight``/``k_weight`` None: no scale (``elementwise_affine=False``).
+    No ``rounding``: the normalised values are not rounded to q's dtype before the rotation, so
+    no model's eager bits to reproduce (``rounding="native"``: the model's norm, then ``apply_qk``)."""
     return _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, None, None, eps=eps, norm=norm, over=over,
                       weight_offset=weight_offset, q_bias=q_bias, k_bias=k_bias, backend=backend)
 

@@ -22,6 +22,11 @@ On the CPU these passes are near what eager torch allows: per 128K float64 eleme
 costs ~2x a copy, and neither index_select, slice-and-cat nor transposed layouts were faster
 (measured); the one-ulp guarantee costs the float64 passes.
 
+Rounding ``"native"`` (``rounding=`` of ``rotate_into``): the eager chain's bits instead,
+``_native``: the tables rounded to x's dtype, ``x*cos`` and ``(x @ M)*sin`` each computed in
+float32 (float64 for float64 x) and rounded to x's dtype, then their sum (so for fp32 x plain fp32
+ops, no fma); a signed permutation only. What the Triton kernel's NATIVE epilogue computes, bit for bit.
+
 Autocast: the op computes as documented whatever the ambient autocast state, and its output
 dtype follows x; autocast is switched off inside (``no_autocast``), so x @ M never runs in a
 lower precision because a caller's region asked for one.
@@ -146,6 +151,7 @@ def rotate(
 def rotate_into(
     xs, outs, cos: Tensor, sin: Tensor, matrix: Tensor, *, transpose: bool = False,
     positions: Tensor | None = None, axis: Tensor | None = None, angles: bool = False,
+    rounding: str = "exact",
 ) -> None:
     """``rotate`` of every x in ``xs`` (one dtype, sharing the tables) into its ``outs``.
 
@@ -153,7 +159,8 @@ def rotate_into(
     read at ``positions[..., axis[j]]`` (``rome.positions.gather_rows``): the per-token tables are
     gathered here, once for q and k, so the result is bitwise that of the gathered tables.
     ``angles``: cos is float32 ``[2, D]`` inv_freq (hi + lo), sin the ``[2, D]`` scales; the tables
-    come from float64 angles (``rome.positions.angle_rows``)."""
+    come from float64 angles (``rome.positions.angle_rows``). ``rounding``: ``"exact"`` (one
+    rounding) or ``"native"`` (the eager chain's, see the module docstring)."""
     if angles:
         cos, sin = angle_rows(cos, sin, positions, axis)
     elif positions is not None:
@@ -168,6 +175,10 @@ def rotate_into(
     if not live:
         return
     x0 = live[0][0]
+    if rounding == "native":
+        with no_autocast():
+            _native(live, cos, sin, _structure(matrix), transpose)
+        return
     dt = torch.float64 if x0.dtype == torch.float64 else compute_dtype(x0)
     with no_autocast(), _Work.get(dt, x0.device) as work:
         info = _structure(matrix)
@@ -194,6 +205,32 @@ def rotate_into(
             tables = (c, signed)
         for x, out in live:
             _chunked(step, x, out, *tables)
+
+
+NATIVE_GATHER = ("rounding='native' needs a signed permutation matrix (every rotation matrix, partial "
+                 "rotary's too): the eager chain it reproduces gathers x, it does not multiply by M")
+
+
+def _native(live, cos: Tensor, sin: Tensor, info, transpose: bool) -> None:
+    """``rounding="native"``: per x, ``R(R(x*c) + R(g*s'))`` with c, s the tables rounded to x's
+    dtype, R the rounding to it, each op in float32 (in x's dtype for float32/float64 x), and g
+    the gathered x: ``g[j] = x[take[j]]``, ``s'[j] = sign[j]*s[j]`` forward; in the transpose
+    ``s'[i] = sign_t[i]*s[take_t[i]]``, so ``R(g*s')`` is the eager backward's rounded ``grad*sin``
+    moved by Mᵀ. The kernel's NATIVE epilogue, term by term."""
+    if info is None or not info.gather:
+        raise ValueError(NATIVE_GATHER)
+    dt = live[0][0].dtype
+    op = dt if dt in (torch.float32, torch.float64) else torch.float32
+    take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
+    c = cos.to(dt).to(op)
+    s = sin.to(dt).to(op)
+    if transpose:
+        s = torch.gather(s, -1, take.expand(s.shape))
+    s = s * sign.to(op)  # (exact)
+    for x, out in live:
+        xo = x.to(op)
+        g = torch.gather(xo, -1, take.expand(xo.shape))
+        out.copy_((xo * c).to(dt).to(op) + (g * s).to(dt).to(op))
 
 
 class _Work:

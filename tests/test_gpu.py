@@ -119,3 +119,41 @@ def test_autotuning_with_tritons_benchmarker(monkeypatch):
     assert len(tuning.chosen()) == 1
     assert torch.equal(out_t[0], want_t[0]) and torch.equal(out_t[1], want_t[1])
     tuning.reset()
+
+
+def _eager(x, cos, sin, sections, mode):
+    """The eager chain on CUDA in x's dtype, tables cast to it, section by section."""
+    cos, sin, parts, start = cos.to(x.dtype), sin.to(x.dtype), [], 0
+    for w in sections:
+        sl = slice(start, start + w)
+        v, c, s = x[..., sl], cos[..., sl], sin[..., sl]
+        if mode == "half":
+            rot = torch.cat([-v[..., w // 2:], v[..., : w // 2]], -1)
+        else:
+            rot = torch.stack([-v[..., 1::2], v[..., 0::2]], -1).flatten(-2)
+        parts.append(v * c + rot * s)
+        start += w
+    return torch.cat(parts, -1)
+
+
+@pytest.mark.parametrize("product", ["gather", "dot"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_native_rounding_is_the_cuda_eager_chain(dtype, product):
+    """rounding="native" on the compiled kernel (its own bf16/fp16 casts, fp fusion off): bit for
+    bit PyTorch's eager CUDA chain, forward and backward (autograd of the chain), for the pair
+    classes (interleave's swapped pairs, half's kept pairs, sections of odd pairs) and the dot."""
+    from rome import launch
+
+    for sections, mode in (((128,), "interleave"), ((128,), "half"), ((44, 44, 40), "half"), ((16, 56, 56), "half")):
+        q = torch.randn(2, 8, 1024, 128, device="cuda").mul(4).to(dtype).requires_grad_()
+        k = torch.randn(2, 2, 1024, 128, device="cuda").mul(4).to(dtype).requires_grad_()
+        cos, sin = tables(sections, mode, 1024, device="cuda")
+        m = rome.rotation_matrix(sections, mode, dtype=dtype, device="cuda")
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        with launch.product(product):
+            qo, ko = rome.apply_qk(q, k, cos, sin, m, backend="triton", rounding="native")
+            dq, dk = torch.autograd.grad((qo, ko), (q, k), (gq, gk))
+        rq, rk = _eager(q, cos, sin, sections, mode), _eager(k, cos, sin, sections, mode)
+        eq, ek = torch.autograd.grad((rq, rk), (q, k), (gq, gk))
+        for got, want in ((qo, rq), (ko, rk), (dq, eq), (dk, ek)):
+            assert torch.equal(got, want), (sections, mode, (got != want).sum().item())

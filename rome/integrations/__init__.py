@@ -13,7 +13,7 @@ transformers nor diffusers is a dependency of rome (``pip install rome[models]``
   Flux, Qwen-Image, LTX-Video and the rest, and the classes with RoPE it refuses with the reason
   (docs/families.md, generated from its tables).
 
-Each library module defines ``patch(model, *, backend) -> Patch | None`` (None: not a model
+Each library module defines ``patch(model, *, backend, rounding) -> Patch | None`` (None: not a model
 of that library it knows) and ``SUPPORTED`` (the class names it patches). Patches never touch
 the kernel: they call rome's public ops and module (Liger-Kernel's convention).
 
@@ -32,7 +32,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ..types import Backend
+from ..checks import check_rounding
+from ..types import Backend, Rounding
 from . import flash_attn, flashinfer, liger, vllm  # adapters: no optional dependency
 
 __all__ = ["Patch", "flash_attn", "flashinfer", "liger", "patch", "supported", "vllm"]
@@ -119,14 +120,20 @@ def supported() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch:
+def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "exact") -> Patch:
     """Patch ``model`` (a transformers or diffusers model, or a module of the user's holding such
     models: each is patched, and one ``undo()`` reverts them all) in place to compute its RoPE with
     rome; returns a ``Patch`` whose ``undo()`` restores the model exactly.
 
+    ``rounding``: ``"exact"`` (rome's tables from float64 angles, one rounding: the more accurate)
+    or ``"native"``: the patched model's outputs equal the unpatched model's bit for bit (its own
+    tables, each rotation rounded as its code rounds it; docs/families.md says which families; a
+    family it cannot reproduce raises ValueError).
+
     Raises TypeError for a model of neither library and ValueError for a model (or a RoPE
     configuration) rome cannot express, naming the class and what is supported.
     """
+    check_rounding(rounding)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     lib = _library_of(model)
@@ -140,13 +147,13 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch:
         handle = Patch(model, family="+".join(sorted({_library_of(m) for _, m in inner})))
         try:
             for _, m in inner:
-                handle.on_undo(patch(m, backend=backend).undo)
+                handle.on_undo(patch(m, backend=backend, rounding=rounding).undo)
         except BaseException:
             handle.undo()
             raise
         return handle
     module = importlib.import_module(f"{__name__}.{lib}")
-    handle = module.patch(model, backend=backend)
+    handle = module.patch(model, backend=backend, rounding=rounding)
     if handle is None:
         raise ValueError(
             f"rome.integrations.patch does not support {type(model).__name__} ({lib}); "

@@ -64,12 +64,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import check_rounding
 from ..layouts import RopeLayout, cos_sin_cache, cos_sin_for_positions, section_layout
 from ..matrices import kept_matrix, kept_rotation_matrix, rotation_matrix
 from ..ops import BACKENDS, apply, apply_qk
 from ..qknorm import QKNorm, apply_qk_norm
 from ..tables import grid_positions
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import Patch
 from . import _diffusers_rope as _fn
 
@@ -95,10 +96,21 @@ class _Rotate:
     """``(q, k) -> rome.apply_qk(q, k, cos, sin, M)`` with M ``interleave_matrix(D)`` (pairs
     ``(2i, 2i+1)``, the default) or ``half_matrix(D)`` (``mode="half"``: pairs ``(i, i + D/2)``),
     built once per (mode, D, dtype, device). Tables in a dtype rome does not take with q's (bf16
-    tables for fp32 q) go in as float32."""
+    tables for fp32 q) go in as float32.
 
-    def __init__(self, backend: Backend = "auto"):
+    ``native`` (``patch(..., rounding="native")``): None (rome's exact rounding), or how the
+    family's code rounds its rotation (``_Family.native``): ``"float"`` (diffusers'
+    ``apply_rotary_emb`` and LTX's: ``(x.float() * cos + x_rotated.float() * sin).to(x.dtype)``:
+    float32 ops, or the tables' dtype where that is wider, then one rounding to x's dtype) or
+    ``"x"`` (Wan's nested ``apply_rotary_emb``: ``x1 * cos - x2 * sin`` in the promoted dtype of x
+    and the tables, written into a tensor of x's dtype); rome then computes with
+    ``rounding="native"`` in that dtype and casts back, bit for bit the family's result."""
+
+    native: str | None = None
+
+    def __init__(self, backend: Backend = "auto", native: str | None = None):
         self.backend = backend
+        self.native = native
 
     @staticmethod
     def _matrix(x: Tensor, mode="interleave") -> Tensor:
@@ -121,8 +133,19 @@ class _Rotate:
         dtype = cos.dtype if cos.dtype in (torch.float32, x.dtype) else torch.float32
         return cos.to(x.device, dtype), sin.to(x.device, dtype)
 
+    def _compute(self, x: Tensor, cos: Tensor, sin: Tensor) -> torch.dtype:
+        """The dtype the family's code rotates x in (``native``)."""
+        base = x.dtype if self.native == "x" else torch.float32
+        return torch.promote_types(torch.promote_types(base, cos.dtype), sin.dtype)
+
     def __call__(self, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave"
                  ) -> tuple[Tensor, Tensor]:
+        if self.native is not None:
+            dt = self._compute(q, cos, sin)
+            qc, kc = q.to(dt), k.to(dt)
+            qo, ko = apply_qk(qc, kc, cos.to(q.device, dt), sin.to(q.device, dt), self._matrix(qc, mode),
+                              backend=self.backend, rounding="native")
+            return qo.to(q.dtype), ko.to(k.dtype)
         cos, sin = self._tables(q, cos, sin)
         return apply_qk(q, k, cos, sin, self._matrix(q, mode), backend=self.backend)
 
@@ -130,7 +153,11 @@ class _Rotate:
         """BSND q, k (``[B, S, H, D]``) as they leave the projections, with the model's q/k norms
         fused into the rotation (``rome.apply_qk_norm``: one launch where the kernel takes it):
         ``(q, k)`` normalised and rotated, or None where the norms are not ones rome fuses (then
-        the caller runs them, and ``__call__``). Tables as ``__call__``'s, broadcasting to BSND."""
+        the caller runs them, and ``__call__``). Tables as ``__call__``'s, broadcasting to BSND.
+        None with ``native``: the fused norm's fp32 result is not the model's norm rounded to q's
+        dtype, so the model's norms run and then the native rotation."""
+        if self.native is not None:
+            return None
         spec = _norm_spec(norm_q, norm_k, q, k)
         if spec is None:
             return None
@@ -147,15 +174,29 @@ class _Rotate:
             fused = self.normed(q, k, cos, sin, norm_q, norm_k, mode)
             if fused is not None:
                 return fused
-        q = q if norm_q is None else norm_q(q)
-        k = k if norm_k is None else norm_k(k)
-        return self(q, k, cos, sin, mode)
+        return self(_own_norm(norm_q, q), _own_norm(norm_k, k), cos, sin, mode)
 
     def one(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str = "interleave") -> Tensor:
         """``rome.apply`` of x alone (cross attention: the keys are not rotated, or rotated by
         other tables)."""
+        if self.native is not None:
+            dt = self._compute(x, cos, sin)
+            xc = x.to(dt)
+            return apply(xc, cos.to(x.device, dt), sin.to(x.device, dt), self._matrix(xc, mode),
+                         backend=self.backend, rounding="native").to(x.dtype)
         cos, sin = self._tables(x, cos, sin)
         return apply(x, cos, sin, self._matrix(x, mode), backend=self.backend)
+
+
+def _own_norm(norm, x: Tensor) -> Tensor:
+    """The model's norm module run on BSND x as the model runs it: over a head's D values, or
+    (its shape H·D: LTX's RMSNorm over a token's heads) on the heads flattened; None: x."""
+    if norm is None:
+        return x
+    shape = tuple(getattr(norm, "normalized_shape", None) or getattr(norm, "dim", None) or ())
+    if x.ndim >= 2 and shape == (x.shape[-2] * x.shape[-1],) != (x.shape[-1],):
+        return norm(x.flatten(-2)).unflatten(-1, x.shape[-2:])
+    return norm(x)
 
 
 # q/k norm modules rome fuses into the rotation: torch's RMSNorm / LayerNorm, diffusers' RMSNorm
@@ -405,9 +446,10 @@ class RomeCogVideoXAttnProcessor(_RomeProcessor, _base(_cog, "CogVideoXAttnProce
             if attn.norm_k is not None:
                 key = attn.norm_k(key)
             query = self._rome.one(query, cos, sin)
-        else:  # (its per-head LayerNorms fused into the rotation where rome takes them; BNSD)
+        else:  # (its per-head LayerNorms fused into the rotation where rome takes them; BSND
+            # views of its BNSD q and k, tables [S, 1, D])
             query, key = (t.transpose(1, 2) for t in self._rome.norm_then(
-                query.transpose(1, 2), key.transpose(1, 2), cos, sin, attn.norm_q, attn.norm_k))
+                query.transpose(1, 2), key.transpose(1, 2), cos[:, None], sin[:, None], attn.norm_q, attn.norm_k))
         hidden_states = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
         )
@@ -423,7 +465,9 @@ def _flux_fused(proc, attn, query, key, encoder_query, encoder_key, cos, sin):
     """Flux's q/k norms fused into the rotation (``_Rotate.normed``): the image tokens' with
     ``norm_q``/``norm_k``, the text tokens' (double-stream blocks) with ``norm_added_q``/``_k``,
     each one launch, then text before image as the model concatenates them. None where rome does
-    not fuse those norms (the caller runs the model's steps)."""
+    not fuse those norms (the caller runs the model's steps), and with ``rounding="native"``."""
+    if proc._rome.native is not None:
+        return None
     if attn.added_kv_proj_dim is None:
         return proc._rome.normed(query, key, cos[:, None], sin[:, None], attn.norm_q, attn.norm_k)
     eq, ek = (t.unflatten(-1, (-1, attn.head_dim)) for t in (encoder_query, encoder_key))
@@ -1227,6 +1271,9 @@ class _Family(NamedTuple):
     rope_forward: type | None = None
     # attention classes (names) every instance of which applies RoPE, beside ``layers``
     attention: tuple = ()
+    # how the family's code rounds its rotation (_Rotate.native: "float" or "x"), for
+    # patch(..., rounding="native"); None: a rotation rounding="native" does not reproduce
+    native: str | None = None
 
 
 _FAMILIES = {
@@ -1395,6 +1442,22 @@ _FAMILIES.update({
         (_rebound("transformer_stable_audio3", "StableAudio3SelfAttnProcessor",
                   {"_apply_rotary_partial": _fn.HalfLeadingAngles}),), (), attention=("StableAudio3SelfAttention",)),
 })
+# patch(..., rounding="native"): how each family's code rounds its rotation (_Rotate.native):
+# "x", Wan's nested apply_rotary_emb (x1 * cos - x2 * sin, in x's dtype promoted with the
+# tables'); "float", diffusers' apply_rotary_emb(use_real=True) and LTX's / LTX-2's copies
+# ((x.float() * cos + x_rotated.float() * sin).to(x.dtype)). The others are refused: complex
+# products (Qwen-Image, Z-Image, Lumina2), Mochi's and HiDream's own per-pair formulas.
+_NATIVE = {
+    "WanTransformer3DModel": "x", "WanVACETransformer3DModel": "x", "WanAnimateTransformer3DModel": "x",
+    "ChronoEditTransformer3DModel": "x", "SkyReelsV2Transformer3DModel": "x",
+    "HunyuanVideoTransformer3DModel": "float", "HunyuanVideoFramepackTransformer3DModel": "float",
+    "HunyuanVideo15Transformer3DModel": "float", "HunyuanImageTransformer2DModel": "float",
+    "FluxTransformer2DModel": "float", "ChromaTransformer2DModel": "float", "Flux2Transformer2DModel": "float",
+    "CogVideoXTransformer3DModel": "float", "ConsisIDTransformer3DModel": "float",
+    "LTXVideoTransformer3DModel": "float", "LTX2VideoTransformer3DModel": "float",
+    "CosmosTransformer3DModel": "float", "CogView4Transformer2DModel": "float",
+}
+_FAMILIES = {name: f._replace(native=_NATIVE.get(name)) for name, f in _FAMILIES.items()}
 SUPPORTED = tuple(_FAMILIES)
 
 # diffusers 0.42's transformer classes with RoPE that rome does not patch, and why (ValueError)
@@ -1497,9 +1560,13 @@ def _check_config(model, family: str) -> None:
             raise ValueError(f"{name}: inner dim {rope.dim} < 6 gives no RoPE frequency per axis")
 
 
-def patch(model, *, backend: Backend = "auto") -> Patch | None:
+def patch(model, *, backend: Backend = "auto", rounding: Rounding = "exact") -> Patch | None:
     """Patch a diffusers transformer of ``SUPPORTED`` in place (this instance only) to rotate q
     and k with one rome launch per attention layer; None for another diffusers model.
+
+    ``rounding="native"``: the patched model's outputs are the unpatched model's bit for bit: the
+    rotary modules are kept (the model's own tables) and each launch rounds as the family's code
+    does (``_NATIVE``); a family whose rotation it cannot reproduce raises ValueError.
 
     Raises ValueError for a model patched already, a RoPE configuration rome cannot express, or a
     RoPE attention layer whose processor is not the model's default (naming the layer and class).
@@ -1517,7 +1584,17 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
         return None
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    native = check_rounding(rounding) == "native"
     spec = _FAMILIES[family]
+    if native and spec.native is None:
+        rebound = all(issubclass(r, _ReboundProcessor) for _, _, r, _ in spec.processors)
+        why = ("its processor is rebound to rome's rotary functions (rome/integrations/_diffusers_rope.py), "
+               "which round exactly only" if rebound else
+               "its rotation (complex products, or its own per-pair formula) is not one rounding='native' "
+               "reproduces")
+        raise ValueError(
+            f"rome.integrations.patch({name}, rounding='native'): {why}; rounding='native' "
+            f"patches {', '.join(n for n in SUPPORTED if _FAMILIES[n].native)} (rounding='exact' patches {name})")
     rome_classes = {}  # the library's processor class -> its rome subclass
     for module_name, proc_name, rome_cls, helpers in spec.processors:
         module = importlib.import_module(module_name)
@@ -1554,7 +1631,7 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
                 f"{defaults} (the model's default)"
             )
     handle = Patch(model, family)
-    rotate = _Rotate(backend)
+    rotate = _Rotate(backend, spec.native if native else None)
     for _, attn in layers:
         proc = attn.processor
         rome_cls = rome_classes[type(proc)]
@@ -1562,6 +1639,6 @@ def patch(model, *, backend: Backend = "auto") -> Patch | None:
         new.__dict__.update(proc.__dict__)  # attention backend, parallel config
         new._rome = rotate
         handle.setattr(attn, "processor", new)
-    if spec.rope_forward is not None:
+    if spec.rope_forward is not None and not native:  # (native: the model's own tables)
         handle.setattr(model.rope, "forward", spec.rope_forward(model.rope))
     return handle

@@ -16,7 +16,10 @@ How: the rows are gathered at those positions and widened to rome's per-column t
 (``rome.integrations._halfwidth``), then one ``rome.apply`` (``rome.apply_`` in place), so the
 result is bitwise ``rome.apply`` with those tables and ``rotation_matrix(rotary_dim, mode)``
 padded with a zero block. Computed in float32 and rounded once to x's dtype, as flash-attn's
-kernel does.
+kernel does (``rounding="exact"``, the default). ``rounding="native"`` (every function): the bits
+of flash-attn's plain-torch ``apply_rotary_emb_torch`` on x's dtype (``x*cos + rotate_half(x)*sin``
+with cos/sin in x's dtype, each product and the sum rounded to it; the pass-through columns as
+they are), in place and in the backward too (``grad*cos`` and ``grad*sin`` rounded, summed).
 
 Differences from flash-attn, all where flash-attn would assert or read out of bounds:
 
@@ -46,10 +49,11 @@ import operator
 import torch
 from torch import Tensor
 
+from ..checks import check_rounding
 from ..inplace import apply_, apply_qk_
 from ..ops import apply
 from ..positions import check_cu_seqlens, normalize_positions
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import _halfwidth
 
 __all__ = ["apply_rotary_emb", "apply_rotary_emb_func", "apply_rotary_emb_kv_", "apply_rotary_emb_qkv_"]
@@ -70,6 +74,7 @@ def apply_rotary_emb(
     max_seqlen: int | None = None,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> Tensor:
     """flash-attn's ``apply_rotary_emb`` (see the module docstring), computed by rome.
 
@@ -77,8 +82,10 @@ def apply_rotary_emb(
     a leaf that requires grad (or a view of one), a tensor sharing x's memory that carries the
     rotation's backward, x staying a leaf whose ``.grad`` is the gradient through the result
     (flash-attn's autograd Function returns its input unmarked; autograd hands back such an
-    alias). In place, differentiable in x only, as flash-attn. ``backend`` as ``rome.apply``.
+    alias). In place, differentiable in x only, as flash-attn. ``backend``, ``rounding`` as
+    ``rome.apply`` (see the module docstring).
     """
+    check_rounding(rounding)
     for name, flag in (("interleaved", interleaved), ("inplace", inplace)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -88,11 +95,12 @@ def apply_rotary_emb(
             "[batch, seqlen, nheads, headdim] (or [total_seqlen, nheads, headdim] with cu_seqlens)"
         raise ValueError(f"x must be {form}, got shape {_shape(x)}")
     cos_t, sin_t, m, mt = _tables("x", x, cos, sin, interleaved, seqlen_offsets, cu_seqlens, max_seqlen)
+    kw = {"backend": backend, "rounding": rounding}
     if not inplace:
-        return apply(x, cos_t, sin_t, m, backend=backend)
+        return apply(x, cos_t, sin_t, m, **kw)
     cos_t, sin_t = cos_t.detach(), sin_t.detach()  # in place: no gradient to cos/sin (flash-attn)
-    return _in_place(x, lambda t: apply_(t, cos_t, sin_t, m, backend=backend),
-                     lambda g: apply(g, cos_t, sin_t, mt, backend=backend))
+    return _in_place(x, lambda t: apply_(t, cos_t, sin_t, m, **kw),
+                     lambda g: apply(g, cos_t, sin_t, mt, **kw))
 
 
 # For backward compatibility (flash-attn's own alias)
@@ -153,6 +161,7 @@ def apply_rotary_emb_qkv_(
     num_heads_q: int | None = None,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> Tensor:
     """flash-attn's ``apply_rotary_emb_qkv_``: q and k of a packed ``qkv`` rotated *in place*
     (v untouched), ``qkv`` returned (differentiable in qkv as flash-attn: a leaf that requires
@@ -162,7 +171,9 @@ def apply_rotary_emb_qkv_(
     num_heads_k, headdim]`` with ``num_heads_q`` (GQA/MQA). cos, sin: ``[seqlen_ro,
     rotary_dim / 2]`` for q, and for k unless ``cos_k``/``sin_k`` are given (each defaults to
     its q counterpart, as in flash-attn). seqlen_offsets: an int or an int tensor ``[batch]``.
+    ``rounding`` as ``apply_rotary_emb``.
     """
+    check_rounding(rounding)
     if not isinstance(qkv, Tensor):
         raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
     if not isinstance(interleaved, bool):
@@ -209,11 +220,12 @@ def apply_rotary_emb_qkv_(
     def rotate(t, transpose=False):
         a, b = split(t)
         i = 3 if transpose else 2
+        kw = {"backend": backend, "rounding": rounding}
         if tk is tq:
-            apply_qk_(a, b, tq[0], tq[1], tq[i], backend=backend)
+            apply_qk_(a, b, tq[0], tq[1], tq[i], **kw)
         else:
-            apply_(a, tq[0], tq[1], tq[i], backend=backend)
-            apply_(b, tk[0], tk[1], tk[i], backend=backend)
+            apply_(a, tq[0], tq[1], tq[i], **kw)
+            apply_(b, tk[0], tk[1], tk[i], **kw)
 
     def grad_of(g):
         g = g.clone()
@@ -232,10 +244,13 @@ def apply_rotary_emb_kv_(
     seqlen_offsets: int | Tensor = 0,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> Tensor:
     """flash-attn's ``apply_rotary_emb_kv_``: k = ``kv[:, :, 0]`` of ``kv`` ``[batch, seqlen, 2,
     nheads, headdim]`` rotated *in place* (v untouched), ``kv`` returned (differentiable in kv
-    as flash-attn, a leaf included). cos, sin: ``[seqlen_ro, rotary_dim / 2]``."""
+    as flash-attn, a leaf included). cos, sin: ``[seqlen_ro, rotary_dim / 2]``. ``rounding`` as
+    ``apply_rotary_emb``."""
+    check_rounding(rounding)
     if not isinstance(kv, Tensor):
         raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
     if not isinstance(interleaved, bool):
@@ -248,10 +263,11 @@ def apply_rotary_emb_kv_(
     def grad_of(g):
         g = g.clone()
         with torch.no_grad():
-            apply_(g[:, :, 0], cos_t, sin_t, mt, backend=backend)
+            apply_(g[:, :, 0], cos_t, sin_t, mt, backend=backend, rounding=rounding)
         return g
 
-    return _in_place(kv, lambda t: apply_(t[:, :, 0], cos_t, sin_t, m, backend=backend), grad_of)
+    return _in_place(kv, lambda t: apply_(t[:, :, 0], cos_t, sin_t, m, backend=backend, rounding=rounding),
+                     grad_of)
 
 
 def _positions(x: Tensor, seqlen_offsets, cu_seqlens, max_seqlen) -> Tensor:

@@ -33,6 +33,11 @@ rounds the tables once to float32, and calls ``rome.apply_qk`` / ``rome.apply_qk
 arithmetic, one rounding to q's dtype). So rome's results are the more accurate of the two:
 they agree with flashinfer's to flashinfer's float32 angle error, not bit for bit.
 
+``rounding="native"`` (every function; default ``"exact"``): the eager chain's rounding on the same
+tables, each product and sum rounded to q's dtype with the tables rounded to it first (for the
+cos/sin-cache forms vLLM's ``forward_native`` bits on that cache). Not flashinfer's own bits:
+its kernels compute in float32 (their angles too) and round once.
+
 Differences: bad shapes, dtypes, indptr and positions raise ``ValueError``/``TypeError`` naming
 the argument (flashinfer's kernel reads out of bounds or asserts); the functional forms are
 differentiable in q and k (flashinfer's are not).
@@ -50,7 +55,7 @@ from ..inplace import apply_qk_
 from ..layouts import cos_sin_for_positions, rope_layout
 from ..ops import apply_qk
 from ..positions import normalize_positions
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import _halfwidth
 from .vllm import rotary_embedding
 
@@ -75,7 +80,7 @@ def _shape(t: Tensor) -> list[int]:
 # --- the cos/sin-cache forms (vLLM's convention) -------------------------------------------
 
 
-def _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, inplace, backend):
+def _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, inplace, backend, rounding="exact"):
     if not isinstance(key, Tensor):
         raise TypeError(f"key must be a torch.Tensor, got {type(key).__name__}")
     if isinstance(cos_sin_cache, Tensor) and cos_sin_cache.dtype != torch.float32:
@@ -88,7 +93,7 @@ def _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, inplac
                 f"{name} must be [nnz, num_heads * head_size] (or [nnz, num_heads, head_size]) with nnz = "
                 f"positions.shape[0] = {positions.shape[0]}, got shape {_shape(t)}")
     return rotary_embedding(positions, query, key, head_size=head_size, cos_sin_cache=cos_sin_cache,
-                            is_neox_style=is_neox, inplace=inplace, backend=backend)
+                            is_neox_style=is_neox, inplace=inplace, backend=backend, rounding=rounding)
 
 
 def apply_rope_with_cos_sin_cache(
@@ -100,12 +105,13 @@ def apply_rope_with_cos_sin_cache(
     is_neox: bool = True,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """flashinfer's ``apply_rope_with_cos_sin_cache``: ``(query_out, key_out)``, new tensors of
     query's and key's shapes ``[nnz, H * head_size]``; ``cos_sin_cache`` ``[max_seq_len,
     rotary_dim]`` float32, cos in the first half, sin in the second; ``is_neox`` NeoX halves
     (False: GPT-J pairs). The columns past rotary_dim pass through."""
-    return _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, False, backend)
+    return _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, False, backend, rounding)
 
 
 def apply_rope_with_cos_sin_cache_inplace(
@@ -117,9 +123,10 @@ def apply_rope_with_cos_sin_cache_inplace(
     is_neox: bool = True,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> None:
     """flashinfer's ``apply_rope_with_cos_sin_cache_inplace``: query and key rotated in place."""
-    _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, True, backend)
+    _cache_call(positions, query, key, head_size, cos_sin_cache, is_neox, True, backend, rounding)
 
 
 # --- the on-the-fly forms: frequencies from rope_theta/rope_scale --------------------------
@@ -160,7 +167,7 @@ def _frequencies(head_dim, rotary_dim, interleave, scaling, rope_theta):
     return rope_layout(freqs, mode="interleave" if interleave else "half"), rotary_dim
 
 
-def _rotate(q, k, positions, rotary_dim, interleave, scaling, rope_theta, inplace, backend):
+def _rotate(q, k, positions, rotary_dim, interleave, scaling, rope_theta, inplace, backend, rounding="exact"):
     """q, k ``[nnz, H, D]`` rotated at int ``positions`` ``[nnz]``."""
     head_dim = q.shape[-1]
     layout, rotary_dim = _frequencies(head_dim, rotary_dim, interleave, scaling, rope_theta)
@@ -170,9 +177,9 @@ def _rotate(q, k, positions, rotary_dim, interleave, scaling, rope_theta, inplac
     dtype = q.dtype if q.is_floating_point() else torch.float32  # another dtype: rome names it
     m = _halfwidth.matrix(mode, rotary_dim, head_dim, dtype, q.device)
     if inplace:
-        apply_qk_(q, k, cos, sin, m, backend=backend)
+        apply_qk_(q, k, cos, sin, m, backend=backend, rounding=rounding)
         return None
-    return apply_qk(q, k, cos, sin, m, backend=backend)
+    return apply_qk(q, k, cos, sin, m, backend=backend, rounding=rounding)
 
 
 def _ragged_positions(q, indptr, offsets) -> Tensor:
@@ -221,89 +228,95 @@ def _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len):
 def apply_rope(
     q: Tensor, k: Tensor, indptr: Tensor, offsets: Tensor, rotary_dim: int | None = None,
     interleave: bool = False, rope_scale: float = 1, rope_theta: float = 1e4, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """flashinfer's ``apply_rope``: ``(q_rope, k_rope)`` for ragged q ``[nnz, Hq, D]``, k ``[nnz,
     Hk, D]``, segments ``indptr`` ``[batch_size + 1]`` and position ``offsets`` ``[batch_size]``."""
     _check_qk(q, k)
     return _rotate(q, k, _ragged_positions(q, indptr, offsets), rotary_dim, interleave,
-                   _linear(rope_scale), rope_theta, False, backend)
+                   _linear(rope_scale), rope_theta, False, backend, rounding)
 
 
 def apply_rope_inplace(
     q: Tensor, k: Tensor, indptr: Tensor, offsets: Tensor, rotary_dim: int | None = None,
     interleave: bool = False, rope_scale: float = 1, rope_theta: float = 1e4, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> None:
     """flashinfer's ``apply_rope_inplace``: ``apply_rope`` written into q and k."""
     _check_qk(q, k)
     _rotate(q, k, _ragged_positions(q, indptr, offsets), rotary_dim, interleave,
-            _linear(rope_scale), rope_theta, True, backend)
+            _linear(rope_scale), rope_theta, True, backend, rounding)
 
 
 def apply_rope_pos_ids(
     q: Tensor, k: Tensor, pos_ids: Tensor, rotary_dim: int | None = None, interleave: bool = False,
     rope_scale: float = 1, rope_theta: float = 1e4, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """flashinfer's ``apply_rope_pos_ids``: ``(q_rope, k_rope)``, token t at ``pos_ids[t]``."""
     _check_qk(q, k)
     return _rotate(q, k, _pos_ids(q, pos_ids), rotary_dim, interleave, _linear(rope_scale),
-                   rope_theta, False, backend)
+                   rope_theta, False, backend, rounding)
 
 
 def apply_rope_pos_ids_inplace(
     q: Tensor, k: Tensor, pos_ids: Tensor, rotary_dim: int | None = None, interleave: bool = False,
     rope_scale: float = 1, rope_theta: float = 1e4, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> None:
     """flashinfer's ``apply_rope_pos_ids_inplace``."""
     _check_qk(q, k)
     _rotate(q, k, _pos_ids(q, pos_ids), rotary_dim, interleave, _linear(rope_scale), rope_theta,
-            True, backend)
+            True, backend, rounding)
 
 
 def apply_llama31_rope(
     q: Tensor, k: Tensor, indptr: Tensor, offsets: Tensor, rotary_dim: int | None = None,
     interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
     low_freq_factor: float = 1, high_freq_factor: float = 4, old_context_len: int = 8192, *,
-    backend: Backend = "auto",
+    backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """flashinfer's ``apply_llama31_rope``: ``apply_rope`` with Llama 3.1's frequencies."""
     _check_qk(q, k)
     return _rotate(q, k, _ragged_positions(q, indptr, offsets), rotary_dim, interleave,
                    _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len),
-                   rope_theta, False, backend)
+                   rope_theta, False, backend, rounding)
 
 
 def apply_llama31_rope_inplace(
     q: Tensor, k: Tensor, indptr: Tensor, offsets: Tensor, rotary_dim: int | None = None,
     interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
     low_freq_factor: float = 1, high_freq_factor: float = 4, old_context_len: int = 8192, *,
-    backend: Backend = "auto",
+    backend: Backend = "auto", rounding: Rounding = "exact",
 ) -> None:
     """flashinfer's ``apply_llama31_rope_inplace``."""
     _check_qk(q, k)
     _rotate(q, k, _ragged_positions(q, indptr, offsets), rotary_dim, interleave,
             _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len), rope_theta,
-            True, backend)
+            True, backend, rounding)
 
 
 def apply_llama31_rope_pos_ids(
     q: Tensor, k: Tensor, pos_ids: Tensor, rotary_dim: int | None = None, interleave: bool = False,
     rope_scale: float = 8, rope_theta: float = 5e5, low_freq_factor: float = 1,
     high_freq_factor: float = 4, old_context_len: int = 8192, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """flashinfer's ``apply_llama31_rope_pos_ids``."""
     _check_qk(q, k)
     return _rotate(q, k, _pos_ids(q, pos_ids), rotary_dim, interleave,
                    _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len),
-                   rope_theta, False, backend)
+                   rope_theta, False, backend, rounding)
 
 
 def apply_llama31_rope_pos_ids_inplace(
     q: Tensor, k: Tensor, pos_ids: Tensor, rotary_dim: int | None = None, interleave: bool = False,
     rope_scale: float = 8, rope_theta: float = 5e5, low_freq_factor: float = 1,
     high_freq_factor: float = 4, old_context_len: int = 8192, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> None:
     """flashinfer's ``apply_llama31_rope_pos_ids_inplace``."""
     _check_qk(q, k)
     _rotate(q, k, _pos_ids(q, pos_ids), rotary_dim, interleave,
             _llama31(rope_scale, low_freq_factor, high_freq_factor, old_context_len), rope_theta,
-            True, backend)
+            True, backend, rounding)

@@ -17,7 +17,11 @@ How: those half-width columns widened to rome's per-column tables (``rome.integr
 _halfwidth``'s rule) and one ``rome.apply_qk`` with the rotation matrix of the first
 ``2 * (D // 2)`` columns (a zero block for the odd column). Computed in float32 and rounded
 once to q's dtype; Liger computes in the tables' dtype (bf16 tables: bf16 products), so with
-bf16/fp16 tables rome is the more accurate. Differentiable in q, k and the first ``D // 2``
+bf16/fp16 tables rome is the more accurate (``rounding="exact"``, the default). ``rounding="native"``:
+the bits of transformers' eager ``apply_rotary_pos_emb``, the reference Liger's kernel replaces
+(the tables rounded to q's dtype, each product and the sum rounded to it);
+``liger_rotary_pos_emb_vision`` then gives those of Qwen's ``apply_rotary_pos_emb_vision`` (float32
+products and sum, one rounding to q's dtype). Differentiable in q, k and the first ``D // 2``
 columns of cos/sin (Liger gives cos/sin no gradient). Returns new tensors (Liger's kernel
 writes into contiguous copies of q and k and returns those: new tensors too).
 
@@ -30,8 +34,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_rounding
 from ..ops import apply_qk
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import _halfwidth
 
 __all__ = ["liger_rotary_pos_emb", "liger_rotary_pos_emb_vision"]
@@ -65,10 +70,13 @@ def liger_rotary_pos_emb(
     unsqueeze_dim: int = 1,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """Liger's ``liger_rotary_pos_emb`` (see the module docstring): ``(q, k)`` rotated, new
     tensors. q ``[B, Hq, S, D]``, k ``[B, Hk, S, D]`` (``[B, S, H, D]`` with ``unsqueeze_dim=2``);
-    cos, sin ``[S, D']``, ``[1, S, D']`` or ``[B, S, D']``; ``position_ids`` unused, as Liger."""
+    cos, sin ``[S, D']``, ``[1, S, D']`` or ``[B, S, D']``; ``position_ids`` unused, as Liger.
+    ``rounding``: ``"exact"`` or ``"native"`` (see the module docstring)."""
+    check_rounding(rounding)
     for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -100,11 +108,12 @@ def liger_rotary_pos_emb(
     c, sn = c.unsqueeze(unsqueeze_dim), sn.unsqueeze(unsqueeze_dim)
     dtype = q.dtype if q.is_floating_point() else torch.float32  # another dtype: rome names it
     m = _halfwidth.matrix("half", 2 * (d // 2), d, dtype, q.device)
-    return apply_qk(q, k, c, sn, m, backend=backend)
+    return apply_qk(q, k, c, sn, m, backend=backend, rounding=rounding)
 
 
 def liger_rotary_pos_emb_vision(
-    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, *, backend: Backend = "auto"
+    q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, *, backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor]:
     """Liger's ``liger_rotary_pos_emb_vision`` (Qwen3-VL's vision RoPE): q, k ``[S, H, D]``,
     cos, sin ``[S, D']``; computed in float32 and returned in q's and k's dtypes and shapes."""
@@ -119,5 +128,6 @@ def liger_rotary_pos_emb_vision(
         if t.ndim != 2:
             raise ValueError(f"{name} must be [S, D'], got shape {_shape(t)}")
     q32, k32 = q.float()[None], k.float()[None]  # [1, S, H, D]
-    qo, ko = liger_rotary_pos_emb(q32, k32, cos.float(), sin.float(), unsqueeze_dim=2, backend=backend)
+    qo, ko = liger_rotary_pos_emb(q32, k32, cos.float(), sin.float(), unsqueeze_dim=2, backend=backend,
+                                  rounding=rounding)
     return qo[0].to(q.dtype), ko[0].to(k.dtype)

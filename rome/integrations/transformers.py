@@ -58,11 +58,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_rounding
 from ..layouts import cos_sin_cache, cos_sin_for_positions, tables_for_positions
 from ..module import RoPE
 from ..ops import BACKENDS, apply_qk
 from ..qknorm import QKNorm, apply_qk_norm
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import Patch
 from ._code import calls, innermost, rebound
 
@@ -323,21 +324,44 @@ def _to_rome(cos: Tensor, sin: Tensor, d: int, convention: str) -> tuple[Tensor,
 
 
 class _RotateText:
-    """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` as one ``rome.apply_qk``."""
+    """``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` as one ``rome.apply_qk``.
+
+    ``native`` (``patch(..., rounding="native")``): None (rome's exact rounding), or how the
+    modeling file's function rounds, as ``_native_rule`` found it: ``"x"`` (its ops in the
+    promoted dtype of q and the tables, result in that dtype: Llama's ``q * cos + rotate_half(q) *
+    sin``) or ``"float"`` (q, k and the tables cast to float32 first, the result cast back to q's
+    dtype: Qwen2-VL's vision function, Cohere's); rome then computes with ``rounding="native"`` in
+    that dtype, bit for bit the function's result."""
+
+    native: str | None = None
 
     def __init__(self, rope: RoPE, backend: str, convention: str = "half"):
         self.rope, self.backend, self.convention = rope, backend, convention
 
     def __getstate__(self):  # not the rebound forwards
-        return {"rope": self.rope, "backend": self.backend, "convention": self.convention}
+        return {"rope": self.rope, "backend": self.backend, "convention": self.convention,
+                "native": self.native}
 
     def __call__(self, q, k, cos, sin, unsqueeze_dim=1):
         cos, sin = _to_rome(cos, sin, q.shape[-1], self.convention)
+        return self._apply(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
+
+    def _apply(self, q, k, cos, sin):
+        """``rome.apply_qk`` of the tables as given (broadcasting to q and k), rounded as
+        ``native`` says."""
+        rule, out_dtype = self.native, None
+        if rule is not None:
+            compute = torch.promote_types(q.dtype if rule == "x" else torch.float32, cos.dtype)
+            out_dtype = compute if rule == "x" else q.dtype
+            q, k, cos, sin = (t.to(compute) for t in (q, k, cos, sin))
         m = self.rope.matrix(q.dtype, q.device)
         if q.shape[-1] < m.shape[-1]:  # a forward that slices q to the rotated columns itself
             m = m[: q.shape[-1], : q.shape[-1]].contiguous()  # (they come first: _rotary_width)
-        return apply_qk(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim), m,
-                        backend=self.backend)
+        q, k = apply_qk(q, k, cos, sin, m, backend=self.backend,
+                        rounding="exact" if rule is None else "native")
+        if out_dtype is not None:
+            q, k = q.to(out_dtype), k.to(out_dtype)
+        return q, k
 
 
 class _RotateNormed(_RotateText):
@@ -429,8 +453,7 @@ class _RotateVision(_RotateText):
     """``apply_rotary_pos_emb_vision(q, k, cos, sin)``, q and k ``[T, N, D]``, tables ``[T, D]``."""
 
     def __call__(self, q, k, cos, sin):
-        m = self.rope.matrix(q.dtype, q.device)
-        return apply_qk(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2), m, backend=self.backend)
+        return self._apply(q, k, cos.unsqueeze(-2), sin.unsqueeze(-2))
 
 
 class _Forward:
@@ -567,6 +590,47 @@ def _table_convention(fn) -> str | None:
     return None
 
 
+def _native_rule(fn, rotate: _RotateText, kind: str) -> str | None:
+    """How the modeling file's ``fn(q, k, cos, sin)`` rounds (``_RotateText.native``): the first
+    of ``"x"`` and ``"float"`` under which ``rotate`` (on the torch backend, whose native bits are
+    the kernel's) gives its results bit for bit, dtype included, on bf16 q and k with bf16 and
+    float32 tables in the format the file reads (``rotate.convention``); None where neither does.
+    Probed on values rather than read from the code, as ``_table_convention`` does."""
+    layout = rotate.rope.layout
+    d, r = layout.head_dim, _rotary_width(layout)
+    gen = torch.Generator().manual_seed(0)
+    with torch.device("cpu"), torch.no_grad():
+        width = r if rotate.convention == "narrow" else d  # (a "narrow" forward slices q to r itself)
+        if kind == "vision":
+            q = torch.randn(16, 2, width, generator=gen).bfloat16()
+            k = torch.randn(16, 2, width, generator=gen).bfloat16()
+            f = torch.rand(16, r // 2, generator=gen, dtype=torch.float64) * 6
+        else:
+            q = torch.randn(1, 2, 16, width, generator=gen).bfloat16()
+            k = torch.randn(1, 1, 16, width, generator=gen).bfloat16()
+            f = torch.rand(1, 16, r // 2, generator=gen, dtype=torch.float64) * 6
+        angles = f if rotate.convention == "freqs" else torch.cat([f, f], -1)
+        probe = copy.copy(rotate)
+        probe.backend = "torch"
+        for rule in ("x", "float"):
+            probe.native = rule
+            ok = True
+            for dtype in (torch.bfloat16, torch.float32):
+                cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+                try:
+                    theirs = fn(q, k, cos, sin)[:2]
+                    ours = probe(q, k, cos, sin)
+                except Exception:  # noqa: BLE001 - a call rome's rotation cannot mirror
+                    return None
+                if not all(isinstance(t, Tensor) and t.dtype == o.dtype and t.shape == o.shape
+                           and torch.equal(t, o) for t, o in zip(theirs, ours)):
+                    ok = False
+                    break
+            if ok:
+                return rule
+    return None
+
+
 def _discovered(model: nn.Module) -> tuple[_Family, ...]:
     """Families of a model whose type has no entry in ``_FAMILIES``, read from its modeling files:
     each ``transformers.models.<m>.modeling_<m>`` among the model's modules' classes whose text
@@ -611,16 +675,25 @@ def _model_type(model: nn.Module) -> str | None:
     return kind or None
 
 
-def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
+def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "exact") -> Patch | None:
     """Patch every rotary module and attention layer of ``model`` (see the module doc);
     None when ``model`` has none of a supported family's.
 
+    ``rounding="native"``: the patched model's outputs are the unpatched model's bit for bit.
+    The rotary modules are then left as they are (their tables, in the dtype they return them,
+    are what the modeling file multiplies by) and only the rotation is replaced: rome with
+    ``rounding="native"`` in the dtype the modeling file computes in (``_native_rule``, probed at
+    patch time). A family whose rotation that cannot reproduce raises ValueError: Llama 4's
+    complex products, MLA's de-interleaving ``apply_rotary_pos_emb_interleave`` (rome keeps
+    the pairs in place), and any modeling function the probe finds rounding otherwise.
+
     Raises ValueError for a model (or a part of it) already patched, for a rotary module
     whose attention layers are not of the classes rome patches, and for a RoPE configuration
-    rome cannot express; TypeError/ValueError for a bad ``backend``.
+    rome cannot express; TypeError/ValueError for a bad ``backend`` or ``rounding``.
     """
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    native = check_rounding(rounding) == "native"
     name = type(model).__name__
     kind = _model_type(model)
     if kind in _REFUSED:
@@ -668,6 +741,11 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
     built = []  # per family: (function, table convention, RoPE or {layer type: RoPE})
     for family, rotary, _ in found:
         function, convention, mode = family.plan(rotary.config)
+        if native and (family.kind == "complex" or function != family.function):
+            why = ("its rotation multiplies complex numbers (freqs_cis)" if family.kind == "complex" else
+                   f"{function} writes the rotated pairs de-interleaved, which rome's rotation in place does not")
+            raise ValueError(f"rome.integrations.patch({name}, rounding='native'): {type(rotary).__name__}: "
+                             f"{why}; rounding='native' cannot reproduce it (rounding='exact' patches it)")
         types_ = _layer_types(rotary)
         if types_ is None:
             ropes = _rope_of(rotary, family, mode, backend)
@@ -689,11 +767,21 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
                 t: _Tables(r) for t, r in ropes.items()}
             forward = _RotaryForward(tables, family.kind, one.n_axes, convention,
                                      _rotary_width(one.layout))
-            handle.setattr(rotary, "forward", _Forward(rotary, (forward,), name))
-            handle.on_undo(lambda m=rotary: _PATCHED.pop(m, None))
+            if not native:  # (native: transformers' own tables, as the modeling file multiplies them)
+                handle.setattr(rotary, "forward", _Forward(rotary, (forward,), name))
+                handle.on_undo(lambda m=rotary: _PATCHED.pop(m, None))
             rotate_cls = {"vision": _RotateVision, "complex": _RotateComplex}.get(
                 family.kind, _RotatePairs if function != family.function else _RotateText)
             rotate = rotate_cls(one, backend, convention)
+            if native:
+                fn = getattr(importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}"),
+                             function, None)
+                rotate.native = None if fn is None else _native_rule(fn, rotate, family.kind)
+                if rotate.native is None:
+                    raise ValueError(
+                        f"rome.integrations.patch({name}, rounding='native'): {family.module}'s {function} does not "
+                        f"round as an eager chain in q's dtype nor in float32 (probed on bf16 values); "
+                        f"rounding='native' cannot reproduce it (rounding='exact' patches it)")
             for layer in layers:
                 cls = type(layer)
                 if not calls(cls.forward, function):
@@ -701,7 +789,9 @@ def patch(model: nn.Module, *, backend: Backend = "auto") -> Patch | None:
                         f"{cls.__name__}.forward does not call {function} (a "
                         f"transformers version rome's patch does not know); not patched"
                     )
-                fused = _fused_norms(layer, one) if rotate_cls is _RotateText else None
+                # (native: the layer's own norms run, rounded as the model rounds them; the fused
+                # norm's fp32 result is not)
+                fused = _fused_norms(layer, one) if rotate_cls is _RotateText and not native else None
                 layer_rotate = rotate
                 if fused is not None:  # the q/k norms in the rotation: one apply_qk_norm
                     layer_rotate = _RotateNormed(one, backend, convention, layer, *fused)

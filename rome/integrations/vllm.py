@@ -7,6 +7,7 @@ cos/sin-cache functions, ``rome.integrations.flashinfer``, call it).
     rope = RotaryEmbedding(head_size=128, rotary_dim=128, max_position_embeddings=4096,
                            base=10000.0, is_neox_style=True)
     q, k = rope(positions, q, k)           # q [T, N*D], k [T, N_kv*D] (or k=None -> (q, None))
+    torch.ops.rome.vllm_rotary_embedding(positions, q, k, 128, rope.cos_sin_cache, True)  # vLLM's op, in place
 
 The semantics of vLLM's ``RotaryEmbedding.forward_native``: ``positions`` ``[T]`` (or any shape
 of T tokens, e.g. ``[B, S]``), query/key flattened ``[T, N * head_size]`` (or ``[T, N,
@@ -20,8 +21,11 @@ How: the cache rows at the positions are widened to rome's per-column tables
 (``rome.integrations._halfwidth``) and q and k rotated in one ``rome.apply_qk`` (``rome.apply``
 without key; ``rome.apply_qk_``/``apply_`` with ``inplace=True``, flashinfer's
 ``apply_rope_with_cos_sin_cache_inplace``), bitwise those ops on those tables. Computed in
-float32 and rounded once to q's dtype; vLLM's native path casts the cache to q's dtype and
-computes in it (bf16 products), so rome is the more accurate of the two there.
+float32 and rounded once to q's dtype (``rounding="exact"``, the default); vLLM's native path
+casts the cache to q's dtype and computes in it (bf16 products), so rome is the more accurate of
+the two there. ``rounding="native"`` gives vLLM's ``forward_native`` bits instead: the cache rows
+rounded to q's dtype, each product and sum rounded to it (``x1*cos - x2*sin``, ``x2*cos +
+x1*sin``), the pass-through columns as they are.
 
 Differences: the results are new tensors unless ``inplace=True`` (vLLM's CUDA op writes in
 place, its native path does not); a float32 cache with bf16/fp16 q is read as float32; bad
@@ -38,11 +42,12 @@ import operator
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_rounding
 from ..frequencies import Frequencies, rope_frequencies
 from ..inplace import apply_, apply_qk_
 from ..layouts import cos_sin_cache, mrope_axes, rope_layout
 from ..ops import apply, apply_qk
-from ..types import Backend
+from ..types import Backend, Rounding
 from . import _halfwidth
 
 __all__ = [
@@ -56,6 +61,7 @@ __all__ = [
     "YaRNScalingRotaryEmbedding",
     "get_rope",
     "rotary_embedding",
+    "vllm_rotary_embedding",
 ]
 
 
@@ -113,12 +119,15 @@ def rotary_embedding(
     offsets: Tensor | None = None,
     inplace: bool = False,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> tuple[Tensor, Tensor | None]:
     """vLLM's ``RotaryEmbedding.forward(positions, query, key, offsets)`` as a function of its
     cache (see the module docstring). ``rotary_dim`` defaults to (and must equal)
     ``cos_sin_cache.shape[-1]``. Returns ``(query, key)`` rotated, in query's and key's shapes
     (``key`` None stays None); with ``inplace=True`` the inputs themselves, rotated in place
-    (not differentiable; ``rome.apply_``'s rules)."""
+    (not differentiable; ``rome.apply_``'s rules). ``rounding``: ``"exact"`` or ``"native"``
+    (``forward_native``'s bits; see the module docstring)."""
+    check_rounding(rounding)
     for name, t in (("positions", positions), ("query", query), ("cos_sin_cache", cos_sin_cache)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -172,22 +181,41 @@ def rotary_embedding(
 
     dtype = query.dtype if query.is_floating_point() else torch.float32  # else: rome names it
     m = _halfwidth.matrix(mode, cache_dim, head_size, dtype, query.device)
+    kw = {"backend": backend, "rounding": rounding}
     if inplace:
         if k is None:
-            apply_(q, *tables(q_lead), m, backend=backend)
+            apply_(q, *tables(q_lead), m, **kw)
         elif q_lead == k_lead:
-            apply_qk_(q, k, *tables(q_lead), m, backend=backend)
+            apply_qk_(q, k, *tables(q_lead), m, **kw)
         else:
-            apply_(q, *tables(q_lead), m, backend=backend)
-            apply_(k, *tables(k_lead), m, backend=backend)
+            apply_(q, *tables(q_lead), m, **kw)
+            apply_(k, *tables(k_lead), m, **kw)
         return query, key
     if k is None:
-        return apply(q, *tables(q_lead), m, backend=backend).reshape(query.shape), None
+        return apply(q, *tables(q_lead), m, **kw).reshape(query.shape), None
     if q_lead == k_lead:
-        q, k = apply_qk(q, k, *tables(q_lead), m, backend=backend)
+        q, k = apply_qk(q, k, *tables(q_lead), m, **kw)
     else:
-        q, k = apply(q, *tables(q_lead), m, backend=backend), apply(k, *tables(k_lead), m, backend=backend)
+        q, k = apply(q, *tables(q_lead), m, **kw), apply(k, *tables(k_lead), m, **kw)
     return q.reshape(query.shape), k.reshape(key.shape)
+
+
+# vLLM's ``torch.ops._C.rotary_embedding(positions, query, key, head_size, cos_sin_cache, is_neox)``
+# as a registered op of rome's namespace, for code that calls the op itself: in place on query
+# and key (key may be None), returning nothing, as vLLM's; ``rounding`` (a trailing argument vLLM's
+# schema has not, default "exact") as ``rotary_embedding``'s, "native" giving vLLM's bits.
+@torch.library.custom_op("rome::vllm_rotary_embedding", mutates_args=("query", "key"))
+def vllm_rotary_embedding(positions: Tensor, query: Tensor, key: Tensor | None, head_size: int,
+                          cos_sin_cache: Tensor, is_neox: bool, rounding: str = "exact") -> None:
+    """``torch.ops.rome.vllm_rotary_embedding``: vLLM's ``_C.rotary_embedding`` schema, query and
+    key rotated in place by ``rotary_embedding(..., inplace=True)``."""
+    rotary_embedding(positions, query, key, head_size=head_size, cos_sin_cache=cos_sin_cache,
+                     is_neox_style=is_neox, inplace=True, rounding=rounding)
+
+
+@vllm_rotary_embedding.register_fake
+def _(positions, query, key, head_size, cos_sin_cache, is_neox, rounding="exact"):
+    check_rounding(rounding)
 
 
 def _half_cache(freqs: Frequencies, rows: int, dtype: torch.dtype, device) -> Tensor:
@@ -214,7 +242,9 @@ class RotaryEmbedding(nn.Module):
     module was built with ``inplace=True``; ``forward_cuda`` rotates query and key in place and
     returns them (vLLM's CUDA op).
     Assign another cache (e.g. a scaled RoPE's) to ``cos_sin_cache`` to use it; ``.to(dtype)``
-    casts it, as in vLLM. The scaled subclasses (``get_rope``) differ only in their cache."""
+    casts it, as in vLLM. The scaled subclasses (``get_rope``) differ only in their cache.
+    ``rounding="native"``: every forward gives ``forward_native``'s bits on this cache (vLLM's
+    cache is float32 angles; assign it to ``cos_sin_cache`` for vLLM's own tables)."""
 
     def __init__(
         self,
@@ -228,8 +258,10 @@ class RotaryEmbedding(nn.Module):
         inplace: bool = False,
         backend: Backend = "auto",
         device=None,
+        rounding: Rounding = "exact",
     ) -> None:
         super().__init__()
+        self.rounding = check_rounding(rounding)
         self.head_size = _int(head_size, "head_size")
         self.rotary_dim = _int(rotary_dim, "rotary_dim")
         self.max_position_embeddings = _int(max_position_embeddings, "max_position_embeddings")
@@ -281,7 +313,7 @@ class RotaryEmbedding(nn.Module):
         return rotary_embedding(
             positions, query, key, head_size=self.head_size, cos_sin_cache=self.cos_sin_cache,
             is_neox_style=self.is_neox_style, rotary_dim=self.rotary_dim, offsets=offsets,
-            inplace=inplace, backend=self.backend,
+            inplace=inplace, backend=self.backend, rounding=getattr(self, "rounding", "exact"),
         )
 
     def extra_repr(self) -> str:
@@ -534,7 +566,7 @@ class MRotaryEmbedding(RotaryEmbedding):
         return rotary_embedding(
             tokens, query, key, head_size=self.head_size, cos_sin_cache=per_token,
             is_neox_style=self.is_neox_style, rotary_dim=self.rotary_dim, inplace=inplace,
-            backend=self.backend)
+            backend=self.backend, rounding=getattr(self, "rounding", "exact"))
 
 
 _ROPE_DICT: dict[tuple, RotaryEmbedding] = {}
@@ -565,6 +597,7 @@ def get_rope(
     dual_chunk_attention_config: dict | None = None,
     *,
     backend: Backend = "auto",
+    rounding: Rounding = "exact",
 ) -> RotaryEmbedding:
     """vLLM's ``get_rope(head_size, max_position, is_neox_style, rope_parameters, dtype,
     dual_chunk_attention_config)``: the rotary module of ``rope_parameters`` (``rope_type``,
@@ -578,8 +611,10 @@ def get_rope(
     ``beta_fast``, ``beta_slow``, ``truncate``; with ``mrope_section``: ``MRotaryEmbedding``),
     ``llama3``, ``longrope`` (Phi-3). Others (``ntk``, ``xdrope``, ``mllama4``,
     ``deepseek_yarn``, ``openpangu``, Gemma 4's ``proportional``, dual-chunk attention) raise
-    ``ValueError`` naming what is refused.
+    ``ValueError`` naming what is refused. ``backend``, ``rounding``: the module's (``rounding=
+    "native"``: ``forward_native``'s bits on its cache).
     """
+    check_rounding(rounding)
     if dual_chunk_attention_config is not None:
         raise ValueError(
             "dual_chunk_attention_config (vLLM's DualChunkRotaryEmbedding) is not supported by rome")
@@ -597,11 +632,11 @@ def get_rope(
     if isinstance(partial, bool) or not isinstance(partial, numbers.Real) or not 0.0 < partial <= 1.0:
         raise ValueError(f"partial_rotary_factor={partial!r} must be between 0.0 and 1.0")
     rotary_dim = int(head_size * partial)
-    key = (head_size, rotary_dim, max_position, is_neox_style, _frozen(params), dtype, backend)
+    key = (head_size, rotary_dim, max_position, is_neox_style, _frozen(params), dtype, backend, rounding)
     if key in _ROPE_DICT:
         return _ROPE_DICT[key]
     common = (head_size, rotary_dim)
-    kw = {"backend": backend}
+    kw = {"backend": backend, "rounding": rounding}
 
     def need(name):
         if name not in params:
