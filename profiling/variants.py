@@ -130,6 +130,12 @@ def _rome_apply_qk(s: Setup):
     return lambda q, k: rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend)
 
 
+def _rome_apply_qk_native(s: Setup):
+    """rome.apply_qk with rounding="native": the eager chain's bits (tables in q's dtype, each
+    product and the sum rounded to it), beside the default exact rounding and the float64 oracle."""
+    return lambda q, k: rome.apply_qk(q, k, s.cos, s.sin, s.matrix, backend=s.backend, rounding="native")
+
+
 def _rome_apply_qk_dot(s: Setup):
     """rome.apply_qk with x @ M on the tensor cores (the seed's matmul formulation), not the gather."""
     if s.backend != "triton":
@@ -463,6 +469,7 @@ VARIANTS = {
         Variant("v3 torch.compile", "seed v3 under torch.compile (what a user would do instead)", "compiled", _v3_compiled),
         Variant("rome.apply", "seed v5 (its fused op, rope_matrix, once per tensor): rome.apply on q, then on k", "rome", _rome_apply),
         Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch (x @ M as the signed column gather)", "rome", _rome_apply_qk),
+        Variant("rome.apply_qk (native)", "rome.apply_qk with rounding=\"native\": bit for bit the eager chain it replaces (each op rounded to q's dtype)", "rome", _rome_apply_qk_native),
         Variant("rome.apply_qk (dot)", "rome.apply_qk with x @ M on the tensor cores: the seed's matmul formulation, same bits", "rome", _rome_apply_qk_dot),
         Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
         Variant("rome.apply_qk_angles", "rome.apply_qk_angles: cos/sin computed in the kernel from positions (no cache)", "rome", _rome_apply_qk_angles),
