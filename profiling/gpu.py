@@ -563,6 +563,10 @@ def entry_point_calls(device: str):
                      a, b, cos, sin, m, torch.ones(a.shape[-1], device=a.device),
                      torch.ones(a.shape[-1], device=a.device), norm="layer", **bk),
                       q, k)),
+                (f"apply_qk_norm_at over heads {tag}", lambda q=q, k=k, cc=cc, sc=sc, m=m, cpos=cpos, axis=axis:
+                    rome.apply_qk_norm_at(q, k, cc, sc, m, cpos, torch.ones(q.shape[1] * q.shape[-1], device=q.device),
+                                          torch.ones(k.shape[1] * k.shape[-1], device=k.device), axis=axis,
+                                          over="heads", **bk)),
                 (f"apply_ {tag}", lambda q=q, cos=cos, sin=sin, m=m: rome.apply_(q.clone(), cos, sin, m, **bk)),
                 (f"apply_qk_ {tag}", lambda q=q, k=k, cos=cos, sin=sin, m=m:
                     rome.apply_qk_(q.clone(), k.clone(), cos, sin, m, **bk)),
