@@ -92,10 +92,18 @@ def _shape(t: torch.Tensor) -> str:
 
 
 def _rome_call(model, inputs, module):
-    """rome's ``apply_qk`` as the patched layer calls it (``module`` is the integration)."""
-    real, args, kwargs = _first_call(model, inputs, module, "apply_qk")
+    """rome's ``apply_qk`` as the patched layer calls it (``module`` is the integration), or its
+    ``apply_qk_norm`` where the patch fuses the layer's q/k norms (Wan: norm and RoPE one call)."""
+    try:
+        real, args, kwargs = _first_call(model, inputs, module, "apply_qk")
+        name = "rome.apply_qk"
+    except RuntimeError:
+        if not hasattr(module, "apply_qk_norm"):
+            raise
+        real, args, kwargs = _first_call(model, inputs, module, "apply_qk_norm")
+        name = "rome.apply_qk_norm (the layer's q/k norm fused)"
     q, k, *rest = args
-    what = f"rome.apply_qk(q {_shape(q)}, k {_shape(k)}, cos/sin {_shape(rest[0])}, backend={kwargs.get('backend')})"
+    what = f"{name}(q {_shape(q)}, k {_shape(k)}, cos/sin {_shape(rest[0])}, backend={kwargs.get('backend')})"
     return (lambda a, b: real(a, b, *rest, **kwargs)), q, k, what
 
 

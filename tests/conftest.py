@@ -19,7 +19,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # run: its printed case and blob reproduce it). "fuzz" (`make fuzz`, --hypothesis-profile=fuzz):
 # thousands of examples per test, failures kept in .hypothesis/ (which Hypothesis gitignores)
 # and replayed first next time. deadline=None: interpreter launches vary a lot in time.
-settings.register_profile("rome", max_examples=150, deadline=None, database=None, print_blob=True)
+settings.register_profile("rome", max_examples=100, deadline=None, database=None, print_blob=True)
 settings.register_profile("fuzz", max_examples=3000, deadline=None, print_blob=True)
 settings.load_profile("rome")
 BACKENDS = ("torch", "triton")

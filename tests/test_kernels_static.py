@@ -1,6 +1,6 @@
 """The GPU kernel, compiled ahead of time without a GPU (``python -m profiling kernels``).
 
-Every configuration the launcher can choose compiles for sm_80 and sm_90, fits the project's
+Every configuration the launcher can choose compiles for sm_90 (sm_80: the chosen tiles at head_dim 128 and 256), fits the project's
 99 KB of shared memory per block, and does not spill; the tool's specialisation is the one a real
 launch compiles (same Triton cache key), and its cubin reading is checked on a kernel whose
 instructions are known. Compiles run in worker processes without TRITON_INTERPRET (this process
@@ -41,7 +41,7 @@ def _pass(meta):
 
 
 def test_configs_cover_the_launcher(compiled):
-    for cc in ARCHS:
+    for cc in (90,):  # (sm_80's gate compiles a subset: profiling.static.configs.sm80_ci_configs)
         rows = [r for r in compiled if r["arch"] == f"sm_{cc}"]
         names = [r["config"] for r in rows]
         assert len(names) == len(set(names)), "two configs share a name"

@@ -62,9 +62,19 @@ def wave64_gather_configs(cc=None) -> list:
 
 
 def gate_configs(cc) -> list:
-    """The CI gate's list for ``cc``: every configuration for an NVIDIA arch, ``amd_ci_configs``
-    for an AMD one (tests/test_kernels_static.py)."""
-    return amd_ci_configs(cc) if isinstance(cc, str) else configs(cc)
+    """The CI gate's list for ``cc`` (tests/test_kernels_static.py): every configuration for sm_90
+    (the GPU machines' arch), ``sm80_ci_configs`` for sm_80, ``amd_ci_configs`` for an AMD arch;
+    the committed tables (``python -m profiling kernels``) hold every configuration of each."""
+    if isinstance(cc, str):
+        return amd_ci_configs(cc)
+    return sm80_ci_configs(cc) if cc == 80 else configs(cc)
+
+
+def sm80_ci_configs(cc=80) -> list:
+    """The configurations CI compiles for sm_80: the chosen tiles (no autotuner candidates) at
+    head_dim 128 and 256, the largest tiles and register use, every dtype, pass, product and
+    tables/positions kind (sm_90 compiles every configuration; the time CI has is 20 minutes)."""
+    return [c for c in configs(cc) if not c.meta.get("tuned_candidate") and c.meta["head_dim"] in (128, 256)]
 
 
 GATE_CONFIGS = "profiling.static.configs:gate_configs"
