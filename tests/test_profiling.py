@@ -412,7 +412,8 @@ def test_models_section_measures_both_models(quick_cpu_timing):
     assert len(steps) == models.STEPS * len(models.MODELS) and not m["skipped"] and "CPU" in m["method"]
     assert [c["model"] for c in m["cases"]] == list(models.MODELS)
     wan, llama = m["cases"]
-    assert "[1, 192, 2, 128]" in wan["rope_before"] and "[1, 192, 2, 128]" in wan["rope_after"]  # 3x8x8 tokens, BSND
+    # 3x8x8 tokens, BSND; patched, Wan's q/k norms fused: rome.apply_qk_norm on the BNSD views
+    assert "[1, 192, 2, 128]" in wan["rope_before"] and "q [1, 2, 192, 128]" in wan["rope_after"] and "apply_qk_norm" in wan["rope_after"]
     assert "[1, 4, 256, 128]" in llama["rope_before"] and "k [1, 1, 256, 128]" in llama["rope_after"]
     for c in m["cases"]:
         assert not c["full_size"] and c["dtype"] == "float32" and c["rome_backend"] == "torch"

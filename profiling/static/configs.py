@@ -62,12 +62,13 @@ def wave64_gather_configs(cc=None) -> list:
 
 
 def gate_configs(cc) -> list:
-    """The CI gate's list for ``cc`` (tests/test_kernels_static.py): every configuration for sm_90
-    (the GPU machines' arch), ``sm80_ci_configs`` for sm_80, ``amd_ci_configs`` for an AMD arch;
-    the committed tables (``python -m profiling kernels``) hold every configuration of each."""
+    """The CI gate's list for ``cc`` (tests/test_kernels_static.py): every chosen configuration for
+    sm_90 (the GPU machines' arch; the autotuner's candidates left out), ``sm80_ci_configs`` for
+    sm_80, ``amd_ci_configs`` for an AMD arch; the committed tables (``python -m profiling
+    kernels``) hold every configuration of each."""
     if isinstance(cc, str):
         return amd_ci_configs(cc)
-    return sm80_ci_configs(cc) if cc == 80 else configs(cc)
+    return sm80_ci_configs(cc) if cc == 80 else [c for c in configs(cc) if not c.meta.get("tuned_candidate")]
 
 
 def sm80_ci_configs(cc=80) -> list:
