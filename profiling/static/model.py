@@ -9,7 +9,7 @@ import re
 
 from .archs import ARCHS, Arch, occupancy
 from .nvidia import GLOBAL, Instr, branch_target, call_target, parse_sass, sass_labels, subroutines, tile_loops
-from .schedule import (CLOCKS_GHZ, LATENCIES_NS, SHARED, Params, PARAM_BASE, Programs, access_bits, control_bits,
+from .schedule import (_back_edges, CLOCKS_GHZ, LATENCIES_NS, SHARED, Params, PARAM_BASE, Programs, access_bits, control_bits,
                        end_name, sass_controls, schedule_launch, wavefronts)
 
 # The estimate (``bandwidth_model``) is ``schedule``'s: one launch's programs scheduled on its busiest
@@ -68,13 +68,7 @@ L1_WAVEFRONT = 128  # bytes
 _SHARED = SHARED
 
 
-def _all_loops(instrs: list[Instr], labels: dict, subs) -> list[tuple[int, int]]:
-    out = []
-    for ins in instrs:
-        target = branch_target(ins, labels)
-        if target is not None and target < ins.addr and not any(a <= ins.addr <= b for a, b in subs):
-            out.append((target, ins.addr))
-    return sorted(set(out))
+_all_loops = _back_edges  # every backward branch outside subroutines: schedule's one reading
 
 
 def tile_region(text: str, instrs: list[Instr] | None = None) -> tuple[str, list[tuple[int, int]]]:

@@ -448,18 +448,16 @@ def taint_path(path: list[Instr], params: Params | None) -> dict[int, tuple]:
         t = op.special
         for r in op.sources:
             t |= taint.get(r, 0)
+        slots = 0  # the kernel-argument slots the instruction's constants read
         if base is not None:
             for c in op.consts:
                 if c >= base:
-                    t |= 1 << (_SLOT0 + (c - base) // 4)
+                    slots |= 1 << (_SLOT0 + (c - base) // 4)
+        t |= slots
         if ins.base in GLOBAL or ins.base in ("LDG", "LD", "LDS", "LDSM"):
-            a = 0
+            a = slots
             for r in op.address:
                 a |= taint.get(r, 0)
-            if base is not None:
-                for c in op.consts:
-                    if c >= base:
-                        a |= 1 << (_SLOT0 + (c - base) // 4)
             out[pos] = a
             if ins.base in ("LDG", "LD", "LDGSTS"):
                 t = _LOADED | (((a & _LOW) | (a >> _VIA)) << _VIA)
