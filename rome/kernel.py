@@ -56,7 +56,11 @@ and fp32 x: fp16 pieces would overflow where |dy*sin| > 65504).
 Exactness of the sum: ``x*cos + r*sin`` is computed with error-free products (fma) and a
 TwoSum, so the cancellation of the two terms costs nothing: the fp32 result is within 1 ulp
 of the exact value (faithful except where the terms cancel past 2**-20 of their size), and one
-more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. The launch disables the
+more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. bf16 in and out (the gather
+kernel without a norm) takes a shorter exact sum, ``_dot2_short``: x and its partner have 8
+significant bits, so one error-free product, one fma and one add (6 instructions where the
+TwoSum takes 14) land within 1/64 ulp of the exact value before the final rounding: within 1
+bf16 ulp (tests/test_gather_kernel.py, terms cancelling to 2**-30 of their size). The launch disables the
 compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + r*sin`` rounds
 to ±inf (it overflows, or a term is infinite) the result is that infinity, not the NaN the
 error terms (inf - inf) would give. cos and sin may differ in dtype: each is read as its own.
@@ -169,6 +173,26 @@ def _dot2(x, c, r, s, F64: tl.constexpr):
     p, ep = _two_prod(x, c, F64)
     q, eq = _two_prod(r, s, F64)
     return _sum2(p, q, ep + eq)
+
+
+@triton.jit
+def _dot2_short(x, c, r, s, F64: tl.constexpr):
+    # x*c + r*s for x and r of bf16's 8 significant bits, the result rounded to bf16 by the store:
+    # r*s == q + eq exactly (an error-free product), y = fma(x, c, q) rounds once, y + eq the
+    # second rounding. 6 instructions where _dot2 takes 14, and within 1 ulp of bf16: x*c and r*s
+    # have at most 32 significant bits, so a nonzero sum is >= 2**-34 of |q| and the fma's error,
+    # <= 2**-24 |y| <= 2**-24 |v| + 2**-48 |q|, is <= 2**-14 of the result: 1/64 of a bf16 ulp.
+    # (Not for fp16's 11 bits: there the bound is 2**-11, a fp16 ulp.) y infinite: the result
+    q = r * s
+    if F64:  # an interpreter whose fma rounds twice: the error and the fma through float64
+        # (x*c exact there; the sum rounds in float64 before float32 only where the terms are
+        # 2**21 apart, and then differs from one rounding only on a float32 tie)
+        eq = (r.to(tl.float64) * s.to(tl.float64) - q.to(tl.float64)).to(tl.float32)
+        y = (x.to(tl.float64) * c.to(tl.float64) + q.to(tl.float64)).to(tl.float32)
+    else:
+        eq = tl.fma(r, s, q * -1.0)
+        y = tl.fma(x, c, q)
+    return tl.where(tl.abs(y) == float("inf"), y, y + eq)
 
 
 @triton.jit
@@ -620,6 +644,8 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
             r = _normed(r, mean, rstd, nws, nbs, NORM)
     if NATIVE:
         y = _native(xw, c, r, s, o_ptr.dtype.element_ty, RAW_X)
+    elif NORM == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 and (RAW_X or x.dtype == tl.bfloat16):
+        y = _dot2_short(xw, c, r, s, F64)  # bf16 in and out: x and its partner have 8 bits
     else:
         y = _dot2(xw, c, r, s, F64)
     _store(o_ptr + ho, o_off, y, m, RAW_X)
@@ -997,3 +1023,18 @@ def _rome_gather_kernel(
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)
+
+
+def _interpreter_fma_rounds_once() -> bool:
+    # triton's interpreter evaluates tl.fma with one rounding where its C module has fma_fp32
+    # (triton 3.9); older ones (3.6) multiply and add in fp32, rounding twice
+    try:
+        from triton._C.libtriton import interpreter
+    except ImportError:
+        return False
+    return hasattr(interpreter, "fma_fp32")
+
+
+# the kernels' F64 flag: error-free products and fmas through float64 under an interpreter
+# whose fma rounds twice (else the fp32 fma, as on a GPU)
+F64 = INTERPRET and not _interpreter_fma_rounds_once()

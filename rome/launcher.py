@@ -510,7 +510,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
-                  RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET,
+                  RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
                   NORM=_NORMS[None if norm is None else norm[0]], NATIVE=native)
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
@@ -576,7 +576,7 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     cfg0 = plan.config
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, GATHER_SIN=cfg0.gather_sin,
                   NZ=plan.nz, BLOCK_D=cfg0.block_d, BLOCK_N=cfg0.block_n, SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype,
-                  FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=INTERPRET,
+                  FP32_DOT=cfg0.fp32_dot, RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
                   NATIVE=native)
     fn = kernel._rome_kernel
     args0, a_rows0, b_rows0 = groups[0]

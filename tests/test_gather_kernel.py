@@ -358,3 +358,37 @@ def test_transpose_at_several_axes_reads_sin_at_src(mode, sections):
     want = torch.ops.rome.apply_transposed(x, cos, sin, m, "torch")
     assert torch.equal(torch.ops.rome.apply_transposed(x, cos, sin, m, "triton"), want)
     assert torch.equal(torch.ops.rome.apply_transposed(x, cache_c, cache_s, m, "triton", pos, axis), want)
+
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("transpose", [False, True])
+def test_bf16_within_one_ulp_where_the_terms_cancel(mode, transpose):
+    """bf16 in and out takes the short exact sum (kernel.py ``_dot2_short``: one error-free
+    product, one fma, one add). Where x*cos and (x@M)*sin cancel to 2**-12..2**-30 of their size,
+    every element is within 1 bf16 ulp of the float64 result (no allowance for the terms' size),
+    forward and transposed (the backward's dy*cos + (dy*sin) @ Mᵀ)."""
+    d, s = 16, 64
+    m = rome.rotation_matrix((d,), mode, device=DEVICE)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 2, s, d, generator=g).to(BF16)
+    cos = torch.rand(s, d, generator=g, dtype=torch.float64) + 0.1
+    x0 = x[0, 0].double()  # head 0: x*cos + (x@M)*sin ~ 0, or (x*sin) @ Mᵀ ~ -x*cos: x*sin ~ (-x*cos) @ M
+    if transpose:
+        sin = ((-x0 * cos) @ m.double().cpu()) / x0.where(x0 != 0, 1.0)
+    else:
+        partner = x0 @ m.double().cpu()
+        sin = -x0 * cos / partner.where(partner != 0, 1.0)
+    scale = 2.0 ** -torch.randint(12, 30, (s, d), generator=g).double()
+    sin = (sin * (1 + scale)).float()  # cancels to about scale of the terms
+    cos = cos.float()
+    x, cos, sin = x.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE)
+    if transpose:
+        got = torch.ops.rome.apply_transposed(x, cos, sin, m, "triton")
+        want = x.double() * cos.double() + (x.double() * sin.double()) @ m.double().T
+    else:
+        got = rome.apply(x, cos, sin, m, backend="triton")
+        want = _oracle(x, cos, sin, m)
+    terms = (x.double() * cos.double()).abs()
+    assert (want[0, 0].abs() < terms[0, 0] * 2.0**-10).float().mean() > 0.5  # the terms do cancel
+    err = rome.precision.ulp_error(got, want, BF16)
+    assert err.max().item() <= 1.0, err.max().item()
