@@ -544,12 +544,14 @@ def _widen(v, RAW_BF16: tl.constexpr):
 
 # heads per batch of the gather kernel's loop: the next batch's loads are issued before this
 # batch's math and taken over at the iteration's end, so that K heads' bytes (2 KB each, bf16
-# D=128) stay in flight through an iteration. Not for DOT (the seed's loop: one) nor any
-# permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head). 2: 120-128
-# registers, 4 programs per SM, no spill on triton 3.6 and 3.9 (bf16 D=128, sm_90).
+# D=128) stay in flight through an iteration. 3 for 16-bit x (bf16 D=128, sm_90: 120-128
+# registers, 4 programs per SM, no spill on triton 3.6 and 3.9; ~21 KB/SM in flight, where 2 held
+# ~15 KB/SM: latency-bound on an H200 at 800 ns in the static model), 2 for fp32 x and with the
+# norm prologue (3 spilled 8-16 B for fp32 x). Not for DOT (the seed's loop: one) nor any
+# permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head).
 # ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
 # (profiling/bench_kernel.py --sweep); the static gate checks the default only
-GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "2")))
+GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "0")))  # 0: by x's dtype
 
 # src[D] of the gather kernel's index (``rome.launch.gather_index``): how the permutation moves
 # column pairs (2i, 2i + 1), which decides how the partner x[:, src] is read
@@ -686,7 +688,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # edge stays in flight for the iteration.) Heads past h_hi in the last batch: no loads, no store
     # (head offsets: int64 where the strides are, I64 launches; else int32: every offset of x fits)
     # (any permutation's: 8 more registers a head)
-    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH
+    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH if GATHER_DEPTH > 0 else \
+        3 if NORM == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else 2
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
     nw = s

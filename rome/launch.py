@@ -254,9 +254,9 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d, block_n=block_d,
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
         raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
-        # the register cap: 128 keeps 4 programs (16 warps) per SM; the loop's batch of two heads
-        # (kernel.GATHER_DEPTH) takes 120-128 registers without spill on triton 3.6 and 3.9 (bf16
-        # D=128, sm_90). (With one head a batch, ptxas left to itself took 64 registers by issuing
+        # the register cap: 128 keeps 4 programs (16 warps) per SM; the loop's batch of three heads
+        # (two for fp32 x; kernel.GATHER_DEPTH) takes 118-128 registers without spill on triton 3.6
+        # and 3.9 (bf16 D=128, sm_90). (With one head a batch, ptxas left to itself took 64 registers by issuing
         # the next head's loads after the arithmetic; 72 spilled 32-88 B under triton 3.6)
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=True,
         product=product, heads=True,

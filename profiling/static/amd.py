@@ -30,7 +30,7 @@ AMD_METHOD = (
     "ops, Triton's default). Read from the code object's metadata (`.amdgpu_metadata` of the amdgcn): "
     "VGPRs (arch VGPRs + AGPRs: the unified file), SGPRs, their spill counts, scratch (private segment "
     "bytes per lane: spill and stack) and LDS (group segment bytes) against the arch's LDS per CU. "
-    "Occupancy: waves per SIMD the registers allow (min(8, 512 / VGPRs rounded up to 8), 7 above 100 "
+    "Occupancy: waves per SIMD the registers allow (min(8, 512 / VGPRs rounded up to 8), 7 above 80 "
     "SGPRs), workgroups per CU = min(registers: waves per SIMD x 4 / waves per workgroup, LDS per CU / "
     "LDS rounded to its block, 16), waves per SIMD = workgroups x waves per workgroup / 4. Triton's shared "
     "memory is dynamic LDS (Triton's `metadata.shared`, allocated at launch): LLVM sees none of it, so its "

@@ -111,7 +111,11 @@ class AmdArch:
     max_waves_per_simd: int = 8  # wave slots per SIMD, gfx90a on (10 on gfx900/gfx908)
     vgprs_per_lane: int = 512  # per SIMD lane: arch VGPRs and AGPRs in one unified file (gfx90a on)
     vgpr_granule: int = 8  # VGPRs are allocated in blocks of 8 (gfx90a on)
-    max_sgprs_for_8_waves: int = 100  # gfx9: above 100 SGPRs (VCC etc. included) a SIMD holds 7 waves
+    # gfx9: more SGPRs than this (the code object's sgpr_count, without the VCC / flat-scratch /
+    # XNACK / trap SGPRs LLVM adds before its <= 100 rule) leave a SIMD 7 waves. Measured on
+    # gfx942 against LLVM's own '; Occupancy:' over the CI gate's configurations: 79 SGPRs gave 8
+    # waves, 84-86 gave 7 (with <= 64 VGPRs); 80 is the bound taken, 81-83 unseen
+    max_sgprs_for_8_waves: int = 80
     max_workgroups_per_cu: int = 16  # barrier resources of a CU: multi-wave workgroups
     wave_size: int = 64
 
@@ -131,7 +135,7 @@ AMD_NOTES = (
     "llvm.org/docs/AMDGPUUsage.html: 4 SIMDs per CU; 8 wave slots per SIMD (getMaxWavesPerEU: 8 for the "
     "gfx90a family, gfx90a/gfx942/gfx950); 512 VGPRs per lane per SIMD, arch VGPRs and AGPRs in one file, "
     "allocated in blocks of 8, AGPRs after the arch VGPRs rounded up to 4 (gfx90a family); SGPRs: more "
-    "than 100 leave 7 waves (gfx9); at most 16 multi-wave workgroups per CU (barriers); LDS 64 KiB per CU "
+    "than 80 (the code object's count; LLVM adds its own before its bound of 100) leave 7 waves (gfx9); at most 16 multi-wave workgroups per CU (barriers); LDS 64 KiB per CU "
     "on gfx90a and gfx942, 160 KiB on gfx950 (FeatureAddressableLocalMemorySize163840), allocated in "
     "512-byte (gfx9) / 1280-byte (gfx950) blocks.")
 
