@@ -176,8 +176,10 @@ def test_launch_layouts_bitwise_the_torch_backend(layout, product):
 def test_heads_per_program():
     # enough T tiles: every head in one program (the tables read once)
     assert launch.heads_per_program(1800, 48, 132) == 48
-    # a decode step (4 T tiles of 16 rows, 32 + 8 heads): one head per program, 160 programs
-    assert launch.heads_per_program(4, 40, 132) == 1
+    # a decode step (4 T tiles of 16 rows, 32 + 8 heads): three heads per program (the loop's
+    # first batch), 56 programs; fewer heads than that: all of them
+    assert launch.heads_per_program(4, 40, 132) == 3
+    assert launch.heads_per_program(4, 2, 132) == 2
     # in between: groups even, at least 8 programs per SM
     hb = launch.heads_per_program(200, 48, 132)
     assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
