@@ -774,3 +774,29 @@ def test_vllm_mrope_forward_cuda_and_compile():
         cq, ck = torch.compile(functional, fullgraph=True, backend="eager")(positions, query, key)
         bitwise(cq, nq)
         bitwise(ck, nk)
+
+
+def test_flash_attn_inplace_leaf_that_is_a_view():
+    """flash-attn's varlen test rotates, in place, ``unpad_input``'s output after
+    ``requires_grad_()``: a leaf that requires grad and is itself a view (of a gathered tensor
+    without grad). As flash-attn, x is rotated, stays a leaf, and the gradient through the result
+    lands in ``x.grad`` (rome marked it dirty: autograd's "leaf Variable ... in-place" error)."""
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32, device=DEVICE)
+    cos, sin = torch.rand(12, 4, device=DEVICE), torch.rand(12, 4, device=DEVICE)
+    x = rand(7, 2, 2, 4).view(7, 2, 8).requires_grad_()  # a view, made a leaf
+    assert x._base is not None and x.is_leaf and not x._base.requires_grad
+    x_ref = x.detach().clone().requires_grad_()
+    out = fa.apply_rotary_emb(x, cos, sin, inplace=True, cu_seqlens=cu, max_seqlen=4, backend="torch")
+    assert x.is_leaf and out.data_ptr() == x.data_ptr()
+    rows = torch.tensor([0, 1, 2, 0, 1, 2, 3], device=DEVICE)
+    want = partial(x_ref, cos[rows][:, None], sin[rows][:, None], False)
+    bitwise(out.detach(), want.detach().float())
+    bitwise(x.detach(), want.detach().float())
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g.double())
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=2**-23, atol=0)
+    kv = rand(3, 32).view(1, 3, 2, 2, 8).requires_grad_()  # packed kv, also a view made a leaf
+    assert kv._base is not None and kv.is_leaf
+    fa.apply_rotary_emb_kv_(kv, cos, sin).sum().backward()
+    assert kv.is_leaf and kv.grad is not None

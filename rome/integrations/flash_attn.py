@@ -320,14 +320,18 @@ class _RotateInPlace(torch.autograd.Function):
 
     As flash-attn's autograd Functions: the result shares x's memory and carries the rotation's
     backward; a leaf that requires grad (or a view of one) stays a leaf (its ``.grad`` is the
-    gradient through the result), since autograd forbids marking such a tensor dirty; any
-    other x is marked dirty (x itself is returned, its history rebased)."""
+    gradient through the result), since autograd forbids marking such a tensor dirty — x may
+    itself be a view (of a tensor without grad) made a leaf by ``requires_grad_()``, as
+    flash-attn's ``unpad_input`` output in its varlen test; any other x is marked dirty (x itself
+    is returned, its history rebased)."""
 
     @staticmethod
     def forward(ctx, x, rotate, grad_of):
         rotate(x)
         base = x if x._base is None else x._base
-        if not (base.is_leaf and base.requires_grad):
+        # a leaf that requires grad: x itself (a view of a tensor without grad included, e.g.
+        # flash-attn's unpad_input output after requires_grad_()) or the base x views
+        if not ((x.is_leaf and x.requires_grad) or (base.is_leaf and base.requires_grad)):
             ctx.mark_dirty(x)
         ctx.grad_of = grad_of
         return x
