@@ -159,6 +159,17 @@ def _qkv_case(gqa, dtype=torch.float32):
     return rand(b, s, 3, h, d, dtype=dtype, requires_grad=True), None, h
 
 
+def _bits_then_grads(out, written, want, leaf, ref_leaf):
+    """An in-place rotation: ``out`` and the tensor it wrote bitwise ``want`` (float64, rounded
+    once), then the gradient through ``out`` reaches ``leaf`` as ``want``'s reaches ``ref_leaf``."""
+    bitwise(out.detach(), want.detach().float())
+    bitwise(written.detach(), want.detach().float())
+    g = torch.randn_like(out)
+    out.backward(g)
+    want.backward(g.double())
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=2**-23, atol=0)
+
+
 @pytest.mark.parametrize("gqa", [False, True])
 @pytest.mark.parametrize("separate_k", [False, True])
 @pytest.mark.parametrize("interleaved,rotary_dim", [(False, 16), (True, 8)])
@@ -180,12 +191,7 @@ def test_flash_attn_qkv_inplace(gqa, separate_k, interleaved, rotary_dim):
     rq = fa_ref(q, cos, sin, interleaved, off)
     rk = fa_ref(k, cos if cos_k is None else cos_k, sin, interleaved, off)
     want = torch.cat([rq, rk, v.double()], 2) if gqa else torch.stack([rq, rk, v.double()], 2)
-    bitwise(out.detach(), want.detach().float())
-    bitwise(qkv.detach(), want.detach().float())
-    g = torch.randn_like(out)
-    out.backward(g)
-    want.backward(g.double())
-    torch.testing.assert_close(qkv.grad, ref_in.grad, rtol=2**-23, atol=0)
+    _bits_then_grads(out, qkv, want, qkv, ref_in)
 
 
 def test_flash_attn_kv_inplace_and_compile():
@@ -790,12 +796,7 @@ def test_flash_attn_inplace_leaf_that_is_a_view():
     assert x.is_leaf and out.data_ptr() == x.data_ptr()
     rows = torch.tensor([0, 1, 2, 0, 1, 2, 3], device=DEVICE)
     want = partial(x_ref, cos[rows][:, None], sin[rows][:, None], False)
-    bitwise(out.detach(), want.detach().float())
-    bitwise(x.detach(), want.detach().float())
-    g = torch.randn_like(out)
-    out.backward(g)
-    want.backward(g.double())
-    torch.testing.assert_close(x.grad, x_ref.grad, rtol=2**-23, atol=0)
+    _bits_then_grads(out, x, want, x, x_ref)
     kv = rand(3, 32).view(1, 3, 2, 2, 8).requires_grad_()  # packed kv, also a view made a leaf
     assert kv._base is not None and kv.is_leaf
     fa.apply_rotary_emb_kv_(kv, cos, sin).sum().backward()
