@@ -945,10 +945,11 @@ def _rome_gather_kernel(
     s = 0.0
     sp = t0
     s_ok = row_ok
-    if POSITIONS == 0:
-        c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
+    if POSITIONS == 0:  # (sin issued before cos: cos's layout conversion for the pair-class
+        # branches, a shared-memory round trip and a barrier, no longer holds sin's load back)
         if not SIN_AT_SRC:
             s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :], mask, RAW_S)
+        c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
     else:
         prow = t0 * spt0 + t1 * spt1
         if POSITIONS == 1:
@@ -978,11 +979,11 @@ def _rome_gather_kernel(
             else:
                 c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
         else:
-            c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
             if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
                 s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
             elif not SIN_AT_SRC:
                 s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
+            c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
