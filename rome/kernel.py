@@ -60,8 +60,8 @@ more rounding to bf16/fp16 keeps it within 1 ulp of that dtype. bf16 in and out 
 kernel without a norm) takes a shorter exact sum, ``_dot2_short``: x and its partner have 8
 significant bits, so one error-free product, one fma and one add (6 instructions where the
 TwoSum takes 14) land within 1/64 ulp of the exact value before the final rounding: within 1
-bf16 ulp (tests/test_gather_kernel.py, terms cancelling to 2**-30 of their size). The launch disables the
-compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + r*sin`` rounds
+bf16 ulp (tests/test_gather_kernel.py, terms cancelling to 2**-30 of their size). The launch
+disables the compiler's mul+add fusion so the TwoSum is computed as written. Where ``x*cos + r*sin`` rounds
 to ±inf (it overflows, or a term is infinite) the result is that infinity, not the NaN the
 error terms (inf - inf) would give. cos and sin may differ in dtype: each is read as its own.
 
