@@ -540,9 +540,10 @@ def _make_backward(transpose: bool):
         *xs, cos, sin, matrix, positions, axis = ctx.saved_tensors
         needs = ctx.needs_input_grad
 
-        def rotate(t, hs):
+        def rotate(t, hs):  # (through the lean path: a model's first call, the one that learns its
+            # signature, runs the op, and its backward is every step's backward where it is the graph kept)
             with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
-                return _run(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, **_native(ctx.rounding))
+                return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
                             positions, axis, ctx.angles)
@@ -966,8 +967,10 @@ def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, 
         outs = _run(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, **_native(rounding))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    out = _lean("rotate", transpose, hs, cos, sin, matrix, positions, axis, angles, backend, None, full,
-                rounding=rounding)
+    # (the kind names the direction: the key has no other place for it, and a double backward
+    # rotates both ways with tensors of one signature)
+    out = _lean("rotate-transposed" if transpose else "rotate", transpose, hs, cos, sin, matrix, positions, axis,
+                angles, backend, None, full, rounding=rounding)
     return [out] if len(hs) == 1 else list(out)
 
 
