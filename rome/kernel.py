@@ -613,17 +613,36 @@ def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
 
 
 @triton.jit
-def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_heads, PAIR: tl.constexpr,
-          DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
-          NORM: tl.constexpr, NATIVE: tl.constexpr):
+def _norm_grad(g, xn, m, nw, eps, D, NORM: tl.constexpr):
+    # the norm's backward per head row, in fp32, from g = the gradient of the normalised value
+    # (the transposed rotation of dy, exact in fp32) and xn = the forward's input at the same
+    # element: x̂ = (xn - mean) * rstd, gw = g * w,
+    #   dx = rstd * (gw - x̂ * mean(gw * x̂) [- mean(gw)  LayerNorm])
+    # and the head's shares of dw = Σ_rows g * x̂ and db = Σ_rows g (masked elements: g = 0, x̂ = 0)
+    mean, rstd = _row_stats(xn, m, eps, D, NORM)
+    xhat = tl.where(m, (xn - mean) * rstd, 0.0)
+    gw = g * nw
+    inner = gw - xhat * (tl.sum(gw * xhat, axis=1)[:, None] / D)
+    if NORM == NORM_LAYER:
+        inner = inner - tl.sum(gw, axis=1)[:, None] / D
+    return rstd * inner, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)
+
+
+@triton.jit
+def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_heads, xn,
+          PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
+          FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
+          F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr):
     # one head's math and store (m: the store's mask) from its x tile and partner g = x[:, src],
     # loaded earlier. The product x @ M: g (PAIRS_SWAPPED: x's own pairs swapped in registers, g
     # unused), or with DOT the dot x @ w (the program's matrix). NORM: x normalised first, over
     # the head's D values of each row (all in the tile): the partner is the same row, so it
     # shares the row's mean and rstd and takes the weight (bias) at src (nws, nbs); the
     # normalised values stay fp32 into the rotation, rounded once at the store. NORM_RMS_HEADS:
-    # the rows' 1/rms over all the token's heads is rstd_heads, and nw/nws this head's weights
+    # the rows' 1/rms over all the token's heads is rstd_heads, and nw/nws this head's weights.
+    # NORM_GRAD (the transpose: x is dy): the norm's backward as the epilogue (xn: the forward's
+    # input at this head's tile, loaded with x), see _norm_grad; returns this head's share of dw
+    # and db ([BLOCK_D] fp32; zeros without NORM_GRAD)
     xw = _widen(x, RAW_X)
     if NORM == NORM_RMS_HEADS:
         mean = rstd_heads * 0.0
@@ -644,13 +663,19 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
         r = _widen(g, RAW_X)
         if NORM != NORM_NONE:
             r = _normed(r, mean, rstd, nws, nbs, NORM)
+    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    db = dw
     if NATIVE:
         y = _native(xw, c, r, s, o_ptr.dtype.element_ty, RAW_X)
-    elif NORM == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 and (RAW_X or x.dtype == tl.bfloat16):
+    elif NORM == NORM_NONE and NORM_GRAD == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 \
+            and (RAW_X or x.dtype == tl.bfloat16):
         y = _dot2_short(xw, c, r, s, F64)  # bf16 in and out: x and its partner have 8 bits
     else:
         y = _dot2(xw, c, r, s, F64)
+    if NORM_GRAD != NORM_NONE:
+        y, dw, db = _norm_grad(y, _widen(xn, RAW_X), m, nw, eps, D, NORM_GRAD)
     _store(o_ptr + ho, o_off, y, m, RAW_X)
+    return dw, db
 
 
 @triton.jit
@@ -675,10 +700,10 @@ def _head_weights(nw_ptr, h, cols, src, cm, D, PAIR: tl.constexpr):
 
 @triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, LOADED: tl.constexpr, PAIR: tl.constexpr,
-                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr,
-                  NORM: tl.constexpr, NATIVE: tl.constexpr):
+                  mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr, LOADED: tl.constexpr,
+                  PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
+                  FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
+                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
     # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
@@ -688,8 +713,11 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # edge stays in flight for the iteration.) Heads past h_hi in the last batch: no loads, no store
     # (head offsets: int64 where the strides are, I64 launches; else int32: every offset of x fits)
     # (any permutation's: 8 more registers a head)
+    # NORM_GRAD (the transpose with the norm's backward, x = dy): the forward's input xn read at
+    # each stored head (same strides as dy), the tensor's dw (and db) partial sums over the
+    # program's heads and rows stored at the end to row program_id of dw_ptr ([programs, 2, D])
     K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH if GATHER_DEPTH > 0 else \
-        3 if NORM == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else 2
+        3 if NORM == NORM_NONE and NORM_GRAD == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else 2
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
     nw = s
@@ -702,6 +730,10 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     src = cols
     if NORM != NORM_NONE:
         src = tl.load(src_ptr + cols, mask=cm, other=0)
+    dwa = tl.zeros([BLOCK_D], dtype=tl.float32)
+    dba = dwa
+    if NORM_GRAD != NORM_NONE:  # (the weight at the columns: dx's rows are x's own)
+        nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]
     if NORM == NORM_RMS_HEADS:
         nw = tl.zeros([1, BLOCK_D], dtype=tl.float32)  # (set per head in the loop)
         nws = nw
@@ -736,15 +768,23 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     if not LOADED:
         x0 = _fetch(x_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
     g0 = _partner(x_ptr + hx0, g_off, _while(mask, h_lo, h_hi), x0, PAIR, DOT, RAW_X)
+    XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER  # xn read with x, as deep
+    xn0 = x0
+    if XN:
+        xn0 = _fetch(xn_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
     x1 = x0
     x2 = x0
     g1 = g0
     g2 = g0
+    xn1 = xn0
+    xn2 = xn0
     if K >= 2:
         ha, hb = _next_head(ha, hb, H1)
         hx1 = ha * sxh0 + hb * sxh1
         x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
         g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
+        if XN:
+            xn1 = _fetch(xn_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
     if K >= 3:
         ha, hb = _next_head(ha, hb, H1)
         hx2 = ha * sxh0 + hb * sxh1
@@ -756,15 +796,22 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         nx0 = ha * sxh0 + hb * sxh1
         n0 = _fetch(x_ptr + nx0, x_off, _while(mask, h + K, h_hi), RAW_X)
         m0 = _partner(x_ptr + nx0, g_off, _while(mask, h + K, h_hi), n0, PAIR, DOT, RAW_X)
+        p0 = n0
+        if XN:
+            p0 = _fetch(xn_ptr + nx0, x_off, _while(mask, h + K, h_hi), RAW_X)
         n1 = n0
         m1 = m0
         n2 = n0
         m2 = m0
+        p1 = p0
+        p2 = p0
         if K >= 2:
             ha, hb = _next_head(ha, hb, H1)
             nx1 = ha * sxh0 + hb * sxh1
             n1 = _fetch(x_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
             m1 = _partner(x_ptr + nx1, g_off, _while(mask, h + K + 1, h_hi), n1, PAIR, DOT, RAW_X)
+            if XN:
+                p1 = _fetch(xn_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
         if K >= 3:
             ha, hb = _next_head(ha, hb, H1)
             nx2 = ha * sxh0 + hb * sxh1
@@ -773,22 +820,29 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         # this batch (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
         if NORM == NORM_RMS_HEADS:
             nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
-        _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd,
-              PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
+        dw, db = _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
+                       rstd, xn0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
+                       BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+        dwa += dw
+        dba += db
         if K >= 2:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
                 nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
-            _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
-                  nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                  F64, NORM, NATIVE)
+            dw, db = _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
+                           nw, nws, nb, nbs, eps, D, rstd, xn1, PAIR, DOT,
+                           SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+            dwa += dw
+            dba += db
         if K >= 3:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
                 nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
-            _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
-                  nw, nws, nb, nbs, eps, D, rstd, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                  F64, NORM, NATIVE)
+            dw, db = _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
+                           nw, nws, nb, nbs, eps, D, rstd, xn2, PAIR, DOT,
+                           SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+            dwa += dw
+            dba += db
         hac, hbc = _next_head(hac, hbc, H1)
         x0 = n0
         x1 = n1
@@ -796,6 +850,66 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         g0 = m0
         g1 = m1
         g2 = m2
+        xn0 = p0
+        xn1 = p1
+        xn2 = p2
+    if NORM_GRAD != NORM_NONE:
+        row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * D
+        tl.store(dw_ptr + row + cols, dwa, mask=cm)
+        tl.store(dw_ptr + row + D + cols, dba, mask=cm)
+
+
+@triton.jit
+def _transposed_row(x_ptr, x_off, g_off, m, c, s, PAIR: tl.constexpr, BLOCK_R: tl.constexpr,
+                    BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # one head's rotation of x (here dy) in fp32, loaded now: x*c + x[:, src]*s (s: sin at src, signed)
+    xw = _widen(_fetch(x_ptr, x_off, m, RAW_X), RAW_X)
+    if PAIR == PAIRS_SWAPPED:
+        r = _pair_swap(xw, BLOCK_R, BLOCK_D)
+    else:
+        r = _widen(_fetch(x_ptr, g_off, m, RAW_X), RAW_X)
+    return _dot2(xw, c, r, s, F64)
+
+
+@triton.jit
+def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
+                     mask, c, s, nw_ptr, eps, D, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                     RAW_X: tl.constexpr, F64: tl.constexpr):
+    # the backward of RMSNorm over a token's H heads (the program holds them all: [h_lo, h_hi)) as
+    # the transposed rotation's epilogue, in two sweeps over the heads, N = H*D per row:
+    #   1. per row Σ xn² and Σ g·w·xn, g = the transposed rotation of dy, xn the forward's input;
+    #   2. g again (dy's lines: L1/L2 hits), dx = rstd·g·w − xn·rstd³·Σ g·w·xn / N (rstd from 1.),
+    #      and each head's share of dw = Σ_rows g·xn·rstd, stored at row program_id of dw_ptr
+    #      ([programs, 2, H*D]; the second half, db's, unused).
+    # Reads dy twice (the second from cache) and xn twice, writes dx once: 3 passes' DRAM bytes.
+    cols = tl.arange(0, BLOCK_D)
+    cm = cols < D
+    ssq = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
+    sgx = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
+    ha = h_lo // H1
+    hb = h_lo % H1
+    for hh in range(h_lo, h_hi):
+        hx = ha * sxh0 + hb * sxh1
+        g = _transposed_row(x_ptr + hx, x_off, g_off, mask, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
+        xn = _widen(_fetch(xn_ptr + hx, x_off, mask, RAW_X), RAW_X)
+        w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
+        ssq += tl.sum(xn * xn, axis=1)[:, None]
+        sgx += tl.sum(g * w * xn, axis=1)[:, None]
+        ha, hb = _next_head(ha, hb, H1)
+    n = (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)
+    rstd = tl.math.div_rn(1.0 + tl.zeros_like(ssq), tl.sqrt_rn(ssq / n + eps))
+    k3 = rstd * rstd * rstd * sgx / n
+    row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * (h_hi - h_lo) * D
+    ha = h_lo // H1
+    hb = h_lo % H1
+    for hh in range(h_lo, h_hi):
+        hx = ha * sxh0 + hb * sxh1
+        g = _transposed_row(x_ptr + hx, x_off, g_off, mask, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
+        xn = _widen(_fetch(xn_ptr + hx, x_off, mask, RAW_X), RAW_X)
+        w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
+        _store(o_ptr + (ha * soh0 + hb * soh1), o_off, rstd * (g * w) - xn * k3, mask, RAW_X)
+        tl.store(dw_ptr + row + (hh - h_lo) * D + cols, tl.sum(g * xn * rstd, axis=0), mask=cm)
+        ha, hb = _next_head(ha, hb, H1)
 
 
 @triton.jit
@@ -803,10 +917,11 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                  h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0,
                  s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D,
+                 a_xn, a_dw, b_xn, b_dw,
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
-                 F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr):
+                 F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's
@@ -825,15 +940,26 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     if not DOT:
         s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
     ag_off = xrow_a + src2
+    xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
+    if NORM_GRAD == NORM_RMS_HEADS:  # (the backward of the norm over heads: its own two sweeps)
+        _heads_norm_grad(a_x, a_o, a_xn, a_dw, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
+                         tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, a_nw, eps, D, PAIR, BLOCK_R,
+                         BLOCK_D, RAW_X, F64)
+        _heads_norm_grad(b_x, b_o, b_xn, b_dw, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
+                         (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1,
+                         b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, b_nw, eps, D, PAIR, BLOCK_R,
+                         BLOCK_D, RAW_X, F64)
+        return
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, a_nw, a_nb, src_ptr,
-                  eps, D, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
-    xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
+                  eps, D, a_xn, a_dw, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
+                  NATIVE, NORM_GRAD)
     # (k's partner offsets from q's: src's tile is not held through q's loop)
     _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                   (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, b_nw, b_nb, src_ptr,
-                  eps, D, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE)
+                  eps, D, b_xn, b_dw, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
+                  NATIVE, NORM_GRAD)
 
 
 @triton.jit
@@ -862,6 +988,9 @@ def _rome_gather_kernel(
     D,  # head_dim
     # NORM: q's and k's norm weight (weight + offset) and LayerNorm bias (fp32 [D]), and eps
     a_nw, a_nb, b_nw, b_nb, eps,
+    # NORM with TRANSPOSE (the norm's backward, x = dy): the forward's q and k (dy's strides) and
+    # their dw/db partial sums, fp32 [programs, 2, D], one row per program (summed by the caller)
+    a_xn, a_dw, b_xn, b_dw,
     HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of heads
          # [g*HB, +HB) of q's heads followed by k's
     POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
@@ -874,7 +1003,8 @@ def _rome_gather_kernel(
     I64: tl.constexpr,  # 64-bit offsets inside a tile (some tensor spans 2**31 elements or more)
     RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,  # interpreter: bf16 as raw bits
     F64: tl.constexpr,  # interpreter: error-free products through float64
-    NORM: tl.constexpr,  # forward: x normalised per head first (NORM_RMS, NORM_LAYER): the QK-norm prologue
+    NORM: tl.constexpr,  # forward: x normalised per head first (NORM_RMS, NORM_LAYER): the QK-norm prologue;
+    # with TRANSPOSE its backward as the epilogue (NORM_RMS, NORM_LAYER; dx from dy and the forward's x)
     NATIVE: tl.constexpr = False,  # rounding="native": the eager chain's per-op rounding (_native)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
@@ -893,6 +1023,8 @@ def _rome_gather_kernel(
     # instruction issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
     # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
+    PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
+    EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     h_lo = pid_h * HB
@@ -1001,29 +1133,29 @@ def _rome_gather_kernel(
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
-                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, NORM, NATIVE)
+                     stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

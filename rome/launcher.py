@@ -256,9 +256,16 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
         ta, tb = tensor_args(a), tensor_args(b)
         heads = (ta[-2], tb[-2])
         args = (p.src, p.sign, w, swk, swn, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1],
-                *norm_args(a), *norm_args(b), 0.0 if norm is None else norm[0])
-        out.append((args, n_t, heads, i64))
+                *norm_args(a), *norm_args(b), 0.0 if norm is None else norm[0], dummy, dummy, dummy, dummy)
+        out.append((args, n_t, heads, i64, (a, b)))
     return out
+
+
+def _at_view(t: torch.Tensor, like: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+    """A one-element view of ``t`` at the offset ``like`` (a view of ``base``) has in ``base``:
+    the kernel's pointer to t's block where ``like``'s block is (t and base share strides)."""
+    delta = (like.data_ptr() - base.data_ptr()) // base.element_size()
+    return t.as_strided((1,), (1,), t.storage_offset() + delta)
 
 
 # --- launching -----------------------------------------------------------------------------
@@ -268,7 +275,7 @@ _DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
 
 
 def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False,
-           norm=None, native: bool = False) -> None:
+           norm=None, native: bool = False, norm_grad=None):
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -289,6 +296,13 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     (weight + offset) and bias fp32 ``[D]`` contiguous, bias None for RMSNorm) or ``"rms_heads"``
     (RMSNorm over all H·D values of a token, BNSD x: weight fp32 ``[H·D]`` head-major): each x
     normalised first, in fp32, the result rounded once (the QK-norm prologue).
+
+    ``norm_grad`` (transpose, gather kernel only): ``(kind, eps, [(weight, bias) per x], [x_in per
+    x])``, kind as ``norm``'s: xs are the gradients of the fused forward's outputs (dy), x_in the
+    forward's inputs (with dy's strides); outs get dx of the norm-then-rotate, in one pass (the
+    transposed rotation of dy in fp32, then the norm's backward as the epilogue). Returns per x
+    the fp32 ``[2, W]`` sums ``(Σ g·x̂, Σ g)`` over its rows (W the weight's length: D, or H·D for
+    rms_heads, whose second row is zeros): dweight and dbias.
 
     ``native`` (``rounding="native"``): the eager chain's rounding (``kernel._native``): the tables
     rounded to x's dtype, each product rounded to it, then the sum; a signed permutation only. Not
@@ -323,9 +337,21 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     if norm is not None and not (plan.config.heads and plan.config.product != "dot" and not transpose):
         raise ValueError("the norm prologue is in the gather kernel's forward only (a signed permutation, "
                          "not the dot formulation): rome.launcher.norm_fusable says where")
-    if norm is not None:  # the prologue's row statistics and weights: a higher register cap
+    if norm_grad is not None:
+        if not (transpose and plan.config.heads and plan.config.product != "dot") or norm is not None or native \
+                or norm_grad[0] not in ("rms", "layer", "rms_heads"):
+            raise ValueError("the norm's backward epilogue is the gather kernel's transpose (rms or layer per "
+                             "head, rms_heads), without the prologue or rounding='native'")
+        for x, xn in zip(xs, norm_grad[3]):
+            if xn.shape != x.shape or xn.stride() != x.stride() or xn.dtype != x.dtype:
+                raise ValueError(f"norm_grad's inputs must match the gradients' shape, strides and dtype, got "
+                                 f"{list(xn.shape)} {xn.stride()} {xn.dtype} and {list(x.shape)} {x.stride()} {x.dtype}")
+    if norm is not None or norm_grad is not None:  # the row statistics and weights: a higher register cap
         plan = replace(plan, config=replace(plan.config, maxnreg=NORM_MAXNREG),
                        candidates=tuple(replace(c, maxnreg=NORM_MAXNREG) for c in plan.candidates))
+    if norm_grad is not None:
+        return _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements,
+                              native=native, norm_grad=norm_grad)
     if plan.config.heads:
         _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm, native)
     else:
@@ -506,18 +532,24 @@ NORM_MAXNREG = 168
 
 
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
-                   native=False):
+                   native=False, norm_grad=None):
     cfg0 = plan.config
+    kind = norm_grad[0] if norm_grad is not None else None if norm is None else norm[0]
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
-                  NORM=_NORMS[None if norm is None else norm[0]], NATIVE=native)
+                  NORM=_NORMS[kind], NATIVE=native)
+    d = xs[0].shape[-1]
+    width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
+    sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
+    if norm_grad is not None:  # (the weights and biases as the prologue's: norm[2] is [(w, b) per x])
+        norm = (kind, norm_grad[1], norm_grad[2])
     sms = 1 if INTERPRET else _num_sms(xs[0].device)
     fn = kernel._rome_gather_kernel
     cfg = None
     over_heads = norm is not None and norm[0] == "rms_heads"
-    for args, n_t, (ha, hb), i64 in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
-                                                     None if norm is None else (*norm[1:], over_heads)):
+    for args, n_t, (ha, hb), i64, rows in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
+                                                           None if norm is None else (*norm[1:], over_heads)):
         c = dict(consts, I64=i64)
         # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1); a
         # norm over heads: all of them (q's and k's heads of the program's tokens)
@@ -528,7 +560,15 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
             return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(h, heads))
 
-        if cfg is None:
+        if norm_grad is not None:  # (not tuned: the partial sums' rows are the launch's programs)
+            cfg = plan.config
+            units = grid({"BLOCK_R": cfg.block_r})
+            bufs = [torch.empty(units[0] * units[1], 2, d if r is None else width[r.index], dtype=torch.float32,
+                                device=xs[0].device) for r in rows]
+            xn = [launch._dummy(xs[0].device) if r is None else
+                  _at_view(norm_grad[3][r.index], r.x, xs[r.index]) for r in rows]
+            full = (*args[:-4], xn[0], bufs[0], xn[1], bufs[1], heads)
+        elif cfg is None:
             cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
         units = grid({"BLOCK_R": cfg.block_r})
         meta = None
@@ -539,8 +579,15 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             else:
                 per_row = positions.element_size() * positions.shape[-1] / xs[0].shape[-1] \
                     + (0 if angles else cos.element_size() + sin.element_size())
-            meta = dict(heads_per_program=heads, dram_bytes_per_element=2 * xb + per_row / heads)
+            meta = dict(heads_per_program=heads, dram_bytes_per_element=(3 if norm_grad else 2) * xb + per_row / heads)
         _run(fn, grid, full, c, cfg, transpose, elements, units[0] * units[1], meta)
+        if norm_grad is not None:
+            for r, buf in zip(rows, bufs):
+                if r is not None and kind == "rms_heads":
+                    sums[r.index][0] += buf[:, 0].sum(0)
+                elif r is not None:
+                    sums[r.index] += buf.sum(0)
+    return sums
 
 
 def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native=False):
@@ -631,9 +678,11 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
-            if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables): the chosen tile
+            if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
+                # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
-                    out += _gather_configs(x_dtype, d, False, torch.float32, 0, False, norm=norm)[:1]
+                    for transpose in (False, True):
+                        out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm)[:1]
     return out
 
 
@@ -667,12 +716,14 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         heads = norm == "rms_heads"
         ws = [torch.zeros(d * (x.shape[1] if heads else 1), dtype=torch.float32) for x in (q, k)]
         nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None) for w in ws]))
+        if transpose:  # the backward: the norm's epilogue, reading the forward's q and k
+            nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k]))
     with capture(num_sms=1) as got, launch.product(product):
         rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
     alts = launch.candidates(first.config)[1:]
-    label = " M=rotation" + (f" norm={norm}" if norm else "")
+    label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,

@@ -36,6 +36,7 @@ launch, the same rounding; autograd through torch's autograd of these steps.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 from dataclasses import dataclass
@@ -281,14 +282,7 @@ def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_wei
     rotation launch (same result)."""
     be = ops._check({"q": q, "k": k}, cos, sin, matrix, backend, positions, axis)
     norms = [(q_weight, q_bias), (k_weight, k_bias)]
-    mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
-    # over heads the kernel's program holds a token's heads: tables (or positions) that differ
-    # between heads (LTX's per-head tables) make each head its own row, so that norm is unfused
-    per_head = norm == "rms_heads" and any(
-        t.ndim >= 3 and t.shape[-3] > 1 and t.stride(-3) != 0
-        for t in ((cos, sin) if positions is None else (positions[..., :1].expand(*positions.shape[:-1], 2),)))
-    if be == "triton" and not per_head and ops._kernel().norm_fusable(matrix, q.dtype, cos.dtype, sin.dtype,
-                                                                     positions=mode):
+    if be == "triton" and _kernel_takes(norm, cos, sin, matrix, q.dtype, positions):
         q_out, k_out = ops._rotate([q, k], cos, sin, matrix, "triton", False, positions, axis,
                                    norm=(norm, eps, norms))
         return q_out, k_out
@@ -298,6 +292,17 @@ def _fused(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, q_wei
     cos, sin = (_table_for(t, torch.float32) for t in (cos, sin))
     q_out, k_out = ops._rotate([qn, kn], cos, sin, matrix.to(torch.float32), be, False, positions, axis)
     return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+def _kernel_takes(norm: str, cos: Tensor, sin: Tensor, matrix: Tensor, dtype, positions) -> bool:
+    """Whether the gather kernel takes the norm (forward prologue, backward epilogue): a rotation
+    it takes; over heads, tables (or positions) shared by a token's heads (the program holds them
+    all: LTX's per-head tables make each head its own row, so that norm is unfused)."""
+    mode = 0 if positions is None else (1 if positions.shape[-1] == 1 else 2)
+    per_head = norm == "rms_heads" and any(
+        t.ndim >= 3 and t.shape[-3] > 1 and t.stride(-3) != 0
+        for t in ((cos, sin) if positions is None else (positions[..., :1].expand(*positions.shape[:-1], 2),)))
+    return not per_head and ops._kernel().norm_fusable(matrix, dtype, cos.dtype, sin.dtype, positions=mode)
 
 
 @_fused.register_fake
@@ -340,21 +345,60 @@ def _fused_setup(ctx, inputs, output):
 
 
 def _fused_backward(ctx, gq, gk):
-    """The rotation's adjoint on the gradients (one launch of the transposed kernel, in fp32: the
-    gradient of the fp32 normalised value is never rounded to q's dtype), then the norm's backward
-    per head in fp32 torch ops."""
+    """``rome::apply_qk_norm_backward``: one launch of the transposed gather kernel with the norm's
+    backward as its epilogue where the forward's kernel took the rotation (dq, dk and the weights'
+    and biases' sums), else the same math in fp32 torch ops; no double backward."""
     q, k, cos, sin, matrix, q_weight, k_weight, positions, axis = ctx.saved_tensors
     need = ctx.needs_input_grad
     gq = torch.zeros_like(q) if gq is None else gq
     gk = torch.zeros_like(k) if gk is None else gk
-    dqn, dkn = torch.ops.rome.apply_qk_transposed(gq.to(torch.float32), gk.to(torch.float32), cos, sin,
-                                                  matrix.to(torch.float32), ctx.backend, positions, axis)
-    dq, dqw, dqb = _norm_backward(q, dqn, q_weight, ctx.eps, ctx.layer, need[5], need[7] and ctx.has_bias[0],
-                                  ctx.heads)
-    dk, dkw, dkb = _norm_backward(k, dkn, k_weight, ctx.eps, ctx.layer, need[6], need[8] and ctx.has_bias[1],
-                                  ctx.heads)
-    return (dq.to(q.dtype) if need[0] else None, dk.to(k.dtype) if need[1] else None, None, None, None,
-            dqw, dkw, dqb, dkb, None, None, None, None, None)
+    norm = "rms_heads" if ctx.heads else "layer" if ctx.layer else "rms"
+    dq, dk, sq, sk = _fused_grad(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, ctx.eps, norm, ctx.backend,
+                                 positions, axis)
+    return (dq if need[0] else None, dk if need[1] else None, None, None, None,
+            sq[0] if need[5] else None, sk[0] if need[6] else None,
+            sq[1] if need[7] and ctx.has_bias[0] else None, sk[1] if need[8] and ctx.has_bias[1] else None,
+            None, None, None, None, None)
 
 
 _fused.register_autograd(_fused_backward, setup_context=_fused_setup)
+
+
+@torch.library.custom_op("rome::apply_qk_norm_backward", mutates_args=())
+def _fused_grad(gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor,
+                q_weight: Tensor, k_weight: Tensor, eps: float, norm: str, backend: str = "auto",
+                positions: Tensor | None = None, axis: Tensor | None = None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward of ``rome::apply_qk_norm`` (``norm`` as its: "rms", "layer", "rms_heads"): dq, dk
+    (q's and k's dtype) and per tensor the fp32 ``[2, W]`` sums ``(Σ g·x̂, Σ g)`` over its rows (the
+    weight's and the bias's gradients; W the weight's length), g the gradient of the normalised
+    value. One launch of the transposed gather kernel with the norm's backward as its epilogue
+    where the kernel takes the rotation (it reads dy and the forward's q/k and writes dx: three
+    passes' DRAM bytes where the unfused pair moves five; over heads dy and x are read a second
+    time from cache); else the same math in fp32 torch ops."""
+    be = ops._check({"q": gq, "k": gk}, cos, sin, matrix, backend, positions, axis)
+    if be == "triton" and _kernel_takes(norm, cos, sin, matrix, q.dtype, positions):
+        xs, gs = [q, k], [gq, gk]
+        for i in range(2):  # the kernel reads the forward's x at dy's offsets: one layout for both
+            if gs[i].stride() != xs[i].stride() or xs[i].stride(-1) != 1:
+                xs[i], gs[i] = xs[i].contiguous(), gs[i].contiguous()
+        outs = [ops._out_like(x) for x in xs]
+        kernel = ops._kernel()
+        with ops._INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
+            sums = kernel.rotate(gs, outs, ops._unit_last(cos), ops._unit_last(sin), matrix, transpose=True,
+                                 positions=positions, axis=axis,
+                                 norm_grad=(norm, eps, [(q_weight, None), (k_weight, None)], xs))
+        return outs[0], outs[1], sums[0], sums[1]
+    dqn, dkn = ops._rotate([gq.to(torch.float32), gk.to(torch.float32)], cos, sin, matrix.to(torch.float32), be,
+                           True, positions, axis)
+    layer, heads = norm == "layer", norm == "rms_heads"
+    dq, dqw, dqb = _norm_backward(q, dqn, q_weight, eps, layer, True, True, heads)
+    dk, dkw, dkb = _norm_backward(k, dkn, k_weight, eps, layer, True, True, heads)
+    return dq.to(q.dtype), dk.to(k.dtype), torch.stack([dqw, dqb]), torch.stack([dkw, dkb])
+
+
+@_fused_grad.register_fake
+def _fused_grad_fake(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, backend="auto",
+                     positions=None, axis=None):
+    return (ops._out_like(q), ops._out_like(k), q.new_empty((2, q_weight.shape[0]), dtype=torch.float32),
+            k.new_empty((2, k_weight.shape[0]), dtype=torch.float32))

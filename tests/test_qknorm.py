@@ -221,6 +221,65 @@ def test_fused_forward_and_gradients_against_float64(mode, norm, dtype):
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+@pytest.mark.parametrize("norm", ["rms", "layer", "rms_heads"])
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("dy_layout", ["like_q", "contiguous"])
+def test_fused_backward_is_one_launch_with_the_norm_epilogue(norm, mode, dy_layout, monkeypatch):
+    """The fused op's backward is one launch of the transposed gather kernel with NORM set (the
+    norm's backward as its epilogue: dx from dy and the forward's q/k, the weights' and biases'
+    sums from per-program partials), no fp32 torch norm ops; dq, dk, dw, db against the float64
+    oracle's autograd: dq/dk within 1 bf16 ulp, the sums 1e-5 relative. dy in q's layout (a
+    transposed BSHD view) or contiguous BNSD (the kernel reads x at dy's offsets: x copied to it)."""
+    from rome import launcher
+    heads = norm == "rms_heads"
+    q, k, cos, sin, m = _half_case(torch.bfloat16, mode=mode, hq=5, hk=2, requires_grad=True)
+    d = q.shape[-1]
+    gen = torch.Generator().manual_seed(11)
+    n = [(5 if heads else 1) * d, (2 if heads else 1) * d]
+    wq, wk = (torch.rand(c, generator=gen).add(0.5).to(DEVICE).requires_grad_() for c in n)
+    layer = norm == "layer"
+    bq, bk = ((torch.randn(d, generator=gen).mul(0.1).to(DEVICE).requires_grad_() for _ in range(2))
+              if layer else (None, None))
+    kw = dict(norm="layer" if layer else "rms", over="heads" if heads else "head", q_bias=bq, k_bias=bk)
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, weight_offset=0.25, backend="triton", **kw)
+    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
+    if dy_layout == "like_q":
+        gq, gk = (g.transpose(1, 2).contiguous().transpose(1, 2) for g in (gq, gk))
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append((fn, consts)), run(fn, grid, args, consts, *a, **kw)))
+    params = [q, k, wq, wk] + ([bq, bk] if layer else [])
+    got = torch.autograd.grad(out, params, (gq, gk))
+    assert [(fn, c["NORM"], c["TRANSPOSE"]) for fn, c in launches] == \
+        [(launcher.kernel._rome_gather_kernel, {"rms": 1, "layer": 2, "rms_heads": 3}[norm], True)]
+    if heads:
+        want = [_oracle_heads(x, w, cos, sin, m, 1e-6, offset=0.25) for x, w in ((q, wq), (k, wk))]
+    else:
+        want = [_oracle_rot(x, w, b, cos, sin, m.double(), norm=kw["norm"], eps=1e-6, offset=0.25)
+                for x, w, b in ((q, wq, bq), (k, wk, bk))]
+    ref = torch.autograd.grad(want, params, (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk", "dbq", "dbk"), got, ref):
+        assert a.shape == b.shape and a.stride()[-1] == 1, name
+        if name in ("dq", "dk"):
+            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
+def test_fused_backward_op_opcheck():
+    """rome::apply_qk_norm_backward (the fused backward as a torch.library op, so a compiled
+    model's backward traces it): opcheck's schema and fake-impl checks, per head and over heads."""
+    q, k, cos, sin, m = _half_case(torch.float32)
+    d = q.shape[-1]
+    for norm, (nq, nk) in (("rms", (d, d)), ("layer", (d, d)), ("rms_heads", (3 * d, 2 * d))):
+        wq, wk = torch.rand(nq).add(0.5).to(DEVICE), torch.rand(nk).add(0.5).to(DEVICE)
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
+        torch.library.opcheck(torch.ops.rome.apply_qk_norm_backward.default,
+                              (gq, gk, q, k, cos, sin, m, wq, wk, 1e-6, norm, "triton"),
+                              test_utils=("test_schema", "test_faketensor"))
+
+
 def test_fused_op_opcheck_and_compile():
     """rome::apply_qk_norm as a torch.library op: opcheck (schema, fake impl, autograd
     registration), and torch.compile(fullgraph=True) of the call without a graph break."""
@@ -342,10 +401,10 @@ def test_qknorm_spec_refuses_what_it_cannot_read():
         rome.RoPE.sections([8])(torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8), norm="rms")
 
 
-def _oracle_heads(x, w, cos, sin, m, eps):
+def _oracle_heads(x, w, cos, sin, m, eps, offset=0.0):
     """float64 RMSNorm over a token's H·D values (w [H·D] head-major), then the rotation."""
     x = x.double()
-    y = x / torch.sqrt(x.pow(2).mean((1, 3), keepdim=True) + eps) * w.double().view(x.shape[1], 1, -1)
+    y = x / torch.sqrt(x.pow(2).mean((1, 3), keepdim=True) + eps) * (w.double().view(x.shape[1], 1, -1) + offset)
     return y * cos.double() + (y @ m.double()) * sin.double()
 
 
