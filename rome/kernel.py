@@ -618,14 +618,15 @@ def _norm_grad(g, xn, m, nw, eps, D, NORM: tl.constexpr):
     # (the transposed rotation of dy, exact in fp32) and xn = the forward's input at the same
     # element: x̂ = (xn - mean) * rstd, gw = g * w,
     #   dx = rstd * (gw - x̂ * mean(gw * x̂) [- mean(gw)  LayerNorm])
-    # and the head's shares of dw = Σ_rows g * x̂ and db = Σ_rows g (masked elements: g = 0, x̂ = 0)
+    # and the head's terms of dw = Σ_rows g * x̂ and db = Σ_rows g as tiles (masked elements:
+    # g = 0, x̂ = 0), summed over heads in registers and over rows once per program
     mean, rstd = _row_stats(xn, m, eps, D, NORM)
     xhat = tl.where(m, (xn - mean) * rstd, 0.0)
     gw = g * nw
     inner = gw - xhat * (tl.sum(gw * xhat, axis=1)[:, None] / D)
     if NORM == NORM_LAYER:
         inner = inner - tl.sum(gw, axis=1)[:, None] / D
-    return rstd * inner, tl.sum(g * xhat, axis=0), tl.sum(g, axis=0)
+    return rstd * inner, g * xhat, g
 
 
 @triton.jit
@@ -641,8 +642,8 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
     # normalised values stay fp32 into the rotation, rounded once at the store. NORM_RMS_HEADS:
     # the rows' 1/rms over all the token's heads is rstd_heads, and nw/nws this head's weights.
     # NORM_GRAD (the transpose: x is dy): the norm's backward as the epilogue (xn: the forward's
-    # input at this head's tile, loaded with x), see _norm_grad; returns this head's share of dw
-    # and db ([BLOCK_D] fp32; zeros without NORM_GRAD)
+    # input at this head's tile, loaded with x), see _norm_grad; returns this head's terms of dw
+    # and db ([BLOCK_R, BLOCK_D] fp32; zeros without NORM_GRAD)
     xw = _widen(x, RAW_X)
     if NORM == NORM_RMS_HEADS:
         mean = rstd_heads * 0.0
@@ -663,7 +664,7 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
         r = _widen(g, RAW_X)
         if NORM != NORM_NONE:
             r = _normed(r, mean, rstd, nws, nbs, NORM)
-    dw = tl.zeros([BLOCK_D], dtype=tl.float32)
+    dw = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)
     db = dw
     if NATIVE:
         y = _native(xw, c, r, s, o_ptr.dtype.element_ty, RAW_X)
@@ -716,8 +717,10 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # NORM_GRAD (the transpose with the norm's backward, x = dy): the forward's input xn read at
     # each stored head (same strides as dy), the tensor's dw (and db) partial sums over the
     # program's heads and rows stored at the end to row program_id of dw_ptr ([programs, 2, D])
+    # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
     K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH if GATHER_DEPTH > 0 else \
-        3 if NORM == NORM_NONE and NORM_GRAD == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else 2
+        3 if NORM == NORM_NONE and NORM_GRAD == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else \
+        1 if NORM_GRAD != NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 32 else 2
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
     nw = s
@@ -730,7 +733,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     src = cols
     if NORM != NORM_NONE:
         src = tl.load(src_ptr + cols, mask=cm, other=0)
-    dwa = tl.zeros([BLOCK_D], dtype=tl.float32)
+    dwa = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.float32)  # NORM_GRAD: Σ over heads of g·x̂ (and g)
     dba = dwa
     if NORM_GRAD != NORM_NONE:  # (the weight at the columns: dx's rows are x's own)
         nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]
@@ -824,7 +827,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                        rstd, xn0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
                        BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
         dwa += dw
-        dba += db
+        if NORM_GRAD == NORM_LAYER:
+            dba += db
         if K >= 2:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
@@ -833,7 +837,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                            nw, nws, nb, nbs, eps, D, rstd, xn1, PAIR, DOT,
                            SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
             dwa += dw
-            dba += db
+            if NORM_GRAD == NORM_LAYER:
+                dba += db
         if K >= 3:
             hac, hbc = _next_head(hac, hbc, H1)
             if NORM == NORM_RMS_HEADS:
@@ -842,7 +847,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                            nw, nws, nb, nbs, eps, D, rstd, xn2, PAIR, DOT,
                            SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
             dwa += dw
-            dba += db
+            if NORM_GRAD == NORM_LAYER:
+                dba += db
         hac, hbc = _next_head(hac, hbc, H1)
         x0 = n0
         x1 = n1
@@ -855,19 +861,20 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         xn2 = p2
     if NORM_GRAD != NORM_NONE:
         row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * D
-        tl.store(dw_ptr + row + cols, dwa, mask=cm)
-        tl.store(dw_ptr + row + D + cols, dba, mask=cm)
+        tl.store(dw_ptr + row + cols, tl.sum(dwa, axis=0), mask=cm)
+        tl.store(dw_ptr + row + D + cols, tl.sum(dba, axis=0), mask=cm)
 
 
 @triton.jit
-def _transposed_row(x_ptr, x_off, g_off, m, c, s, PAIR: tl.constexpr, BLOCK_R: tl.constexpr,
-                    BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
-    # one head's rotation of x (here dy) in fp32, loaded now: x*c + x[:, src]*s (s: sin at src, signed)
-    xw = _widen(_fetch(x_ptr, x_off, m, RAW_X), RAW_X)
+def _transposed(xv, pv, c, s, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                RAW_X: tl.constexpr, F64: tl.constexpr):
+    # one head's rotation in fp32 from its loaded x (here dy) and partner x[:, src]: x*c + x[:, src]*s
+    # (s: sin at src, signed; PAIRS_SWAPPED: the partner is x's own pairs swapped)
+    xw = _widen(xv, RAW_X)
     if PAIR == PAIRS_SWAPPED:
         r = _pair_swap(xw, BLOCK_R, BLOCK_D)
     else:
-        r = _widen(_fetch(x_ptr, g_off, m, RAW_X), RAW_X)
+        r = _widen(pv, RAW_X)
     return _dot2(xw, c, r, s, F64)
 
 
@@ -881,35 +888,60 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     #   2. g again (dy's lines: L1/L2 hits), dx = rstd·g·w − xn·rstd³·Σ g·w·xn / N (rstd from 1.),
     #      and each head's share of dw = Σ_rows g·xn·rstd, stored at row program_id of dw_ptr
     #      ([programs, 2, H*D]; the second half, db's, unused).
-    # Reads dy twice (the second from cache) and xn twice, writes dx once: 3 passes' DRAM bytes.
+    # Each sweep issues the next head's dy, partner and xn before this head's math (one head in
+    # flight behind the one in use). DRAM: dy and xn read once, dx written once (3 passes' bytes).
     cols = tl.arange(0, BLOCK_D)
     cm = cols < D
     ssq = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
     sgx = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
     ha = h_lo // H1
     hb = h_lo % H1
+    hx = ha * sxh0 + hb * sxh1
+    m0 = _while(mask, h_lo, h_hi)
+    xv = _fetch(x_ptr + hx, x_off, m0, RAW_X)
+    pv = _partner(x_ptr + hx, g_off, m0, xv, PAIR, False, RAW_X)
+    nv = _fetch(xn_ptr + hx, x_off, m0, RAW_X)
     for hh in range(h_lo, h_hi):
-        hx = ha * sxh0 + hb * sxh1
-        g = _transposed_row(x_ptr + hx, x_off, g_off, mask, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
-        xn = _widen(_fetch(xn_ptr + hx, x_off, mask, RAW_X), RAW_X)
+        ha, hb = _next_head(ha, hb, H1)
+        hn = ha * sxh0 + hb * sxh1
+        mn = _while(mask, hh + 1, h_hi)
+        xv2 = _fetch(x_ptr + hn, x_off, mn, RAW_X)
+        pv2 = _partner(x_ptr + hn, g_off, mn, xv2, PAIR, False, RAW_X)
+        nv2 = _fetch(xn_ptr + hn, x_off, mn, RAW_X)
+        g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
+        xn = _widen(nv, RAW_X)
         w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
         ssq += tl.sum(xn * xn, axis=1)[:, None]
         sgx += tl.sum(g * w * xn, axis=1)[:, None]
-        ha, hb = _next_head(ha, hb, H1)
+        xv = xv2
+        pv = pv2
+        nv = nv2
     n = (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)
     rstd = tl.math.div_rn(1.0 + tl.zeros_like(ssq), tl.sqrt_rn(ssq / n + eps))
     k3 = rstd * rstd * rstd * sgx / n
     row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * (h_hi - h_lo) * D
     ha = h_lo // H1
     hb = h_lo % H1
+    hx = ha * sxh0 + hb * sxh1
+    xv = _fetch(x_ptr + hx, x_off, m0, RAW_X)
+    pv = _partner(x_ptr + hx, g_off, m0, xv, PAIR, False, RAW_X)
+    nv = _fetch(xn_ptr + hx, x_off, m0, RAW_X)
     for hh in range(h_lo, h_hi):
-        hx = ha * sxh0 + hb * sxh1
-        g = _transposed_row(x_ptr + hx, x_off, g_off, mask, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
-        xn = _widen(_fetch(xn_ptr + hx, x_off, mask, RAW_X), RAW_X)
-        w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
-        _store(o_ptr + (ha * soh0 + hb * soh1), o_off, rstd * (g * w) - xn * k3, mask, RAW_X)
-        tl.store(dw_ptr + row + (hh - h_lo) * D + cols, tl.sum(g * xn * rstd, axis=0), mask=cm)
+        ho = ha * soh0 + hb * soh1
         ha, hb = _next_head(ha, hb, H1)
+        hn = ha * sxh0 + hb * sxh1
+        mn = _while(mask, hh + 1, h_hi)
+        xv2 = _fetch(x_ptr + hn, x_off, mn, RAW_X)
+        pv2 = _partner(x_ptr + hn, g_off, mn, xv2, PAIR, False, RAW_X)
+        nv2 = _fetch(xn_ptr + hn, x_off, mn, RAW_X)
+        g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
+        xn = _widen(nv, RAW_X)
+        w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
+        _store(o_ptr + ho, o_off, rstd * (g * w) - xn * k3, mask, RAW_X)
+        tl.store(dw_ptr + row + (hh - h_lo) * D + cols, tl.sum(g * xn * rstd, axis=0), mask=cm)
+        xv = xv2
+        pv = pv2
+        nv = nv2
 
 
 @triton.jit

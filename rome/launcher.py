@@ -261,6 +261,12 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
     return out
 
 
+def same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors of one shape lay their elements out alike (strides of size-1 dims,
+    which no offset uses, may differ)."""
+    return all(n == 1 or sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()))
+
+
 def _at_view(t: torch.Tensor, like: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
     """A one-element view of ``t`` at the offset ``like`` (a view of ``base``) has in ``base``:
     the kernel's pointer to t's block where ``like``'s block is (t and base share strides)."""
@@ -343,7 +349,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
             raise ValueError("the norm's backward epilogue is the gather kernel's transpose (rms or layer per "
                              "head, rms_heads), without the prologue or rounding='native'")
         for x, xn in zip(xs, norm_grad[3]):
-            if xn.shape != x.shape or xn.stride() != x.stride() or xn.dtype != x.dtype:
+            if xn.shape != x.shape or not same_strides(xn, x) or xn.dtype != x.dtype:
                 raise ValueError(f"norm_grad's inputs must match the gradients' shape, strides and dtype, got "
                                  f"{list(xn.shape)} {xn.stride()} {xn.dtype} and {list(x.shape)} {x.stride()} {x.dtype}")
     if norm is not None or norm_grad is not None:  # the row statistics and weights: a higher register cap

@@ -21,17 +21,20 @@ norm and the rotation in float64: within half an ulp of a float64 oracle of norm
 (plus the rounding of the float64 steps). The triton backend computes the norm in float32:
 within 1 ulp for bf16/fp16, 2e-6 relative for fp32.
 
-Fused (``over="head"``, the triton backend, a rotation the gather kernel takes, tables that need
-no gradient): one launch of the gather kernel with its norm prologue (``rome::apply_qk_norm``, a
-torch.library op: torch.compile traces it without a break). Each head's D values are one row of
-the kernel's tile, so the row's mean and 1/sqrt(var + eps) (sqrt and division correctly rounded)
-come from registers, the partner ``x[:, src]`` shares them and takes the weight at src: q and k
-are read and written once, as by ``rome.apply_qk`` alone. The backward: one launch of the
-transposed kernel on the output gradients in fp32, then the norm's backward per head in fp32
-torch ops (``dx = rstd·(g·w − mean(g·w) − x̂·mean(g·w·x̂))``, ``dw = Σ g·x̂``, ``db = Σ g``);
-no double backward. Elsewhere (``over="heads"``, the seed's dot under ``product("dot")``, a
-general matrix, tables requiring grad) the norm's float32 torch ops then one ``rome.apply_qk``
-launch, the same rounding; autograd through torch's autograd of these steps.
+Fused (the triton backend, a rotation the gather kernel takes, tables that need no gradient; over
+heads, tables shared by a token's heads): one launch of the gather kernel with its norm prologue
+(``rome::apply_qk_norm``, a torch.library op: torch.compile traces it without a break). Each
+head's D values are one row of the kernel's tile, so the row's mean and 1/sqrt(var + eps) (sqrt
+and division correctly rounded) come from registers, the partner ``x[:, src]`` shares them and
+takes the weight at src: q and k are read and written once, as by ``rome.apply_qk`` alone (over
+heads a program holds a token's heads: a first sweep sums the squares). The backward
+(``rome::apply_qk_norm_backward``): one launch of the transposed kernel with the norm's backward
+as its epilogue: g = the rotation's adjoint of dy in fp32, then per row
+``dx = rstd·(g·w − x̂·mean(g·w·x̂) [− mean(g·w)])`` with the statistics recomputed from q/k,
+``dw = Σ g·x̂``, ``db = Σ g`` from per-program partial sums; no double backward. Elsewhere (the
+seed's dot under ``product("dot")``, a general matrix, tables requiring grad, per-head tables over
+heads) the norm's float32 torch ops then one ``rome.apply_qk`` launch, the same rounding, and the
+backward's same math in fp32 torch ops (autograd through torch's where the op is not taken).
 """
 
 from __future__ import annotations
@@ -379,11 +382,11 @@ def _fused_grad(gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, cos: Tensor, sin: 
     be = ops._check({"q": gq, "k": gk}, cos, sin, matrix, backend, positions, axis)
     if be == "triton" and _kernel_takes(norm, cos, sin, matrix, q.dtype, positions):
         xs, gs = [q, k], [gq, gk]
+        kernel = ops._kernel()
         for i in range(2):  # the kernel reads the forward's x at dy's offsets: one layout for both
-            if gs[i].stride() != xs[i].stride() or xs[i].stride(-1) != 1:
+            if not kernel.same_strides(gs[i], xs[i]) or xs[i].stride(-1) != 1:
                 xs[i], gs[i] = xs[i].contiguous(), gs[i].contiguous()
         outs = [ops._out_like(x) for x in xs]
-        kernel = ops._kernel()
         with ops._INTERPRET_LOCK if kernel.INTERPRET else contextlib.nullcontext():
             sums = kernel.rotate(gs, outs, ops._unit_last(cos), ops._unit_last(sin), matrix, transpose=True,
                                  positions=positions, axis=axis,

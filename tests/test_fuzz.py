@@ -828,4 +828,39 @@ def test_qk_norm_against_its_oracle(c, norm, over, offset, positions, layout):
         else:
             ulps = rome.precision.ulp_error(out, want, dtype).max().item()
             assert ulps <= 1.0 + 1e-6, f"{ulps} ulp"
+    # the gradients of q, k, the weights and biases (the fused backward on the triton backend)
+    # against the float64 oracle's autograd. dx = rstd·(g·w − x̂·mean(g·w·x̂) [− mean(g·w)]) is a
+    # difference of terms of size rstd·|g·w| (|g| <= 2 max|dy|) that can cancel (LayerNorm over 2
+    # values: dx ~ 0): the fp32 arithmetic's error is relative to that size, 1e-5 of it (the fp32
+    # rows' tolerance); half precision adds its one rounding (1 ulp). The weights' and biases'
+    # sums: 1e-5 of Σ_rows |g|·|x̂| (<= 2 max|dy| · max|x̂| · rows) likewise.
+    leaves = [t.detach().requires_grad_() for t in (q, k, wq, wk, *((bq, bk) if bq is not None else ()))]
+    qg, kg, wqg, wkg = leaves[:4]
+    bqg, bkg = leaves[4:] if bq is not None else (None, None)
+    kw = dict(kw, q_bias=bqg, k_bias=bkg)
+    out = (rome.apply_qk_norm_at(qg, kg, cos_c, sin_c, m, pos, wqg, wkg, **kw) if positions
+           else rome.apply_qk_norm(qg, kg, cos, sin, m, wqg, wkg, **kw))
+    dys = [torch.randn(o.shape, generator=g).to(dtype).to(DEVICE) for o in out]
+    got = torch.autograd.grad(out, leaves, dys)
+    want = [_norm_rope64(x, w, bias, cos, sin, m, norm=norm, over=over, eps=1e-5, offset=offset)
+            for x, w, bias in zip((qg, kg), (wqg, wkg), (bqg, bkg))]
+    ref = torch.autograd.grad(want, leaves, [dy.double() for dy in dys])
+    dims = (-1,) if over == "head" else (1, -1)
+    for i, (a, r) in enumerate(zip(got, ref)):
+        x, w, dy = ((qg, wqg, dys[0]), (kg, wkg, dys[1]))[i % 2]
+        x64 = x.detach().double()
+        if norm == "layer":
+            x64 = x64 - x64.mean(dims, keepdim=True)
+        rstd = torch.rsqrt(x64.pow(2).mean(dims, keepdim=True) + 1e-5)
+        g_max = 2 * dy.double().abs().max().item()
+        if i < 2:  # dq, dk
+            size = g_max * (w.detach().double().abs().max().item() + abs(offset)) * rstd.max().item()
+            err = (a.double() - r.double()).abs()
+            ok = err <= 1e-5 * size
+            if dtype != torch.float32:
+                ok |= rome.precision.ulp_error(a, r.double(), dtype) <= 1.0 + 1e-6
+            assert ok.all(), f"d{'qk'[i]}: error {err.max().item():.3g} (terms' size {size:.3g})"
+        else:  # dw, db (fp32)
+            size = g_max * (x64 * rstd).abs().max().item() * (x64.numel() / a.numel())
+            torch.testing.assert_close(a.double(), r.double(), rtol=1e-5, atol=1e-5 * size)
     event(f"qk_norm {norm} over {over} {c['backend']} {layout}")
