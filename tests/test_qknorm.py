@@ -267,6 +267,49 @@ def test_fused_backward_is_one_launch_with_the_norm_epilogue(norm, mode, dy_layo
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+@pytest.mark.parametrize("over", ["head", "heads"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_backward_reads_caches_at_multi_axis_positions(over, dtype, monkeypatch):
+    """apply_qk_norm_at with an M-RoPE cache read at 3-axis positions: the backward is the one
+    epilogue launch (the transpose reads sin at (pos[t, axis[src]], src)); dq, dk within 1 ulp of
+    the float64 torch backend's (fp32: 1e-5 relative), the fp32 weights' gradients 1e-5."""
+    from rome import launcher
+    from rome.frequencies import rope_frequencies
+    from rome.layouts import cos_sin_cache, mrope_layout
+    layout = mrope_layout(rope_frequencies(32), [4, 6, 6])
+    cos, sin = (t.to(DEVICE) for t in cos_sin_cache(layout, 20))
+    axis, m = layout.axis.to(DEVICE), layout.matrix(torch.float32, DEVICE)
+    gen = torch.Generator().manual_seed(21)
+    q = torch.randn(2, 5, 3, 32, generator=gen).to(dtype).transpose(1, 2).to(DEVICE)
+    k = torch.randn(2, 5, 2, 32, generator=gen).to(dtype).transpose(1, 2).to(DEVICE)
+    pos = torch.randint(0, 20, (2, 1, 5, 3), generator=gen).to(DEVICE)
+    n = (32, 32) if over == "head" else (96, 64)
+    wq, wk = (torch.rand(c, generator=gen).add(0.5).to(DEVICE) for c in n)
+    dys = [torch.randn(2, h, 5, 32, generator=gen).to(dtype).to(DEVICE) for h in (3, 2)]
+    grads = {}
+    for be in ("triton", "torch"):
+        wide = torch.float64 if be == "torch" else None
+        leaves = [t.detach().to(wide or t.dtype).clone().requires_grad_() for t in (q, k, wq, wk)]
+        c, s, mm = (t.to(wide or t.dtype) for t in (cos, sin, m if be == "torch" else m.to(dtype)))
+        out = rome.apply_qk_norm_at(leaves[0], leaves[1], c, s, mm, pos, leaves[2], leaves[3], axis=axis,
+                                    over=over, backend=be)
+        launches = []
+        if be == "triton":
+            run = launcher._run
+            monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+                launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+        grads[be] = torch.autograd.grad(out, leaves, [dy.to(out[0].dtype) for dy in dys])
+        if be == "triton":
+            monkeypatch.undo()
+            assert [(c["NORM"], c["TRANSPOSE"], c["POSITIONS"]) for c in launches] == \
+                [(1 if over == "head" else 3, True, 2)]
+    for i, (a, b) in enumerate(zip(grads["triton"], grads["torch"])):
+        if i < 2 and dtype != torch.float32:
+            assert _ulps(a, b, dtype) <= 1.0 + 1e-6
+        else:
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 def test_fused_backward_op_opcheck():
     """rome::apply_qk_norm_backward (the fused backward as a torch.library op, so a compiled
     model's backward traces it): opcheck's schema and fake-impl checks, per head and over heads."""
