@@ -1,0 +1,92 @@
+"""A/B timing of rome.apply_qk fwd/bwd against a device copy of the same bytes, on a GPU.
+The rome imported is whichever PYTHONPATH names (the baseline's tree or the candidate's).
+Kernel time: torch.profiler's CUDA kernel durations (median over 20 calls; host overhead
+excluded); end-to-end: triton.testing.do_bench median (host overhead included when it exceeds
+the kernel). Prints one JSON object."""
+import json, statistics, sys, time
+import torch, triton.testing
+import rome
+
+W = {  # batch, q heads, kv heads, seq, sections, mode, theta, grid, decode
+    "default": (1, 24, 24, 28800, (44, 44, 40), "half", 1e4, (20, 36, 40), False),
+    "llama-1d": (1, 32, 8, 8192, (128,), "half", 5e5, None, False),
+    "wan": (1, 40, 40, 21 * 30 * 52, (44, 42, 42), "interleave", 1e4, (21, 30, 52), False),
+    "decode": (64, 32, 8, 1, (128,), "half", 5e5, None, True),
+}
+
+
+def inputs(name):
+    b, hq, hk, s, sections, mode, theta, grid, decode = W[name]
+    dev = "cuda"
+    m = rome.rotation_matrix(sections, mode, device=dev, dtype=torch.bfloat16)
+    if decode:
+        pos = 1000 + 37 * torch.arange(b, device=dev)
+        cos, sin = rome.rope_cos_sin(pos[:, None], sections, mode=mode, theta=theta, device=dev)
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+    else:
+        pos = rome.grid_positions(grid, device=dev) if grid else torch.arange(s, device=dev)[:, None]
+        cos, sin = rome.rope_cos_sin(pos, sections, mode=mode, theta=theta, device=dev)
+    d = sum(sections)
+    g = torch.Generator(device=dev).manual_seed(0)
+    q = torch.randn(b, hq, s, d, device=dev, generator=g).bfloat16()
+    k = torch.randn(b, hk, s, d, device=dev, generator=g).bfloat16()
+    return q, k, cos, sin, m
+
+
+def kernel_us(fn, n=20, match=None):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+    ev = [e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA
+          and (match is None or match(e.name))]
+    per = {}
+    for e in ev:
+        per.setdefault(e.name, []).append(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0))
+    total = sum(statistics.median(v) * len(v) / n for v in per.values())  # per call
+    return total, {k[:60]: (len(v) / n, statistics.median(v)) for k, v in per.items()}
+
+
+def main(label, names):
+    out = {"label": label, "rome": rome.__file__, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "triton": __import__("triton").__version__, "rows": []}
+    for name in names:
+        q, k, cos, sin, m = inputs(name)
+        nbytes = 2 * (q.numel() + k.numel()) * 2
+        qo, ko = torch.empty_like(q), torch.empty_like(k)
+
+        def copy():
+            qo.copy_(q); ko.copy_(k)
+
+        fwd = lambda: rome.apply_qk(q, k, cos, sin, m, backend="triton")  # noqa: E731
+        t0 = time.perf_counter(); fwd(); torch.cuda.synchronize(); first = time.perf_counter() - t0
+        qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
+        outs = rome.apply_qk(qg, kg, cos, sin, m, backend="triton")
+        grads = [torch.randn_like(o) for o in outs]
+        bwd = lambda: torch.autograd.grad(outs, (qg, kg), grads, retain_graph=True)  # noqa: E731
+        ref = rome.apply_qk(q.double(), k.double(), cos.double(), sin.double(), m.double(), backend="torch")
+        got = fwd()
+        ok = all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, ref))
+        maxdiff = max((a.double() - b).abs().max().item() for a, b in zip(got, ref))
+        row = {"workload": name, "q": list(q.shape), "k": list(k.shape), "bytes": nbytes, "first_call_s": first,
+               "fwd_equals_float64_rounded": ok, "fwd_max_abs_vs_float64": maxdiff}
+        for key, fn, match in (("copy", copy, None), ("fwd", fwd, lambda s: "rome" in s), ("bwd", bwd, lambda s: "rome" in s)):
+            us, detail = kernel_us(fn, match=match)
+            row[f"{key}_kernel_us"] = us
+            row[f"{key}_kernels"] = detail
+            row[f"{key}_bench_us"] = 1e3 * triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median")
+        for key in ("fwd", "bwd"):
+            row[f"{key}_kernel_pct_copy"] = 100 * row["copy_kernel_us"] / row[f"{key}_kernel_us"] if row[f"{key}_kernel_us"] else None
+            row[f"{key}_bench_pct_copy"] = 100 * row["copy_bench_us"] / row[f"{key}_bench_us"]
+        out["rows"].append(row)
+        print(f"[{label}] {name}: copy {row['copy_kernel_us']:.1f} us; fwd {row['fwd_kernel_us']:.1f} us "
+              f"({row['fwd_kernel_pct_copy']:.0f}% copy), bwd {row['bwd_kernel_us']:.1f} us ({row['bwd_kernel_pct_copy']:.0f}%); "
+              f"end-to-end fwd {row['fwd_bench_us']:.1f} us, bwd {row['bwd_bench_us']:.1f} us; exact {ok}", file=sys.stderr, flush=True)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else ["default", "llama-1d", "wan", "decode"])
