@@ -879,6 +879,13 @@ def _transposed(xv, pv, c, s, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D
 
 
 @triton.jit
+def _head_loads(x_ptr, xn_ptr, hx, x_off, g_off, m, PAIR: tl.constexpr, RAW_X: tl.constexpr):
+    # a head's dy tile, its partner dy[:, src] and the forward's x tile (hx: the head's offset)
+    xv = _fetch(x_ptr + hx, x_off, m, RAW_X)
+    return xv, _partner(x_ptr + hx, g_off, m, xv, PAIR, False, RAW_X), _fetch(xn_ptr + hx, x_off, m, RAW_X)
+
+
+@triton.jit
 def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
                      mask, c, s, nw_ptr, eps, D, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                      RAW_X: tl.constexpr, F64: tl.constexpr):
@@ -896,18 +903,12 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     sgx = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
     ha = h_lo // H1
     hb = h_lo % H1
-    hx = ha * sxh0 + hb * sxh1
     m0 = _while(mask, h_lo, h_hi)
-    xv = _fetch(x_ptr + hx, x_off, m0, RAW_X)
-    pv = _partner(x_ptr + hx, g_off, m0, xv, PAIR, False, RAW_X)
-    nv = _fetch(xn_ptr + hx, x_off, m0, RAW_X)
+    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, m0, PAIR, RAW_X)
     for hh in range(h_lo, h_hi):
         ha, hb = _next_head(ha, hb, H1)
-        hn = ha * sxh0 + hb * sxh1
-        mn = _while(mask, hh + 1, h_hi)
-        xv2 = _fetch(x_ptr + hn, x_off, mn, RAW_X)
-        pv2 = _partner(x_ptr + hn, g_off, mn, xv2, PAIR, False, RAW_X)
-        nv2 = _fetch(xn_ptr + hn, x_off, mn, RAW_X)
+        xv2, pv2, nv2 = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _while(mask, hh + 1, h_hi),
+                                    PAIR, RAW_X)
         g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
         xn = _widen(nv, RAW_X)
         w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
@@ -922,18 +923,12 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * (h_hi - h_lo) * D
     ha = h_lo // H1
     hb = h_lo % H1
-    hx = ha * sxh0 + hb * sxh1
-    xv = _fetch(x_ptr + hx, x_off, m0, RAW_X)
-    pv = _partner(x_ptr + hx, g_off, m0, xv, PAIR, False, RAW_X)
-    nv = _fetch(xn_ptr + hx, x_off, m0, RAW_X)
+    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, m0, PAIR, RAW_X)
     for hh in range(h_lo, h_hi):
         ho = ha * soh0 + hb * soh1
         ha, hb = _next_head(ha, hb, H1)
-        hn = ha * sxh0 + hb * sxh1
-        mn = _while(mask, hh + 1, h_hi)
-        xv2 = _fetch(x_ptr + hn, x_off, mn, RAW_X)
-        pv2 = _partner(x_ptr + hn, g_off, mn, xv2, PAIR, False, RAW_X)
-        nv2 = _fetch(xn_ptr + hn, x_off, mn, RAW_X)
+        xv2, pv2, nv2 = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _while(mask, hh + 1, h_hi),
+                                    PAIR, RAW_X)
         g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
         xn = _widen(nv, RAW_X)
         w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]

@@ -355,11 +355,9 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     if norm is not None or norm_grad is not None:  # the row statistics and weights: a higher register cap
         plan = replace(plan, config=replace(plan.config, maxnreg=NORM_MAXNREG),
                        candidates=tuple(replace(c, maxnreg=NORM_MAXNREG) for c in plan.candidates))
-    if norm_grad is not None:
-        return _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements,
-                              native=native, norm_grad=norm_grad)
-    if plan.config.heads:
-        _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm, native)
+    if plan.config.heads:  # (norm_grad's sums: its launches are this kernel's, checked above)
+        return _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm, native,
+                              norm_grad)
     else:
         _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native)
 
