@@ -310,6 +310,32 @@ def test_fused_backward_reads_caches_at_multi_axis_positions(over, dtype, monkey
             torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+def test_norm_backward_epilogue_refuses_what_it_cannot_do():
+    """launcher.rotate(norm_grad=...) refuses by name: the forward direction, an unknown norm, the
+    prologue or rounding='native' with it, and forward inputs whose layout is not dy's."""
+    from rome import launcher
+    q, k, cos, sin, m = _half_case(torch.float32)
+    w = torch.ones(q.shape[-1], device=DEVICE)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    outs = [torch.empty_like(gq), torch.empty_like(gk)]
+
+    def call(**kw):
+        args = dict(transpose=True, norm_grad=("rms", 1e-6, [(w, None), (w, None)], [q, k]))
+        args.update(kw)
+        return launcher.rotate([gq, gk], outs, cos, sin, m, **args)
+
+    with pytest.raises(ValueError, match="norm's backward epilogue is the gather kernel's transpose"):
+        call(transpose=False)
+    with pytest.raises(ValueError, match="norm's backward epilogue"):
+        call(norm_grad=("batch", 1e-6, [(w, None), (w, None)], [q, k]))
+    with pytest.raises(ValueError, match="norm's backward epilogue"):
+        call(native=True)
+    with pytest.raises(ValueError, match=r"norm_grad's inputs must match the gradients' shape, strides and dtype"):
+        call(norm_grad=("rms", 1e-6, [(w, None), (w, None)], [q.contiguous(), k]))
+    with pytest.raises(ValueError, match=r"norm_grad's inputs must match"):
+        call(norm_grad=("rms", 1e-6, [(w, None), (w, None)], [q.double(), k]))
+
+
 def test_fused_backward_op_opcheck():
     """rome::apply_qk_norm_backward (the fused backward as a torch.library op, so a compiled
     model's backward traces it): opcheck's schema and fake-impl checks, per head and over heads."""
