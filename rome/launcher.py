@@ -215,11 +215,12 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
     dev = xs[0].device
     dummy = launch._dummy(dev)
 
-    def norm_args(r):  # (weight, bias) of the tensor r's rows come from
-        if norm is None or r is None:
+    def norm_args(r, a):  # (weight, bias) of the tensor r's rows come from; no r (a launch of
+        # a alone): a's, never read (no heads) but typed as the kernel's code for b expects
+        if norm is None:
             return dummy, dummy
-        w, b = norm[1][r.index]
-        return w, dummy if b is None else b
+        w, b = norm[1][(a if r is None else r).index]
+        return w, w if b is None else b
 
     w = p.operand  # the dot's matrix (M, read as Mᵀ by strides in the transpose; unused by the gather)
     swk, swn = w.stride()
@@ -256,7 +257,7 @@ def _gather_launches(xs, outs, cos, sin, positions, axis, angles, p: launch.Plan
         ta, tb = tensor_args(a), tensor_args(b)
         heads = (ta[-2], tb[-2])
         args = (p.src, p.sign, w, swk, swn, *axis_args, *data, n_t, t1, *ta, *tb, xs[0].shape[-1],
-                *norm_args(a), *norm_args(b), 0.0 if norm is None else norm[0], dummy, dummy, dummy, dummy)
+                *norm_args(a, a), *norm_args(b, a), 0.0 if norm is None else norm[0], dummy, dummy, dummy, dummy)
         out.append((args, n_t, heads, i64, (a, b)))
     return out
 
@@ -569,8 +570,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             units = grid({"BLOCK_R": cfg.block_r})
             bufs = [torch.empty(units[0] * units[1], 2, d if r is None else width[r.index], dtype=torch.float32,
                                 device=xs[0].device) for r in rows]
-            xn = [launch._dummy(xs[0].device) if r is None else
-                  _at_view(norm_grad[3][r.index], r.x, xs[r.index]) for r in rows]
+            # (no b: a's forward input in its place, typed as the kernel's code for b expects)
+            xn = [_at_view(norm_grad[3][r.index], r.x, xs[r.index]) for r in (rows[0], rows[1] or rows[0])]
             full = (*args[:-4], xn[0], bufs[0], xn[1], bufs[1], heads)
         elif cfg is None:
             cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
@@ -687,6 +688,10 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 for norm in ("rms", "layer", "rms_heads"):
                     for transpose in (False, True):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm)[:1]
+                        if d == 128:  # q launched alone (k's rows elsewhere: GQA with B > 1, positions):
+                            # the code for k still compiles, with a's arguments in its place
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
+                                                   alone=True)[:1]
     return out
 
 
@@ -696,10 +701,12 @@ NORM_HEAD_DIMS = (64, 128)
 
 
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
-                    product: str = "gather", norm: str | None = None) -> list[launch.KernelConfig]:
+                    product: str = "gather", norm: str | None = None,
+                    alone: bool = False) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
-    specialised as those launches would be."""
+    specialised as those launches would be. ``alone``: q's launch without k (b's arguments
+    standing in, no heads)."""
     from .matrices import rotation_matrix
 
     s = 1024
@@ -718,16 +725,18 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     nargs = {}
     if norm is not None:
         heads = norm == "rms_heads"
-        ws = [torch.zeros(d * (x.shape[1] if heads else 1), dtype=torch.float32) for x in (q, k)]
+        ws = [torch.zeros(d * (x.shape[1] if heads else 1), dtype=torch.float32) for x in (q, k)][:2 - alone]
         nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None) for w in ws]))
         if transpose:  # the backward: the norm's epilogue, reading the forward's q and k
-            nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k]))
+            nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k][:2 - alone]))
+    xs = [q, k][:2 - alone]
     with capture(num_sms=1) as got, launch.product(product):
-        rotate([q, k], [torch.empty_like(q), torch.empty_like(k)], cos, sin, m, transpose=transpose,
+        rotate(xs, [torch.empty_like(x) for x in xs], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
     alts = launch.candidates(first.config)[1:]
-    label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "")
+    label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
+        + (" q alone" if alone else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,

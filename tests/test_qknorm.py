@@ -267,6 +267,60 @@ def test_fused_backward_is_one_launch_with_the_norm_epilogue(norm, mode, dy_layo
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+@pytest.mark.parametrize("norm", ["rms", "layer", "rms_heads"])
+def test_q_and_k_in_separate_launches(norm, monkeypatch):
+    """MQA with B > 1 and positions per batch (one k head: k's batch and token dims merge into
+    one row dim, q's do not): q and k take separate launches, forward and backward. The launch of one tensor still compiles the
+    kernel's code for the second (no heads): its weight, bias and forward-input arguments are
+    the first tensor's, typed as that code expects (an int32 stand-in failed to compile over
+    heads on the GPU: a loop-carried fp32 weight re-assigned int32). Values and gradients
+    against the float64 oracle."""
+    from rome import launcher
+    heads = norm == "rms_heads"
+    q = torch.randn(2, 3, 5, 32, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16).to(DEVICE)
+    k = torch.randn(2, 1, 5, 32, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16).to(DEVICE)
+    q, k = q.requires_grad_(), k.requires_grad_()
+    _, _, cc, sc, m = _half_case(torch.bfloat16)  # caches [5, 32]
+    gen = torch.Generator().manual_seed(23)
+    pos = torch.randint(0, 5, (2, 1, 5, 1), generator=gen).to(DEVICE)
+    cos, sin = cc[pos[..., 0]], sc[pos[..., 0]]  # [2, 1, 5, 32]: the oracle's tables
+    wq, wk = (torch.rand(c * 32 if heads else 32, generator=gen).add(0.5).to(DEVICE).requires_grad_() for c in (3, 1))
+    layer = norm == "layer"
+    bq, bk = ((torch.randn(32, generator=gen).mul(0.1).to(DEVICE).requires_grad_() for _ in range(2))
+              if layer else (None, None))
+    kw = dict(norm="layer" if layer else "rms", over="heads" if heads else "head", q_bias=bq, k_bias=bk)
+    launches = []
+    run = launcher._run
+    names = launcher.kernel._rome_gather_kernel.arg_names
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append((consts, dict(zip(names, args)))), run(fn, grid, args, consts, *a, **kw)))
+    out = rome.apply_qk_norm_at(q, k, cc, sc, m, pos, wq, wk, backend="triton", **kw)
+    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
+    params = [q, k, wq, wk] + ([bq, bk] if layer else [])
+    got = torch.autograd.grad(out, params, (gq, gk))
+    want_norm = {"rms": 1, "layer": 2, "rms_heads": 3}[norm]
+    assert [(c["NORM"], c["TRANSPOSE"]) for c, _ in launches] == [(want_norm, t) for t in (False, False, True, True)]
+    for consts, a in launches:
+        assert a["b_H"] == 0, "q and k were expected in separate launches"
+        for n in ("nw", "nb"):
+            assert a["b_" + n].dtype == a["a_" + n].dtype == torch.float32, n
+        if consts["TRANSPOSE"]:
+            assert a["b_xn"].dtype == a["a_xn"].dtype == torch.bfloat16
+    if heads:
+        want = [_oracle_heads(x, w, cos, sin, m, 1e-6) for x, w in ((q, wq), (k, wk))]
+    else:
+        want = [_oracle_rot(x, w, b, cos, sin, m.double(), norm=kw["norm"], eps=1e-6, offset=0.0)
+                for x, w, b in ((q, wq, bq), (k, wk, bk))]
+    for o, w64 in zip(out, want):
+        assert _ulps(o, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
+    ref = torch.autograd.grad(want, params, (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk", "dbq", "dbk"), got, ref):
+        if name in ("dq", "dk"):
+            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 @pytest.mark.parametrize("over", ["head", "heads"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fused_backward_reads_caches_at_multi_axis_positions(over, dtype, monkeypatch):
