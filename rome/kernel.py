@@ -581,6 +581,21 @@ def _while(mask, h, h_hi):
 
 
 @triton.jit
+def _within(mask, h, h_lo, h_hi):
+    # mask where head h is one of [h_lo, h_hi) (a sweep walking down: h below h_lo)
+    hs = tl.full(mask.shape, h, tl.int32)
+    return mask & (hs >= h_lo) & (hs < h_hi)
+
+
+@triton.jit
+def _prev_head(ha, hb, H1):
+    # head (ha, hb) -> the one before it, h = ha * H1 + hb (no division)
+    hb -= 1
+    wrap = hb < 0
+    return tl.where(wrap, ha - 1, ha), tl.where(wrap, H1 - 1, hb)
+
+
+@triton.jit
 def _next_head(ha, hb, H1):
     # head (ha, hb) -> the next one, h = ha * H1 + hb (no division)
     hb += 1
@@ -741,14 +756,28 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         nw = tl.zeros([1, BLOCK_D], dtype=tl.float32)  # (set per head in the loop)
         nws = nw
         # first sweep: the sum of squares over the token's heads [h_lo, h_hi) (the launch gives a
-        # program all of them); the second sweep below re-reads each head (L1/L2 hits)
+        # program all of them), last head first, three heads in flight behind the one summed (a
+        # tile is 2-4 registers a thread); the second sweep below re-reads each head from the
+        # first: the heads this sweep read last, in L1, then L2 (the re-read distance grows
+        # from 0 where the same order would make every head's a whole token set)
         acc = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
-        sa = h_lo // H1
-        sb = h_lo % H1
-        for hh in range(h_lo, h_hi):
-            v = _widen(_fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh, h_hi), RAW_X), RAW_X)
+        hl = h_hi - 1
+        sa = hl // H1
+        sb = hl % H1
+        v0 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _within(mask, hl, h_lo, h_hi), RAW_X)
+        sa, sb = _prev_head(sa, sb, H1)
+        v1 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _within(mask, hl - 1, h_lo, h_hi), RAW_X)
+        sa, sb = _prev_head(sa, sb, H1)
+        v2 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _within(mask, hl - 2, h_lo, h_hi), RAW_X)
+        for i in range(h_lo, h_hi):
+            hh = hl - (i - h_lo)  # the head summed now; hh - 3 issued
+            sa, sb = _prev_head(sa, sb, H1)
+            v3 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _within(mask, hh - 3, h_lo, h_hi), RAW_X)
+            v = _widen(v0, RAW_X)
             acc += tl.sum(v * v, axis=1)[:, None]
-            sa, sb = _next_head(sa, sb, H1)
+            v0 = v1
+            v1 = v2
+            v2 = v3
         var = acc / (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)  # (no heads here: unused)
         rstd = tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
     elif NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
@@ -896,19 +925,23 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     #      and each head's share of dw = Σ_rows g·xn·rstd, stored at row program_id of dw_ptr
     #      ([programs, 2, H*D]; the second half, db's, unused).
     # Each sweep issues the next head's dy, partner and xn before this head's math (one head in
-    # flight behind the one in use). DRAM: dy and xn read once, dx written once (3 passes' bytes).
+    # flight behind the one in use). The first sweep walks the heads down, the second up: the
+    # heads read last are re-read first (L1, then L2 hits; in the same order each re-read would
+    # come a whole token set later). DRAM: dy and xn read once, dx written once (3 passes' bytes).
     cols = tl.arange(0, BLOCK_D)
     cm = cols < D
     ssq = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
     sgx = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
-    ha = h_lo // H1
-    hb = h_lo % H1
-    m0 = _while(mask, h_lo, h_hi)
-    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, m0, PAIR, RAW_X)
-    for hh in range(h_lo, h_hi):
-        ha, hb = _next_head(ha, hb, H1)
-        xv2, pv2, nv2 = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _while(mask, hh + 1, h_hi),
-                                    PAIR, RAW_X)
+    hl = h_hi - 1
+    ha = hl // H1
+    hb = hl % H1
+    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _within(mask, hl, h_lo, h_hi),
+                             PAIR, RAW_X)
+    for i in range(h_lo, h_hi):
+        hh = hl - (i - h_lo)  # the head used now; hh - 1 issued
+        ha, hb = _prev_head(ha, hb, H1)
+        xv2, pv2, nv2 = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off,
+                                    _within(mask, hh - 1, h_lo, h_hi), PAIR, RAW_X)
         g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
         xn = _widen(nv, RAW_X)
         w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
@@ -923,7 +956,8 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * (h_hi - h_lo) * D
     ha = h_lo // H1
     hb = h_lo % H1
-    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, m0, PAIR, RAW_X)
+    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _while(mask, h_lo, h_hi),
+                             PAIR, RAW_X)
     for hh in range(h_lo, h_hi):
         ho = ha * soh0 + hb * soh1
         ha, hb = _next_head(ha, hb, H1)

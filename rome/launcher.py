@@ -536,6 +536,13 @@ _NORMS = {None: 0, "rms": 1, "layer": 2, "rms_heads": 3}  # kernel.NORM_NONE, _R
 NORM_MAXNREG = 168
 
 
+# the backward of the norm over heads: its tile (rows, warps). Its two sweeps re-read each of a
+# program's tokens (dy and the forward's x: H·D values each) from L1/L2: the rows resident on an SM
+# set what must stay cached between the reads (rows × H·D × 2 tensors); each program's per-head
+# dw partial sums ([programs, H·D]) are written and summed once, fewer with more rows.
+NORM_GRAD_HEADS_TILE = (8, 4)
+
+
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
                    native=False, norm_grad=None):
     cfg0 = plan.config
@@ -567,6 +574,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
 
         if norm_grad is not None:  # (not tuned: the partial sums' rows are the launch's programs)
             cfg = plan.config
+            if over_heads:
+                cfg = replace(cfg, block_r=NORM_GRAD_HEADS_TILE[0], num_warps=NORM_GRAD_HEADS_TILE[1])
             units = grid({"BLOCK_R": cfg.block_r})
             bufs = [torch.empty(units[0] * units[1], 2, d if r is None else width[r.index], dtype=torch.float32,
                                 device=xs[0].device) for r in rows]
