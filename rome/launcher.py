@@ -539,8 +539,11 @@ NORM_MAXNREG = 168
 # the backward of the norm over heads: its tile (rows, warps). Its two sweeps re-read each of a
 # program's tokens (dy and the forward's x: H·D values each) from L1/L2: the rows resident on an SM
 # set what must stay cached between the reads (rows × H·D × 2 tensors); each program's per-head
-# dw partial sums ([programs, H·D]) are written and summed once, fewer with more rows.
-NORM_GRAD_HEADS_TILE = (8, 4)
+# dw partial sums ([programs, H·D]) are written and summed once, fewer with more rows. Measured
+# (H100, triton 3.6, Wan 2.1's q/k [1, 32760, 40, 128] bf16, kernel us): 8x4 2334, 8x8 4063,
+# 4x4 2526, 4x2 1864, 2x2 1927 (+ the partial sums' reduction 41 / 69 / 124 us for 8 / 4 / 2 rows)
+# (profiling/results/h100/qknorm-tiles-6ab34fe/)
+NORM_GRAD_HEADS_TILE = (4, 2)
 
 
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
