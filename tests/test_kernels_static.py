@@ -426,6 +426,9 @@ def test_amd_occupancy():
     # more than 80 SGPRs (the code object's count, before LLVM's extra ones): 7 waves per SIMD
     assert archs.amd_occupancy(a942, 32, 84, 0, 1)["waves_per_simd_by_registers"] == 7
     assert archs.amd_occupancy(a942, 32, 79, 0, 1)["waves_per_simd_by_registers"] == 8
+    # more than 96: 6 (98 SGPRs with 58 VGPRs: LLVM's 6 for the norm-over-heads backward)
+    assert archs.amd_occupancy(a942, 58, 98, 0, 2)["waves_per_simd_by_registers"] == 6
+    assert archs.amd_occupancy(a942, 58, 96, 0, 2)["waves_per_simd_by_registers"] == 7
     # AGPRs follow the arch VGPRs rounded up to 4
     assert archs.amd_total_vgprs(61, 0) == 61 and archs.amd_total_vgprs(61, 32) == 96
 

@@ -114,8 +114,11 @@ class AmdArch:
     # gfx9: more SGPRs than this (the code object's sgpr_count, without the VCC / flat-scratch /
     # XNACK / trap SGPRs LLVM adds before its <= 100 rule) leave a SIMD 7 waves. Measured on
     # gfx942 against LLVM's own '; Occupancy:' over the CI gate's configurations: 79 SGPRs gave 8
-    # waves, 84-86 gave 7 (with <= 64 VGPRs); 80 is the bound taken, 81-83 unseen
+    # waves, 84-86 gave 7 (with <= 64 VGPRs); 80 is the bound taken, 81-83 unseen. More than
+    # max_sgprs_for_7_waves leave 6: 98 SGPRs gave 6 (58-62 VGPRs: the norm-over-heads backward at
+    # 2 waves a workgroup); 96 is the bound taken, 87-97 unseen
     max_sgprs_for_8_waves: int = 80
+    max_sgprs_for_7_waves: int = 96
     max_workgroups_per_cu: int = 16  # barrier resources of a CU: multi-wave workgroups
     wave_size: int = 64
 
@@ -156,7 +159,8 @@ def amd_occupancy(arch: AmdArch, vgprs: int, sgprs: int, lds: int, waves_per_wor
     bytes of LDS per workgroup on ``arch``."""
     alloc = _round_up(max(vgprs, 1), arch.vgpr_granule)
     by_vgprs = 0 if vgprs > arch.vgprs_per_lane else min(arch.max_waves_per_simd, arch.vgprs_per_lane // alloc)
-    by_sgprs = arch.max_waves_per_simd if sgprs <= arch.max_sgprs_for_8_waves else arch.max_waves_per_simd - 1
+    by_sgprs = arch.max_waves_per_simd if sgprs <= arch.max_sgprs_for_8_waves else \
+        arch.max_waves_per_simd - 1 if sgprs <= arch.max_sgprs_for_7_waves else arch.max_waves_per_simd - 2
     waves_regs = min(by_vgprs, by_sgprs)
     lds_alloc = _round_up(lds, arch.lds_granule)
     limits = {"registers": waves_regs * arch.simds_per_cu // waves_per_workgroup,

@@ -315,6 +315,14 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
         "l1_bytes_per_element": first["wavefronts"] * L1_WAVEFRONT * num_warps / per_program,
         "warp_instructions_per_dram_byte": first["instructions"] * num_warps / (per_program * dram_bytes_per_element),
     }
+    once = sorted({a for p in s["paths"] for a in p.get("load_loops_walked_once", [])})
+    if once:  # a loop without stores that loads (a norm's first sweep over a token's heads): its
+        # trips are unknown to the walk, which ran it once; no estimate rather than one without them
+        out["unmodelled"] = (f"loops without stores that load ({', '.join(once)}) were walked once: "
+                             "their trips are unknown to the model")
+        return out | {k: None for g in gpus for k in (f"estimates_{g.name.lower()}", f"estimate_{g.name.lower()}",
+                                                      f"time_us_{g.name.lower()}", f"bounds_{g.name.lower()}_gbps")} \
+            | {f"limit_{g.name.lower()}": "unmodelled" for g in gpus}
     for g in gpus:
         key = g.name.lower()
         est = {k: min(1.0, e["gbps"] / g.copy_gbps) for k, e in s["ends"].items()}

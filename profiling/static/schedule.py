@@ -9,7 +9,10 @@ What it does, in order:
    scalar the launch gives, e.g. the gather kernel's permutation class at ``src[D]``, compared with
    ``ISETP`` to an immediate); the closing branch of a *tile loop* (a loop holding a global store)
    is taken until the loop has run the iterations the program's work asks (its elements / what
-   one iteration stores); an inner loop without stores runs once; any other conditional branch
+   one iteration stores); an inner loop without stores runs once (one that loads from global
+   memory, e.g. a norm's first sweep over a token's heads, is named in the path's
+   ``load_loops_walked_once``: its trips are unknown here, and the model marks the launch
+   unmodelled rather than give an estimate that leaves them out); any other conditional branch
    goes the way from which the next wanted event (the next tile loop with work, else ``EXIT``) is
    reachable, the fall-through where both can reach it. A called subroutine's body is walked in
    place of the ``CALL``.
@@ -158,6 +161,10 @@ class Kernel:
             body = self._body(s, e)
             self.tile_loops[s] = Loop(s, e, sum(access_bits(i) * 32 // 8 for i in body if i.base == "STG"))
         self.loop_ends = {e: s for s, e in loops}
+        # loops without a store that load from global memory (a first sweep summing a token's
+        # heads): the walk runs them once, their trips unknown (see program_path)
+        self.load_loops = {s for s, e in loops if (s, e) not in with_stores and any(
+            i.base in ("LDG", "LDGSTS") for i in self.instrs if s <= i.addr <= e)}
 
     def _body(self, s: int, e: int) -> list[Instr]:
         """One walk of a loop body: conditional forward branches not taken, unconditional ones taken,
@@ -226,6 +233,7 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
     trips: dict[int, int] = {}
     done: dict[int, int] = {}
     path: list[Instr] = []
+    once: list[int] = []  # loops without stores that load, walked once
     n, steps = 0, 0
     while isinstance(n, int) and n < len(ins_list) and steps < max_steps:
         ins = ins_list[n]
@@ -265,6 +273,8 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
                 done[t] += 1
                 n = idx[t] if done[t] < trips[t] else n + 1
             else:
+                if t in kernel.load_loops and t not in once:
+                    once.append(t)
                 n += 1
             continue
         if always:
@@ -283,7 +293,7 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
         good = [s for s in succ if want in ({"exit"} if s == "exit" else kernel.first_events(s))]
         n = good[0] if good else n + 1
     info = {"tile_loops": [[hex(a), trips[a]] for a in order], "instructions": len(path),
-            "truncated": steps >= max_steps}
+            "truncated": steps >= max_steps, "load_loops_walked_once": [hex(a) for a in once]}
     return path, order, info
 
 

@@ -187,6 +187,9 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
               "not measurements.", ""]
     for s in section.get("skipped", []):
         lines.append(f"- {s['variant']}: not captured: {s['reason']}")
+    for r in section["launches"] + section["liger_launches"]:
+        if r.get("unmodelled"):
+            lines.append(f"- {r['variant']} {r['pass']} ({r['arch']}): no estimate: {r['unmodelled']}")
     return "\n".join(lines) + "\n"
 
 
