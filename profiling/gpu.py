@@ -7,6 +7,7 @@ without a CUDA device in torch, a rehearsal: ``reports/gpu-rehearsal-<gpu>-<stam
 
 - ``environment.json``, ``nvidia-smi.txt``: device, driver, torch / triton / CUDA versions, commit;
 - ``speed/<workload>/``: ``make report``'s speed part for default, llama-1d, decode and varlen
+  (and, asked for with ``--only``, flux-qknorm and wan-qknorm: the fused QK-norm's comparison)
   (against copy bandwidth, torch.compile and the anchors installed here; the autotuner's choices;
   on default also the kernels section: its launches compiled for this device's arch, the
   bandwidth model's estimate beside the measured GB/s);
@@ -45,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("default", "llama-1d", "decode", "varlen")
+QKNORM_WORKLOADS = ("flux-qknorm", "wan-qknorm")  # make gpu --only speed-flux-qknorm,speed-wan-qknorm
 BUDGET_S = 540.0
 MIN_PART_S = 15.0  # a part is not started with less time than this left in the budget
 
@@ -209,6 +211,11 @@ def _report_numbers(out: Path, kind: str) -> str:
         copy = r.get("copy_bandwidth", {}).get("gbps")
         parts = [f"copy {copy:.0f} GB/s" if isinstance(copy, (int, float)) else ""]
         parts += [f"{k} fwd {v:.0f}% copy" for k, v in list(best.items())[:4]]
+        ms = {(s.get("variant"), s.get("pass")): s.get("median_ms") for s in r.get("speed", [])}
+        for p in ("fwd", "bwd"):  # a QK-norm workload: the fused op against the unfused pair
+            fused, pair = ms.get(("rome.apply_qk_norm", p)), ms.get(("q/k norm, then rome.apply_qk", p))
+            if isinstance(fused, (int, float)) and isinstance(pair, (int, float)) and fused > 0:
+                parts.append(f"fused QK-norm {p} {fused:.3g} ms, unfused pair {pair:.3g} ms ({pair / fused:.2f}x)")
         tuned = r.get("autotuned") or {}
         parts.append(f"{len(tuned)} autotuned key(s)")
         return "; ".join(p for p in parts if p)
@@ -379,6 +386,11 @@ PARTS = [
     Part("racecheck", 60, "compute-sanitizer racecheck, every entry point", part_sanitizer("racecheck")),
     *[Part(f"precision-{w}", 40, f"make report's precision part, {w}", part_report(w, "precision"))
       for w in WORKLOADS[1:]],
+    # issue 29: the fused QK-norm against the unfused pair (norm, then rome.apply_qk), the eager
+    # chain and its torch.compile, by the report's own method (after the parts above: --only)
+    *[Part(f"speed-{w}", 120, f"make report's speed part, {w} (the fused QK-norm against the unfused pair, "
+           "the eager chain and its torch.compile)", part_report(w, "speed"), default=False)
+      for w in QKNORM_WORKLOADS],
     Part("suite", 540, "every other test module on CUDA (bounded by what is left of the budget)",
          part_pytest("tests-suite", ["tests", "--ignore", "tests/test_gpu.py", "--ignore",
                                       "tests/test_kernels_static.py"])),

@@ -84,3 +84,20 @@ def test_part_selection(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gpu.main(["--only", "no-such-part"])
     assert gpu.main(["--list"]) == 0 and "suite" in capsys.readouterr().out
+    # the QK-norm speed parts (issue 29) only when asked for
+    names = {p.name: p for p in gpu.PARTS}
+    assert {"speed-flux-qknorm", "speed-wan-qknorm"} <= set(names)
+    assert not names["speed-flux-qknorm"].default and not names["speed-wan-qknorm"].default
+
+
+def test_speed_summary_names_the_fused_qk_norm_against_the_unfused_pair(tmp_path):
+    """A QK-norm workload's speed part: its summary line gives the fused op's and the unfused
+    pair's median ms per pass and the ratio."""
+    rows = [{"variant": "rome.apply_qk_norm", "pass": "fwd", "median_ms": 0.5},
+            {"variant": "q/k norm, then rome.apply_qk", "pass": "fwd", "median_ms": 1.0},
+            {"variant": "rome.apply_qk_norm", "pass": "bwd", "median_ms": 2.0},
+            {"variant": "q/k norm, then rome.apply_qk", "pass": "bwd", "median_ms": 1.0}]
+    (tmp_path / "results.json").write_text(json.dumps({"speed": rows, "copy_bandwidth": {"gbps": 3000.0}}))
+    line = gpu._report_numbers(tmp_path, "speed")
+    assert "fused QK-norm fwd 0.5 ms, unfused pair 1 ms (2.00x)" in line
+    assert "fused QK-norm bwd 2 ms, unfused pair 1 ms (0.50x)" in line and "copy 3000 GB/s" in line
