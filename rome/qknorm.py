@@ -31,7 +31,8 @@ heads a program holds a token's heads: a first sweep sums the squares). The back
 (``rome::apply_qk_norm_backward``): one launch of the transposed kernel with the norm's backward
 as its epilogue: g = the rotation's adjoint of dy in fp32, then per row
 ``dx = rstd·(g·w − x̂·mean(g·w·x̂) [− mean(g·w)])`` with the statistics recomputed from q/k,
-``dw = Σ g·x̂``, ``db = Σ g`` from per-program partial sums; no double backward. Elsewhere (the
+``dw = Σ g·x̂``, ``db = Σ g`` from per-program partial sums; its own backward (the double
+backward) differentiates the same math as fp32 torch ops. Elsewhere (the
 seed's dot under ``product("dot")``, a general matrix, tables requiring grad, per-head tables over
 heads) the norm's float32 torch ops then one ``rome.apply_qk`` launch, the same rounding, and the
 backward's same math in fp32 torch ops (autograd through torch's where the op is not taken).
@@ -350,7 +351,7 @@ def _fused_setup(ctx, inputs, output):
 def _fused_backward(ctx, gq, gk):
     """``rome::apply_qk_norm_backward``: one launch of the transposed gather kernel with the norm's
     backward as its epilogue where the forward's kernel took the rotation (dq, dk and the weights'
-    and biases' sums), else the same math in fp32 torch ops; no double backward."""
+    and biases' sums), else the same math in fp32 torch ops (the double backward: ``_fused_grad_backward``)."""
     q, k, cos, sin, matrix, q_weight, k_weight, positions, axis = ctx.saved_tensors
     need = ctx.needs_input_grad
     gq = torch.zeros_like(q) if gq is None else gq
@@ -398,6 +399,59 @@ def _fused_grad(gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, cos: Tensor, sin: 
     dq, dqw, dqb = _norm_backward(q, dqn, q_weight, eps, layer, True, True, heads)
     dk, dkw, dkb = _norm_backward(k, dkn, k_weight, eps, layer, True, True, heads)
     return dq.to(q.dtype), dk.to(k.dtype), torch.stack([dqw, dqb]), torch.stack([dkw, dkb])
+
+
+def _grad_math(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, positions, axis):
+    """``rome::apply_qk_norm_backward``'s result as differentiable fp32 torch ops (its double
+    backward differentiates these): g = the rotation's adjoint of dy, ``dy*cos + (dy*sin) @ Mᵀ``
+    (the tables at q/k's rows: broadcast, or the caches read at ``positions`` by ``axis``), then
+    the norm's backward (``_norm_backward``)."""
+    d = q.shape[-1]
+    if positions is None:
+        c, s = cos.to(torch.float32), sin.to(torch.float32)
+    else:
+        p = positions[..., axis] if axis is not None else positions[..., :1].expand(*positions.shape[:-1], d)
+        cols = torch.arange(d, device=p.device)
+        c, s = cos.to(torch.float32)[p, cols], sin.to(torch.float32)[p, cols]
+    mt = matrix.to(torch.float32).t()
+    layer, heads = norm == "layer", norm == "rms_heads"
+    out = []
+    for g, x, w in ((gq, q, q_weight), (gk, k, k_weight)):
+        g = g.to(torch.float32)
+        gn = g * c + (g * s) @ mt
+        dx, dw, db = _norm_backward(x, gn, w, eps, layer, True, True, heads)
+        out.append((dx.to(x.dtype), torch.stack([dw, db])))
+    (dq, sq), (dk, sk) = out
+    return dq, dk, sq, sk
+
+
+def _fused_grad_setup(ctx, inputs, output):
+    gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, backend, positions, axis = inputs
+    ctx.save_for_backward(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, positions, axis)
+    ctx.eps, ctx.norm = eps, norm
+
+
+def _fused_grad_backward(ctx, ddq, ddk, dsq, dsk):
+    """The double backward of the fused QK-norm: ``_grad_math`` (the backward's math as fp32 torch
+    ops) differentiated with respect to dy, q, k and the weights (the tables, the matrix and the
+    positions take none, as in the fused forward)."""
+    gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, positions, axis = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    which = (0, 1, 2, 3, 7, 8)  # gq, gk, q, k, q_weight, k_weight
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(bool(need[i])) for t, i in zip((gq, gk, q, k, q_weight, k_weight), which)]
+        outs = _grad_math(*leaves[:4], cos, sin, matrix, *leaves[4:], ctx.eps, ctx.norm, positions, axis)
+        pairs = [(o, g) for o, g in zip(outs, (ddq, ddk, dsq, dsk)) if g is not None]
+        wrt = [t for t in leaves if t.requires_grad]
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+                   if wrt and pairs else ())
+    grads = [next(got) if t.requires_grad else None for t in leaves]
+    grads = [torch.zeros_like(t) if g is None and t.requires_grad else g for g, t in zip(grads, leaves)]
+    dgq, dgk, dq, dk, dqw, dkw = grads
+    return dgq, dgk, dq, dk, None, None, None, dqw, dkw, None, None, None, None, None
+
+
+_fused_grad.register_autograd(_fused_grad_backward, setup_context=_fused_grad_setup)
 
 
 @_fused_grad.register_fake
