@@ -395,6 +395,13 @@ def _fused_grad(gq: Tensor, gk: Tensor, q: Tensor, k: Tensor, cos: Tensor, sin: 
         return outs[0], outs[1], sums[0], sums[1]
     dqn, dkn = ops._rotate([gq.to(torch.float32), gk.to(torch.float32)], cos, sin, matrix.to(torch.float32), be,
                            True, positions, axis)
+    return _norm_grads(dqn, dkn, q, k, q_weight, k_weight, eps, norm)
+
+
+def _norm_grads(dqn: Tensor, dkn: Tensor, q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                norm: str) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """From g of q and k (the gradients of the normalised values, fp32): dq, dk in q's and k's
+    dtypes and the ``[2, W]`` sums (dweight, dbias) per tensor: the op's result (fp32 torch ops)."""
     layer, heads = norm == "layer", norm == "rms_heads"
     dq, dqw, dqb = _norm_backward(q, dqn, q_weight, eps, layer, True, True, heads)
     dk, dkw, dkb = _norm_backward(k, dkn, k_weight, eps, layer, True, True, heads)
@@ -405,7 +412,7 @@ def _grad_math(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, po
     """``rome::apply_qk_norm_backward``'s result as differentiable fp32 torch ops (its double
     backward differentiates these): g = the rotation's adjoint of dy, ``dy*cos + (dy*sin) @ Mᵀ``
     (the tables at q/k's rows: broadcast, or the caches read at ``positions`` by ``axis``), then
-    the norm's backward (``_norm_backward``)."""
+    ``_norm_grads`` as the op's own fallback."""
     d = q.shape[-1]
     if positions is None:
         c, s = cos.to(torch.float32), sin.to(torch.float32)
@@ -414,15 +421,8 @@ def _grad_math(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, po
         cols = torch.arange(d, device=p.device)
         c, s = cos.to(torch.float32)[p, cols], sin.to(torch.float32)[p, cols]
     mt = matrix.to(torch.float32).t()
-    layer, heads = norm == "layer", norm == "rms_heads"
-    out = []
-    for g, x, w in ((gq, q, q_weight), (gk, k, k_weight)):
-        g = g.to(torch.float32)
-        gn = g * c + (g * s) @ mt
-        dx, dw, db = _norm_backward(x, gn, w, eps, layer, True, True, heads)
-        out.append((dx.to(x.dtype), torch.stack([dw, db])))
-    (dq, sq), (dk, sk) = out
-    return dq, dk, sq, sk
+    dqn, dkn = (g.to(torch.float32) * c + (g.to(torch.float32) * s) @ mt for g in (gq, gk))
+    return _norm_grads(dqn, dkn, q, k, q_weight, k_weight, eps, norm)
 
 
 def _fused_grad_setup(ctx, inputs, output):
@@ -443,11 +443,9 @@ def _fused_grad_backward(ctx, ddq, ddk, dsq, dsk):
         outs = _grad_math(*leaves[:4], cos, sin, matrix, *leaves[4:], ctx.eps, ctx.norm, positions, axis)
         pairs = [(o, g) for o, g in zip(outs, (ddq, ddk, dsq, dsk)) if g is not None]
         wrt = [t for t in leaves if t.requires_grad]
-        got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
-                   if wrt and pairs else ())
-    grads = [next(got) if t.requires_grad else None for t in leaves]
-    grads = [torch.zeros_like(t) if g is None and t.requires_grad else g for g, t in zip(grads, leaves)]
-    dgq, dgk, dq, dk, dqw, dkw = grads
+        got = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], materialize_grads=True)
+                   if wrt and pairs else [torch.zeros_like(t) for t in wrt])
+    dgq, dgk, dq, dk, dqw, dkw = (next(got) if t.requires_grad else None for t in leaves)
     return dgq, dgk, dq, dk, None, None, None, dqw, dkw, None, None, None, None, None
 
 
