@@ -270,11 +270,11 @@ def test_fused_backward_is_one_launch_with_the_norm_epilogue(norm, mode, dy_layo
 @pytest.mark.parametrize("norm", ["rms", "layer", "rms_heads"])
 def test_q_and_k_in_separate_launches(norm, monkeypatch):
     """MQA with B > 1 and positions per batch (one k head: k's batch and token dims merge into
-    one row dim, q's do not): q and k take separate launches, forward and backward. The launch of one tensor still compiles the
-    kernel's code for the second (no heads): its weight, bias and forward-input arguments are
-    the first tensor's, typed as that code expects (an int32 stand-in failed to compile over
-    heads on the GPU: a loop-carried fp32 weight re-assigned int32). Values and gradients
-    against the float64 oracle."""
+    one row dim, q's do not): q and k take separate launches, forward and backward. The launch of
+    one tensor still compiles the kernel's code for the second (no heads): its weight, bias and
+    forward-input arguments are the first tensor's, typed as that code expects (an int32
+    stand-in failed to compile over heads on the GPU: a loop-carried fp32 weight re-assigned
+    int32). Values and gradients against the float64 oracle."""
     from rome import launcher
     heads = norm == "rms_heads"
     q = torch.randn(2, 3, 5, 32, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16).to(DEVICE)
