@@ -178,13 +178,30 @@ def test_a_loop_that_loads_without_storing_is_named_and_not_estimated():
                 ("@P0 BRA 0x50", None, 0),
                 ("EXIT", None, 0))
     k = schedule.Kernel(text)
-    assert k.load_loops == {0x20} and set(k.tile_loops) == {0x50}
+    assert set(k.load_loops) == {0x20} and set(k.tile_loops) == {0x50}
     _, info = schedule.program_path(k, [512.0], elements_per_byte=1 / 4, num_warps=4)
     assert info["load_loops_walked_once"] == ["0x20"] and info["tile_loops"] == [["0x50", 4]]
     m = model.bandwidth_model(text, num_warps=4, elements_per_tile=128, dram_bytes_per_element=8, registers=32,
                               shared_bytes=0, x_bytes=4, programs={"kinds": [[132, [512.0]]], "grid": 132})
     assert m["estimate_h100"] is None and m["estimates_h100"] is None and m["limit_h100"] == "unmodelled"
     assert "0x20" in m["unmodelled"]
+    # the launch gives the loops' trips (first-reach order; None: the tile loop's from its work):
+    # the sweep runs them, and the lines it read are read again (at the worst end from DRAM);
+    # here both loops read at the program's own address
+    text = text.replace("MOV R1, c[0x0][0x28]", "IMAD.WIDE R2, R0, 0x200, c[0x0][0x210]")
+    k = schedule.Kernel(text)
+    path, info = schedule.program_path(k, [512.0], elements_per_byte=1 / 4, num_warps=4, loop_trips=(4, None))
+    assert info["load_loops_walked_once"] == [] and info["load_loops"] == [["0x20", 4]]
+    assert info["tile_loops"] == [["0x50", 4]] and sum(1 for i in path if i.addr == 0x20) == 4
+    m = model.bandwidth_model(text, num_warps=4, elements_per_tile=128, dram_bytes_per_element=8, registers=32,
+                              shared_bytes=0, x_bytes=4,
+                              programs={"kinds": [[132, [512.0], [4, None]]], "grid": 132})
+    # 4 sweep loads of 4 B x 32 lanes x 4 warps = 2048 B against 512 elements x 8 B: half as many again
+    assert m["reread_share"] == pytest.approx(0.5)
+    assert m["estimate_h100"] <= 1 / 1.5 + 1e-9 and m["estimate_h100_if_l2_hits"] >= m["estimate_h100"]
+    assert m["time_us_h100"] >= 132 * 512 * 8 * 1.5 / model.GPUS["H100"].copy_gbps / 1e3 - 1e-9
+    if m["estimate_h100_if_l2_hits"] > 1 / 1.5:
+        assert m["limit_h100"] == "re-reads"
     row = {"estimates_h100": None, "estimate_h100": None, "limit_h100": "unmodelled"}
     assert tables.workload_cell(row, "estimate_h100", "%") == "n/a" and tables.estimate_range(row) == "n/a"
     # the inner loop of test_tile_path_... (no loads) is walked once and not named
@@ -192,6 +209,62 @@ def test_a_loop_that_loads_without_storing_is_named_and_not_estimated():
                 ("@P1 BRA 0x30", None, 0), ("STG.E desc[UR4][R8.64], R4", None, 0b1), ("@P0 BRA 0x20", None, 0),
                 ("EXIT", None, 0))
     assert not schedule.Kernel(text).load_loops
+
+
+def test_a_predicate_written_again_is_no_longer_known():
+    """The class's predicate, known from the launch's scalar, is overwritten by a carry-out
+    (``LEA ..., P2, ...``) before a branch on P2: the walk must not take that branch on the stale
+    value (it sent the norm-over-heads forward down k's code, skipping q's loop). Also a register
+    holding the known scalar, written again, is no longer known."""
+    p_cls, p_x = "c[0x0][0x210]", "c[0x0][0x218]"
+    text = sass(("S2R R0, SR_CTAID.X", 0, 0),                  # 0x00
+                (f"MOV R2, {p_cls}", None, 0),                # 0x10
+                ("LDG.E R9, desc[UR4][R2.64]", 1, 0),         # 0x20: the class (2)
+                ("ISETP.NE.AND P2, PT, R9, 0x1, PT", None, 0b10),  # 0x30: P2 = True
+                ("@!P2 BRA 0xc0", None, 0),                   # 0x40: class 1 elsewhere
+                ("LEA R4, P2, R0, R1, 0x2", None, 0),         # 0x50: P2 now a carry
+                ("@P2 BRA 0xa0", None, 0),                    # 0x60: unknown: falls through
+                ("STG.E desc[UR4][R4.64], R6", None, 0),      # 0x70: loop A
+                ("@P0 BRA 0x70", None, 0),                    # 0x80
+                ("NOP", None, 0),                             # 0x90
+                ("STG.E desc[UR4][R4.64+0x4], R6", None, 0),  # 0xa0: loop B
+                ("@P1 BRA 0xa0", None, 0),                    # 0xb0
+                ("EXIT", None, 0))                            # 0xc0
+    k = schedule.Kernel(text)
+    known = schedule.known_loads(k, _params("p_cls", "p_x"), {"p_cls": 2})
+    assert known == {0x20: 2}
+    _, info = schedule.program_path(k, [64, 64], elements_per_byte=1 / 4, num_warps=1, known_loads=known)
+    assert info["tile_loops"] == [["0x70", 2], ["0xa0", 2]]
+    text = sass(("S2R R0, SR_CTAID.X", 0, 0),                  # 0x00
+                (f"MOV R2, {p_cls}", None, 0),                # 0x10
+                ("LDG.E R9, desc[UR4][R2.64]", 1, 0),         # 0x20: the class (2)
+                ("MOV R9, R0", None, 0b10),                   # 0x30: R9 written again
+                ("ISETP.NE.AND P2, PT, R9, 0x2, PT", None, 0),  # 0x40: unknown now
+                ("@!P2 BRA 0x80", None, 0),                   # 0x50
+                ("STG.E desc[UR4][R4.64], R6", None, 0),      # 0x60: loop A
+                ("@P0 BRA 0x60", None, 0),                    # 0x70
+                ("STG.E desc[UR4][R4.64+0x4], R6", None, 0),  # 0x80: loop B
+                ("@P1 BRA 0x80", None, 0),                    # 0x90
+                ("EXIT", None, 0))                            # 0xa0
+    k = schedule.Kernel(text)
+    known = schedule.known_loads(k, _params("p_cls", "p_x"), {"p_cls": 2})
+    _, info = schedule.program_path(k, [64, 64], elements_per_byte=1 / 4, num_warps=1, known_loads=known)
+    assert info["tile_loops"] == [["0x60", 2], ["0x80", 2]]
+
+
+def test_an_exit_inside_the_last_loop_waits_for_its_last_trip():
+    """ptxas moves the end of a program's last loop into its body (``@!P1 EXIT`` before an
+    unconditional back edge): the walk runs the loop its trips before taking that exit (it left
+    after one trip, leaving k's heads out of the norm's backward)."""
+    text = sass(("S2R R0, SR_CTAID.X", 0, 0),
+                ("LDG.E R4, desc[UR4][R2.64]", 0, 0),         # 0x10: the tile loop
+                ("STG.E desc[UR4][R8.64], R4", None, 0b1),    # 0x20
+                ("@!P1 EXIT", None, 0),                       # 0x30
+                ("BRA 0x10", None, 0),                        # 0x40
+                ("EXIT", None, 0))
+    k = schedule.Kernel(text)
+    path, info = schedule.program_path(k, [5 * 32], elements_per_byte=1 / 4, num_warps=1)
+    assert info["tile_loops"] == [["0x10", 5]] and sum(1 for i in path if i.base == "STG") == 5
 
 
 def test_region_falls_back_to_the_whole_kernel():

@@ -75,7 +75,7 @@ def _captured(w, setup, variant, cc: int, num_sms: int) -> list[dict]:
 
 
 def launch_programs(L) -> dict:
-    """What the schedule needs of a captured launch's programs: ``kinds`` [(count, work)] in
+    """What the schedule needs of a captured launch's programs: ``kinds`` [(count, work[, loop trips])] in
     dispatch order (work: the x elements a program stores through each of its tile loops, in the
     order it reaches them; None: each tile loop once), ``grid``, ``uniform`` {pointer: value} of
     the scalars the kernel reads at one address for every program.
@@ -83,7 +83,8 @@ def launch_programs(L) -> dict:
     rome's gather kernel (``_rome_gather_kernel``, this tree's and older ones with the same
     arguments): grid (T tiles of BLOCK_R rows, head groups of HB heads); a program's heads
     [g*HB, +HB) of q's a_H heads then k's b_H, so its work is q's heads then k's, BLOCK_R x D
-    elements each; the permutation's class at ``src[D]`` (where the launch stores one). Any other
+    elements each; the permutation's class at ``src[D]`` (where the launch stores one); with the
+    norm over a token's heads (``NORM`` 3) each kind's loop trips (``Programs``). Any other
     kernel: every program alike, one pass through the kernel, its persistent loop (units over
     programs) as one loop's work."""
     fn = L.kernel_config.fn
@@ -93,12 +94,27 @@ def launch_programs(L) -> dict:
     if getattr(fn, "__name__", "") == "_rome_gather_kernel" and {"HB", "a_H", "b_H", "n_t", "D"} <= set(args):
         hb, qa, kb, d = int(args["HB"]), int(args["a_H"]), int(args["b_H"]), int(args["D"])
         tiles = -(-int(args["n_t"]) // block_r)
+        consts = L.consts or {}
+        heads_norm = consts.get("NORM") == 3  # kernel.NORM_RMS_HEADS: the norm over a token's heads
+        # heads an iteration of that norm's forward sweep: the launched kernel's (1 before it had one)
+        g = getattr(getattr(fn, "fn", None), "__globals__", {})
+        sweep = getattr(g.get("SWEEP"), "value", 1)
+        sweep_grad = getattr(g.get("SWEEP_GRAD"), "value", 1)
         kinds = []
         for g in range(-(-(qa + kb) // hb)):
             lo, hi = g * hb, min(g * hb + hb, qa + kb)
             q = max(0, min(hi, qa) - min(lo, qa))
             k = max(0, hi - max(lo, qa))
-            kinds.append([tiles, [q * block_r * d, k * block_r * d]])
+            kind = [tiles, [q * block_r * d, k * block_r * d]]
+            if heads_norm:  # each tensor's first sweep over its heads, then its tile loop:
+                # forward SWEEP heads a sweep iteration, the tile loop's from the work (K heads an
+                # iteration); backward SWEEP_GRAD heads a sweep iteration, then a head an iteration
+                # (the tile loop stores dx and the head's dw partial sums)
+                if consts.get("TRANSPOSE"):
+                    kind.append([-(-q // sweep_grad), q, -(-k // sweep_grad), k])
+                else:
+                    kind.append([-(-q // sweep), None, -(-k // sweep), None])
+            kinds.append(kind)
         uniform = {}
         src = args.get("src_ptr")
         if src is not None and hasattr(src, "numel") and src.numel() > d:

@@ -218,11 +218,14 @@ def tile_figures(text: str) -> dict:
 
 
 def bounds(gpu: Gpu, *, l1_bytes_per_dram_byte: float, warp_instructions_per_dram_byte: float,
-           inflight_bytes_per_sm: float, dram_bytes_per_read_byte: float) -> dict:
+           inflight_bytes_per_sm: float, dram_bytes_per_read_byte: float,
+           dram_bytes_per_moved_byte: float = 1.0) -> dict:
     """GB/s of DRAM traffic each path allows on ``gpu``: the L1/shared-memory path
     (``l1_bytes_per_clk`` x clock x SMs / L1 bytes per DRAM byte), instruction issue (``issue_per_clk``
     x clock x SMs / warp-instructions per DRAM byte), latency by Little's law (load bytes in flight
-    per SM x SMs / DRAM latency, scaled from bytes read to all DRAM bytes), and copy. ``estimate``:
+    per SM x SMs / DRAM latency, scaled from bytes read to all DRAM bytes), and copy (of the op's
+    bytes: ``dram_bytes_per_moved_byte`` of what the launch moves, < 1 where it reads lines
+    twice). ``estimate``:
     the least of them / copy (0-1); ``limit``: which."""
     clk = gpu.clock_ghz * 1e9
     def per(rate, cost):  # GB/s of DRAM traffic a path of ``rate`` units/s allows at ``cost`` units a byte
@@ -231,7 +234,7 @@ def bounds(gpu: Gpu, *, l1_bytes_per_dram_byte: float, warp_instructions_per_dra
     b = {"l1": per(gpu.l1_bytes_per_clk * clk * gpu.sms, l1_bytes_per_dram_byte),
          "issue": per(gpu.issue_per_clk * clk * gpu.sms, warp_instructions_per_dram_byte),
          "latency": inflight_bytes_per_sm * gpu.sms / (gpu.dram_latency_ns * 1e-9) * dram_bytes_per_read_byte / 1e9,
-         "copy": gpu.copy_gbps}
+         "copy": gpu.copy_gbps * dram_bytes_per_moved_byte}
     limit = min(b, key=b.get)
     return {"gbps": b, "limit": limit, "estimate": b[limit] / gpu.copy_gbps}
 
@@ -290,8 +293,9 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
     sms = gpus[0].sms
     layout = Params.layout(params, PARAM_BASE[arch.cc]) if params and arch.cc in PARAM_BASE else None
     if programs is not None:
-        progs = Programs(tuple((int(n), None if w is None else tuple(float(x) for x in w))
-                               for n, w in programs["kinds"]), int(programs["grid"]),
+        progs = Programs(tuple((int(n), None if w is None else tuple(float(x) for x in w),
+                                *([tuple(None if t is None else int(t) for t in rest[0])] if rest else []))
+                               for n, w, *rest in programs["kinds"]), int(programs["grid"]),
                          tuple(sorted((programs.get("uniform") or {}).items())))
         ends_ns, clocks = latencies_ns, clocks_ghz
     else:
@@ -323,18 +327,29 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
         return out | {k: None for g in gpus for k in (f"estimates_{g.name.lower()}", f"estimate_{g.name.lower()}",
                                                       f"time_us_{g.name.lower()}", f"bounds_{g.name.lower()}_gbps")} \
             | {f"limit_{g.name.lower()}": "unmodelled" for g in gpus}
+    # bytes a sweep reads and the program reads again: at the worst end DRAM bytes on top of the
+    # op's (second reads missing L2), so copy's rate of all the launch moves bounds the op's bytes
+    # to 1 / (1 + share) of copy
+    share = s.get("reread_share", 0.0)
+    out["reread_share"] = share
+    cap = 1.0 / (1.0 + share)
     for g in gpus:
         key = g.name.lower()
-        est = {k: min(1.0, e["gbps"] / g.copy_gbps) for k, e in s["ends"].items()}
+        est = {k: min(cap, e["gbps"] / g.copy_gbps) for k, e in s["ends"].items()}
         out[f"estimates_{key}"] = est
         out[f"estimate_{key}"] = est[worst_name]
-        out[f"limit_{key}"] = limit_of(worst, g.copy_gbps)
-        # the launch's time at the worst end, no faster than copy moves its bytes (kernel time, no launch overhead)
-        out[f"time_us_{key}"] = max(worst["us"], s["dram_bytes"] / g.copy_gbps / 1e3)
+        out[f"limit_{key}"] = "re-reads" if share and worst["gbps"] / g.copy_gbps >= cap \
+            else limit_of(worst, g.copy_gbps)
+        if share:  # (with the second reads L2 hits: the schedule's figure alone)
+            out[f"estimate_{key}_if_l2_hits"] = min(1.0, worst["gbps"] / g.copy_gbps)
+        # the launch's time at the worst end, no faster than copy moves its bytes (kernel time, no
+        # launch overhead; a sweep's bytes read again among them)
+        out[f"time_us_{key}"] = max(worst["us"], s["dram_bytes"] * (1 + share) / g.copy_gbps / 1e3)
         out[f"bounds_{key}_gbps"] = bounds(g, l1_bytes_per_dram_byte=out["l1_bytes_per_element"] / dram_bytes_per_element,
                                            warp_instructions_per_dram_byte=out["warp_instructions_per_dram_byte"],
                                            inflight_bytes_per_sm=out["inflight_mean_bytes_per_sm"],
-                                           dram_bytes_per_read_byte=dram_bytes_per_element / read)["gbps"]
+                                           dram_bytes_per_read_byte=dram_bytes_per_element / read,
+                                           dram_bytes_per_moved_byte=cap)["gbps"]
     return out
 
 

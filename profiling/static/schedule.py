@@ -161,10 +161,18 @@ class Kernel:
             body = self._body(s, e)
             self.tile_loops[s] = Loop(s, e, sum(access_bits(i) * 32 // 8 for i in body if i.base == "STG"))
         self.loop_ends = {e: s for s, e in loops}
+        self._dests: dict[int, list[str]] = {}
         # loops without a store that load from global memory (a first sweep summing a token's
         # heads): the walk runs them once, their trips unknown (see program_path)
-        self.load_loops = {s for s, e in loops if (s, e) not in with_stores and any(
+        self.load_loops = {s: e for s, e in loops if (s, e) not in with_stores and any(
             i.base in ("LDG", "LDGSTS") for i in self.instrs if s <= i.addr <= e)}
+
+    def dests(self, n: int) -> list[str]:
+        """The registers and predicates instruction ``n`` writes (``_read_op``'s, read once)."""
+        d = self._dests.get(n)
+        if d is None:
+            d = self._dests[n] = _read_op(self.instrs[n]).dests
+        return d
 
     def _body(self, s: int, e: int) -> list[Instr]:
         """One walk of a loop body: conditional forward branches not taken, unconditional ones taken,
@@ -222,10 +230,14 @@ def _cmp(op: str, a: int, b: int) -> bool | None:
     return {"EQ": a == b, "NE": a != b, "LT": a < b, "LE": a <= b, "GT": a > b, "GE": a >= b}.get(op)
 
 
-def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: int):
+def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: int,
+          loop_trips: tuple | None = None):
     """The walk behind ``program_path``: ``trips_for(loop)`` the iterations of a tile loop,
     ``wanted_for(entered)`` the next event wanted once the tile loops ``entered`` were (a loop's
-    start, "exit", or None: fall through wherever a branch is not known)."""
+    start, "exit", or None: fall through wherever a branch is not known); ``loop_trips``: the
+    iterations the launch gives of the loops (tile loops and loops that load without storing) in
+    the order the program first reaches them, None where the walk derives them (a tile loop's
+    from its work; a load loop without them runs once and is named in ``load_loops_walked_once``)."""
     ins_list, idx = kernel.instrs, kernel.index
     known: dict[str, int] = {}
     preds: dict[str, bool] = {}
@@ -234,16 +246,39 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
     done: dict[int, int] = {}
     path: list[Instr] = []
     once: list[int] = []  # loops without stores that load, walked once
+    reached: list[int] = []  # every loop's start, tile or load loop, in first-reach order
+    sweep: dict[int, int | None] = {}  # a load loop's trips (None: unknown)
+    sdone: dict[int, int] = {}
+
+    def given():
+        k = len(reached) - 1
+        return loop_trips[k] if loop_trips is not None and k < len(loop_trips) else None
+
     n, steps = 0, 0
     while isinstance(n, int) and n < len(ins_list) and steps < max_steps:
         ins = ins_list[n]
         steps += 1
         path.append(ins)
         if ins.addr in kernel.tile_loops and ins.addr not in trips:
-            trips[ins.addr] = trips_for(kernel.tile_loops[ins.addr])
+            reached.append(ins.addr)
+            g = given()
+            trips[ins.addr] = max(1, int(g)) if g is not None else trips_for(kernel.tile_loops[ins.addr])
             done[ins.addr] = 0
             order.append(ins.addr)
+        elif ins.addr in kernel.load_loops and ins.addr not in sweep:
+            reached.append(ins.addr)
+            g = given()
+            sweep[ins.addr] = None if g is None else max(1, int(g))
+            sdone[ins.addr] = 0
         base, ops = ins.base, ins.operands
+        if (known or preds) and base not in ("ISETP", "UISETP"):  # a register or predicate written
+            # again no longer holds what the walk knew of it (ptxas reuses them: the permutation
+            # class's predicate overwritten by a carry-out sent the walk down another class's code)
+            if base == "R2P":
+                preds.clear()
+            for d in kernel.dests(n):
+                known.pop(d, None)
+                preds.pop(d, None)
         if base == "LDG" and ins.addr in known_loads:  # a scalar the launch gives
             known[ops.split(",")[0].strip()] = known_loads[ins.addr]
         elif base in ("ISETP", "UISETP"):
@@ -259,7 +294,10 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
             path.extend(kernel.sub_body[call_target(ins)])
         always = ins.pred in ("", "@PT")
         if base == "EXIT":
-            if always or wanted_for(order) == "exit":
+            # a predicated exit inside a tile loop with iterations left is the loop's last-trip
+            # exit (ptxas moves the end of the last loop into its body): not taken before then
+            unfinished = any(s <= ins.addr <= kernel.tile_loops[s].end and done[s] + 1 < trips[s] for s in trips)
+            if always or (wanted_for(order) == "exit" and not unfinished):
                 break
             n += 1
             continue
@@ -272,6 +310,13 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
             if loop is not None and loop.end == ins.addr:
                 done[t] += 1
                 n = idx[t] if done[t] < trips[t] else n + 1
+            elif t in kernel.load_loops and sweep.get(t) is not None:  # its given trips
+                sdone[t] += 1
+                if sdone[t] < sweep[t]:
+                    n = idx[t]
+                else:
+                    sdone[t] = 0
+                    n += 1
             else:
                 if t in kernel.load_loops and t not in once:
                     once.append(t)
@@ -293,19 +338,22 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
         good = [s for s in succ if want in ({"exit"} if s == "exit" else kernel.first_events(s))]
         n = good[0] if good else n + 1
     info = {"tile_loops": [[hex(a), trips[a]] for a in order], "instructions": len(path),
-            "truncated": steps >= max_steps, "load_loops_walked_once": [hex(a) for a in once]}
+            "truncated": steps >= max_steps, "load_loops_walked_once": [hex(a) for a in once],
+            "load_loops": [[hex(a), sweep[a]] for a in sweep if sweep[a] is not None]}
     return path, order, info
 
 
 def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte: float, num_warps: int,
-                 known_loads: dict | None = None, iterations: int = 1,
+                 known_loads: dict | None = None, iterations: int = 1, loop_trips: tuple | None = None,
                  max_steps: int = 2_000_000) -> tuple[list[Instr], dict]:
     """The instructions one program issues (see the module's comment). ``work``: the elements the
     program stores through each tile loop, in the order the program reaches them (None: each tile
     loop once); ``elements_per_byte``: elements per stored byte (1 / x's bytes); ``known_loads``:
     ``{address: value}`` of scalar loads whose value the launch gives; ``iterations``: with ``work``
-    None, the iterations of every tile loop. Also returns what it did:
-    the tile loops entered with their iterations, the instruction count.
+    None, the iterations of every tile loop; ``loop_trips``: with ``work``, the iterations the
+    launch gives of the program's loops in first-reach order (see ``_walk``: a norm's sweep over a
+    token's heads). Also returns what it did: the tile loops entered with their iterations, the
+    load loops run their given trips, the instruction count.
 
     First a walk with every tile loop once and unknown branches not taken gives the tile loops in
     the order a program reaches them; the second walk runs each its iterations and, at an unknown
@@ -329,7 +377,7 @@ def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte:
                 return order[j]
         return "exit"
 
-    path, _, info = _walk(kernel, trips_for, wanted_for, known_loads, max_steps)
+    path, _, info = _walk(kernel, trips_for, wanted_for, known_loads, max_steps, loop_trips)
     info["order"] = [hex(a) for a in order]
     return path, info
 
@@ -755,9 +803,10 @@ LATENCIES_NS = (600.0, 800.0)  # a DRAM round trip, idle to loaded (microbenchma
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-    """A launch's programs: ``kinds`` as (count, work) in dispatch order (work: the elements each
-    tile loop stores, in the order a program reaches them; None: each tile loop once), ``grid``
-    the programs in all, ``uniform`` {pointer name: value} of the scalar loads the launch gives."""
+    """A launch's programs: ``kinds`` as (count, work) or (count, work, loop_trips) in dispatch
+    order (work: the elements each tile loop stores, in the order a program reaches them; None:
+    each tile loop once; loop_trips: ``program_path``'s), ``grid`` the programs in all,
+    ``uniform`` {pointer name: value} of the scalar loads the launch gives."""
 
     kinds: tuple
     grid: int
@@ -769,7 +818,7 @@ class Programs:
         in dispatch order (the block scheduler hands programs out in order)."""
         ids = range(0, self.grid, max(1, sms))
         out, bounds, acc = [], [], 0
-        for n, _ in self.kinds:
+        for n, *_ in self.kinds:
             acc += n
             bounds.append(acc)
         k = 0
@@ -799,10 +848,18 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     kernel = Kernel(sass)
     known = known_loads(kernel, params, dict(programs.uniform))
     steps, paths = [], []
-    for _, work in programs.kinds:
+    for _, work, *given in programs.kinds:
         path, info = program_path(kernel, list(work) if work is not None else None, elements_per_byte=1 / x_bytes,
-                                  num_warps=num_warps, known_loads=known, iterations=programs.iterations or 1)
+                                  num_warps=num_warps, known_loads=known, iterations=programs.iterations or 1,
+                                  loop_trips=given[0] if given else None)
         loads = classify(path, params)
+        # what the loops that load without storing read from DRAM (a first sweep over a token's
+        # heads): the program reads those lines again (the sweep is there to be followed by it);
+        # at the worst end the second read misses L2 too, so these are DRAM bytes the op's count
+        # leaves out
+        sweeps = [(s, e) for s, e in kernel.load_loops.items()]
+        swept = sum(li.distinct_bytes for pos, li in loads.items() if li.kind == "dram"
+                    and any(s <= path[pos].addr <= e for s, e in sweeps)) * num_warps
         st = _steps(path, kernel.controls, loads)
         steps.append(st)
         by = {}
@@ -813,6 +870,7 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
             b["distinct_bytes"] += li.distinct_bytes
         stored = sum(access_bits(i) * 32 // 8 for i in path if i.base == "STG") * num_warps / x_bytes
         info |= {"loads": by, "wavefronts": sum(x[6] for x in st), "elements_stored": stored,
+                 "swept_dram_bytes": swept,
                  "shared_accesses": sum(1 for i in path if i.base in SHARED),
                  "barriers": sum(1 for x in st if x[4] == _K_BAR)}
         paths.append(info)
@@ -821,6 +879,9 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     if launch_elements is None:
         launch_elements = sum(paths[k]["elements_stored"] for k in order) * sms
     dram_bytes = launch_elements * dram_bytes_per_element
+    # the bytes read again (sweeps), as a share of the op's bytes on the busiest SM's programs
+    own = sum(paths[k]["elements_stored"] for k in order) * dram_bytes_per_element
+    reread = sum(paths[k]["swept_dram_bytes"] for k in order) / own if own else 0.0
     ends = {}
     for lat in latencies_ns:
         for clk in clocks_ghz:
@@ -831,6 +892,7 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
                 "issue_busy": r["issue_busy"], "l1_busy": r["l1_busy"],
                 "inflight_kb_per_sm": r["inflight_bytes_per_sm"] / 1024}
     out = {"ends": ends, "paths": paths, "programs_on_busiest_sm": len(seq), "dram_bytes": dram_bytes,
+           "reread_share": reread, "dram_bytes_moved": dram_bytes * (1 + reread),
            "known_loads": {hex(a): v for a, v in known.items()}}
     _CACHE[key] = out
     return out
