@@ -546,8 +546,10 @@ def _widen(v, RAW_BF16: tl.constexpr):
 # batch's math and taken over at the iteration's end, so that K heads' bytes (2 KB each, bf16
 # D=128) stay in flight through an iteration. 3 for 16-bit x (bf16 D=128, sm_90: 120-128
 # registers, 4 programs per SM, no spill on triton 3.6 and 3.9; ~21 KB/SM in flight, where 2 held
-# ~15 KB/SM: latency-bound on an H200 at 800 ns in the static model), 2 for fp32 x and with the
-# norm prologue (3 spilled 8-16 B for fp32 x). Not for DOT (the seed's loop: one) nor any
+# ~15 KB/SM: latency-bound on an H200 at 800 ns in the static model) and with the norm over a
+# token's heads; 2 for the norm per head (3 spills 8 B at its register cap on triton 3.9, sm_90),
+# fp32 x (3 spilled 8-16 B) and the norm's backward (3 spills 16 B). Not for DOT (the seed's
+# loop: one) nor any
 # permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head).
 # ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
 # (profiling/bench_kernel.py --sweep); the static gate checks the default only
@@ -564,6 +566,9 @@ NORM_NONE = tl.constexpr(0)
 NORM_RMS = tl.constexpr(1)
 NORM_LAYER = tl.constexpr(2)
 NORM_RMS_HEADS = tl.constexpr(3)  # RMSNorm over all heads of a token (the program holds them all)
+SWEEP = tl.constexpr(4)  # heads the norm-over-heads forward's first sweep loads at once (_rotate_heads,
+# written out there), and its backward's (_heads_norm_grad: dy, partner and xn a head):
+SWEEP_GRAD = tl.constexpr(2)
 
 
 @triton.jit
@@ -613,10 +618,25 @@ def _normed(v, mean, rstd, nw, nb, NORM: tl.constexpr):
 
 
 @triton.jit
+def _rstd(var, eps, ROUNDED: tl.constexpr = False):
+    # 1/sqrt(var + eps) in fp32 by the hardware's reciprocal square root (MUFU.RSQ: relative error
+    # < 2^-22.9, about one fp32 ulp, as torch's rsqrt on CUDA; the correctly rounded square root
+    # then division rounds twice too). That pair (sqrt_rn, div_rn) cost ~20 instructions a row and
+    # a slow-path call: per head, where each head's rows take one, it nearly doubled the norm's
+    # instructions per byte (0.32 against 0.18 warp-instructions per DRAM byte, sm_90, bf16
+    # D=128) and held the fused launch below copy in the static model. ROUNDED: the pair, for
+    # LayerNorm (its bias rows leave the fewest registers: with the cheaper root ptxas schedules
+    # its forward into 8 B of stack on sm_100, triton 3.9, and its fp16 backward into 16-24 B on
+    # sm_80, triton 3.6; with the pair as before)
+    if ROUNDED:
+        return tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
+    return tl.math.rsqrt(var + eps)
+
+
+@triton.jit
 def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
-    # mean (LayerNorm; 0 for RMSNorm) and 1/sqrt(var + eps) over a head's D columns, per row,
-    # in fp32 (padded columns and masked rows are 0 in xw); the square root and the division
-    # correctly rounded (sqrt_rn, div_rn), not the approximate rsqrt
+    # mean (LayerNorm; 0 for RMSNorm) and 1/sqrt(var + eps) (_rstd) over a head's D columns, per
+    # row, in fp32 (padded columns and masked rows are 0 in xw)
     if NORM == NORM_LAYER:
         mean = tl.sum(xw, axis=1)[:, None] / D
         xc = tl.where(m, xw - mean, 0.0)
@@ -624,7 +644,7 @@ def _row_stats(xw, m, eps, D, NORM: tl.constexpr):
     else:
         mean = tl.zeros([xw.shape[0], 1], dtype=tl.float32)
         var = tl.sum(xw * xw, axis=1)[:, None] / D
-    return mean, tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
+    return mean, _rstd(var, eps, NORM == NORM_LAYER)
 
 
 @triton.jit
@@ -734,7 +754,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # program's heads and rows stored at the end to row program_id of dw_ptr ([programs, 2, D])
     # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
     K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH if GATHER_DEPTH > 0 else \
-        3 if NORM == NORM_NONE and NORM_GRAD == NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else \
+        3 if (NORM == NORM_NONE or NORM == NORM_RMS_HEADS) and NORM_GRAD == NORM_NONE \
+        and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else \
         1 if NORM_GRAD != NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 32 else 2
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
@@ -756,18 +777,31 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         nw = tl.zeros([1, BLOCK_D], dtype=tl.float32)  # (set per head in the loop)
         nws = nw
         # first sweep: the sum of squares over the token's heads [h_lo, h_hi) (the launch gives a
-        # program all of them); the second sweep below re-reads each head (L1/L2 hits). (Walking
-        # this sweep down with three heads in flight, as the backward's first sweep walks, took
-        # 841 us against this loop's 679 on an H100 for Wan 2.1's q/k: kept as it is.)
+        # program all of them), SWEEP heads' loads issued together (one head an iteration waited
+        # on each head's round trip: 2 KB a program in flight, the static model's 40% of copy for
+        # Wan 2.1's forward at 800 ns); the second sweep below re-reads each head (L2 hits at
+        # best: at the worst end DRAM again). (Walking this sweep down with three heads in flight,
+        # as the backward's first sweep walks, took 841 us against 679 for one head an iteration
+        # on an H100 for Wan 2.1's q/k.)
         acc = tl.zeros([BLOCK_R, 1], dtype=tl.float32)
         sa = h_lo // H1
         sb = h_lo % H1
-        for hh in range(h_lo, h_hi):
-            v = _widen(_fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh, h_hi), RAW_X), RAW_X)
-            acc += tl.sum(v * v, axis=1)[:, None]
+        for hh in range(h_lo, h_hi, SWEEP):
+            v0 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh, h_hi), RAW_X)
             sa, sb = _next_head(sa, sb, H1)
+            v1 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh + 1, h_hi), RAW_X)
+            sa, sb = _next_head(sa, sb, H1)
+            v2 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh + 2, h_hi), RAW_X)
+            sa, sb = _next_head(sa, sb, H1)
+            v3 = _fetch(x_ptr + (sa * sxh0 + sb * sxh1), x_off, _while(mask, hh + 3, h_hi), RAW_X)
+            sa, sb = _next_head(sa, sb, H1)
+            w0 = _widen(v0, RAW_X)
+            w1 = _widen(v1, RAW_X)
+            w2 = _widen(v2, RAW_X)
+            w3 = _widen(v3, RAW_X)
+            acc += tl.sum(w0 * w0 + w1 * w1 + w2 * w2 + w3 * w3, axis=1)[:, None]
         var = acc / (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)  # (no heads here: unused)
-        rstd = tl.math.div_rn(1.0 + tl.zeros_like(var), tl.sqrt_rn(var + eps))
+        rstd = _rstd(var, eps)
     elif NORM != NORM_NONE:  # (as [1, BLOCK_D] rows: a thread holds only its columns' values)
         nw = tl.load(nw_ptr + cols, mask=cm, other=0.0)[None, :]
         nws = nw
@@ -903,6 +937,18 @@ def _head_loads(x_ptr, xn_ptr, hx, x_off, g_off, m, PAIR: tl.constexpr, RAW_X: t
 
 
 @triton.jit
+def _sweep_terms(xv, pv, nv, hh, h_lo, nw_ptr, cols, cm, c, s, ssq, sgx, D, PAIR: tl.constexpr,
+                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # head hh's terms of the first sweep of _heads_norm_grad, from its loaded dy, partner and xn
+    # (none below h_lo: its loads were masked, its weight is not read)
+    g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
+    xn = _widen(nv, RAW_X)
+    w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm & (tl.full(cm.shape, hh, tl.int32) >= h_lo),
+                other=0.0)[None, :]
+    return ssq + tl.sum(xn * xn, axis=1)[:, None], sgx + tl.sum(g * w * xn, axis=1)[:, None]
+
+
+@triton.jit
 def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
                      mask, c, s, nw_ptr, eps, D, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                      RAW_X: tl.constexpr, F64: tl.constexpr):
@@ -912,8 +958,10 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     #   2. g again (dy's lines: L1/L2 hits), dx = rstd·g·w − xn·rstd³·Σ g·w·xn / N (rstd from 1.),
     #      and each head's share of dw = Σ_rows g·xn·rstd, stored at row program_id of dw_ptr
     #      ([programs, 2, H*D]; the second half, db's, unused).
-    # Each sweep issues the next head's dy, partner and xn before this head's math (one head in
-    # flight behind the one in use). The first sweep walks the heads down, the second up: the
+    # The first sweep issues SWEEP_GRAD heads' dy, partner and xn together, the second the next
+    # head's before this head's math (one head in flight behind the one in use; the first sweep
+    # that way held 2 KB a program in flight: the static model's 40% of copy for Wan 2.1's
+    # backward at 800 ns). The first sweep walks the heads down, the second up: the
     # heads read last are re-read first (L1, then L2 hits; in the same order each re-read would
     # come a whole token set later). DRAM: dy and xn read once, dx written once (3 passes' bytes).
     cols = tl.arange(0, BLOCK_D)
@@ -923,23 +971,20 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
     hl = h_hi - 1
     ha = hl // H1
     hb = hl % H1
-    xv, pv, nv = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off, _within(mask, hl, h_lo, h_hi),
-                             PAIR, RAW_X)
-    for i in range(h_lo, h_hi):
-        hh = hl - (i - h_lo)  # the head used now; hh - 1 issued
+    for i in range(h_lo, h_hi, SWEEP_GRAD):
+        hh = hl - (i - h_lo)  # heads hh, hh - 1 this iteration: their loads issued together
+        xa, pa, na = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off,
+                                 _within(mask, hh, h_lo, h_hi), PAIR, RAW_X)
         ha, hb = _prev_head(ha, hb, H1)
-        xv2, pv2, nv2 = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off,
-                                    _within(mask, hh - 1, h_lo, h_hi), PAIR, RAW_X)
-        g = _transposed(xv, pv, c, s, PAIR, BLOCK_R, BLOCK_D, RAW_X, F64)
-        xn = _widen(nv, RAW_X)
-        w = tl.load(nw_ptr + (hh - h_lo) * D + cols, mask=cm, other=0.0)[None, :]
-        ssq += tl.sum(xn * xn, axis=1)[:, None]
-        sgx += tl.sum(g * w * xn, axis=1)[:, None]
-        xv = xv2
-        pv = pv2
-        nv = nv2
+        xb, pb, nb = _head_loads(x_ptr, xn_ptr, ha * sxh0 + hb * sxh1, x_off, g_off,
+                                 _within(mask, hh - 1, h_lo, h_hi), PAIR, RAW_X)
+        ha, hb = _prev_head(ha, hb, H1)
+        ssq, sgx = _sweep_terms(xa, pa, na, hh, h_lo, nw_ptr, cols, cm, c, s, ssq, sgx, D, PAIR, BLOCK_R, BLOCK_D,
+                                RAW_X, F64)
+        ssq, sgx = _sweep_terms(xb, pb, nb, hh - 1, h_lo, nw_ptr, cols, cm, c, s, ssq, sgx, D, PAIR, BLOCK_R,
+                                BLOCK_D, RAW_X, F64)
     n = (tl.maximum(h_hi - h_lo, 1) * D).to(tl.float32)
-    rstd = tl.math.div_rn(1.0 + tl.zeros_like(ssq), tl.sqrt_rn(ssq / n + eps))
+    rstd = _rstd(ssq / n, eps)
     k3 = rstd * rstd * rstd * sgx / n
     row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * (h_hi - h_lo) * D
     ha = h_lo // H1

@@ -24,8 +24,9 @@ within 1 ulp for bf16/fp16, 2e-6 relative for fp32.
 Fused (the triton backend, a rotation the gather kernel takes, tables that need no gradient; over
 heads, tables shared by a token's heads): one launch of the gather kernel with its norm prologue
 (``rome::apply_qk_norm``, a torch.library op: torch.compile traces it without a break). Each
-head's D values are one row of the kernel's tile, so the row's mean and 1/sqrt(var + eps) (sqrt
-and division correctly rounded) come from registers, the partner ``x[:, src]`` shares them and
+head's D values are one row of the kernel's tile, so the row's mean and 1/sqrt(var + eps) (RMSNorm:
+the hardware's reciprocal square root, as torch's rsqrt; LayerNorm: square root and division
+correctly rounded) come from registers, the partner ``x[:, src]`` shares them and
 takes the weight at src: q and k are read and written once, as by ``rome.apply_qk`` alone (over
 heads a program holds a token's heads: a first sweep sums the squares). The backward
 (``rome::apply_qk_norm_backward``): one launch of the transposed kernel with the norm's backward
