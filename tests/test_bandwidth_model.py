@@ -608,6 +608,24 @@ def test_the_model_places_70cea0c_within_5_points_of_the_independent_walk(tag, p
     assert path["loads"]["hit"]["loads"] > 0 and path["loads"]["hit"]["distinct_bytes"] == 0
 
 
+def test_norm_over_heads_launches_give_their_sweeps_trips():
+    """wan-qknorm's fused launches (the norm over a token's heads; 5 q and 5 k heads here): the
+    captured programs give the walk the first sweeps' trips (kernel.SWEEP heads an iteration
+    forward, SWEEP_GRAD both sweeps backward), so the model runs them instead of naming the launch
+    unmodelled; RoPE alone gives none."""
+    from rome import kernel
+
+    with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
+        got = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 5, "kv_heads": 5}, cc=90).result()
+    rows = {(L["variant"], L["pass"]): L for L in got["launches"]}
+    sweep, grad = kernel.SWEEP.value, kernel.SWEEP_GRAD.value
+    fwd = rows[("rome.apply_qk_norm", "forward")]["programs"]["kinds"]
+    assert {tuple(k[2]) for k in fwd} == {(-(-5 // sweep), None, -(-5 // sweep), None)}
+    bwd = rows[("rome.apply_qk_norm", "backward")]["programs"]["kinds"]
+    assert {tuple(k[2]) for k in bwd} == {(-(-5 // grad), 5, -(-5 // grad), 5)}
+    assert all(len(k) == 2 for k in rows[("rome.apply_qk", "forward")]["programs"]["kinds"])
+
+
 def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     """Liger-Kernel's rope kernel (the installed one, compiled for sm_90 as ``liger_rotary_pos_emb``
     launches it on the default workload's shape): 0.95-1.00 of copy at every end (the independent
