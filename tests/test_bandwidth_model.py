@@ -396,6 +396,13 @@ def test_the_sm_overlaps_programs_by_little_law_and_counts_the_last_wave():
     # an L2 hit instead: the round trip is the L2's
     r = schedule.simulate([_copy_steps("l2")] * 4, ctas_per_sm=2, num_warps=1, dram_cycles=1000)
     assert r["cycles"] < 2 * schedule.LATENCY["l2"] + 20
+    # the trace: each program's load, when issued and when back (the second round after the first)
+    trace = []
+    schedule.simulate([steps] * 4, ctas_per_sm=2, num_warps=1, dram_cycles=1000, trace=trace)
+    assert sorted(p for p, *_ in trace) == [0, 1, 2, 3] and all(x[2] == 0 and x[5] == "dram" for x in trace)
+    assert all(1000 <= x[4] - x[3] <= 1010 for x in trace)  # (the L1 path: 4 wavefronts a load)
+    first, second = (sorted(x[3] for x in trace if x[0] in ps) for ps in ((0, 1), (2, 3)))
+    assert max(first) < 10 and min(second) > 1000
 
 
 def test_the_l1_path_is_shared_and_the_scheduler_issues_one_a_clock():

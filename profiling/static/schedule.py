@@ -670,11 +670,12 @@ def _earliest(w: _Warp) -> float:
 
 
 def simulate(programs: list[list[tuple]], *, ctas_per_sm: int, num_warps: int, dram_cycles: float,
-             latency: dict = LATENCY) -> dict:
+             latency: dict = LATENCY, trace: list | None = None) -> dict:
     """The busiest SM running ``programs`` (each the ``_steps`` of one program, in dispatch order)
     over ``ctas_per_sm`` slots (see the module's comment): every warp, on four schedulers (warp
     ``slot * num_warps + w`` on scheduler ``% 4``), one L1 path. Returns the cycles to the last
-    exit and what was busy."""
+    exit and what was busy. ``trace``: a list to append each warp's global loads to, as (program,
+    slot, step index, issue clock, completion clock, latency class): a program's critical path."""
     ctas = max(1, ctas_per_sm)
     lat = dict(latency)
     lat["dram"] = dram_cycles
@@ -741,6 +742,8 @@ def simulate(programs: list[list[tuple]], *, ctas_per_sm: int, num_warps: int, d
                         w.sb[rsb].append(x)
                 if kind != _K_STORE:
                     done_at = s0 + lat[lt]
+                    if trace is not None and lt in ("dram", "l2"):
+                        trace.append((w.program, w.slot, w.pc, t, done_at, lt))
                     if dram:
                         inflight += dram * (done_at - s0)
                         dram_bytes += dram
