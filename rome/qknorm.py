@@ -51,6 +51,8 @@ from torch import Tensor
 
 from . import ops
 from .ops import BACKENDS, apply_qk, apply_qk_at
+from .positions import rows_of
+from .torch_backend import matmul
 
 __all__ = ["NORMS", "OVER", "QKNorm", "apply_qk_norm", "apply_qk_norm_at"]
 
@@ -412,17 +414,12 @@ def _norm_grads(dqn: Tensor, dkn: Tensor, q: Tensor, k: Tensor, q_weight: Tensor
 def _grad_math(gq, gk, q, k, cos, sin, matrix, q_weight, k_weight, eps, norm, positions, axis):
     """``rome::apply_qk_norm_backward``'s result as differentiable fp32 torch ops (its double
     backward differentiates these): g = the rotation's adjoint of dy, ``dy*cos + (dy*sin) @ Mᵀ``
-    (the tables at q/k's rows: broadcast, or the caches read at ``positions`` by ``axis``), then
+    (the tables at q/k's rows: broadcast, or the caches read at ``positions`` by ``axis``,
+    ``positions.rows_of``; the product without TF32, ``torch_backend.matmul``), then
     ``_norm_grads`` as the op's own fallback."""
-    d = q.shape[-1]
-    if positions is None:
-        c, s = cos.to(torch.float32), sin.to(torch.float32)
-    else:
-        p = positions[..., axis] if axis is not None else positions[..., :1].expand(*positions.shape[:-1], d)
-        cols = torch.arange(d, device=p.device)
-        c, s = cos.to(torch.float32)[p, cols], sin.to(torch.float32)[p, cols]
-    mt = matrix.to(torch.float32).t()
-    dqn, dkn = (g.to(torch.float32) * c + (g.to(torch.float32) * s) @ mt for g in (gq, gk))
+    c, s = (cos, sin) if positions is None else rows_of((cos, sin), positions, axis)
+    c, s, mt = c.to(torch.float32), s.to(torch.float32), matrix.to(torch.float32).t()
+    dqn, dkn = (g.to(torch.float32) * c + matmul(g.to(torch.float32) * s, mt) for g in (gq, gk))
     return _norm_grads(dqn, dkn, q, k, q_weight, k_weight, eps, norm)
 
 
