@@ -211,6 +211,15 @@ def test_a_loop_that_loads_without_storing_is_named_and_not_estimated():
     assert not schedule.Kernel(text).load_loops
 
 
+def _tile_loops_of_class_2(text):
+    # the tile loops a program of class 2 (the scalar at p_cls, loaded at 0x20) walks, two loops of
+    # 64 elements' work (2 iterations each of one 4-byte store a lane)
+    k = schedule.Kernel(text)
+    known = schedule.known_loads(k, _params("p_cls", "p_x"), {"p_cls": 2})
+    assert known == {0x20: 2}
+    return schedule.program_path(k, [64, 64], elements_per_byte=1 / 4, num_warps=1, known_loads=known)[1]["tile_loops"]
+
+
 def test_a_predicate_written_again_is_no_longer_known():
     """The class's predicate, known from the launch's scalar, is overwritten by a carry-out
     (``LEA ..., P2, ...``) before a branch on P2: the walk must not take that branch on the stale
@@ -230,11 +239,7 @@ def test_a_predicate_written_again_is_no_longer_known():
                 ("STG.E desc[UR4][R4.64+0x4], R6", None, 0),  # 0xa0: loop B
                 ("@P1 BRA 0xa0", None, 0),                    # 0xb0
                 ("EXIT", None, 0))                            # 0xc0
-    k = schedule.Kernel(text)
-    known = schedule.known_loads(k, _params("p_cls", "p_x"), {"p_cls": 2})
-    assert known == {0x20: 2}
-    _, info = schedule.program_path(k, [64, 64], elements_per_byte=1 / 4, num_warps=1, known_loads=known)
-    assert info["tile_loops"] == [["0x70", 2], ["0xa0", 2]]
+    assert _tile_loops_of_class_2(text) == [["0x70", 2], ["0xa0", 2]]
     text = sass(("S2R R0, SR_CTAID.X", 0, 0),                  # 0x00
                 (f"MOV R2, {p_cls}", None, 0),                # 0x10
                 ("LDG.E R9, desc[UR4][R2.64]", 1, 0),         # 0x20: the class (2)
@@ -246,10 +251,7 @@ def test_a_predicate_written_again_is_no_longer_known():
                 ("STG.E desc[UR4][R4.64+0x4], R6", None, 0),  # 0x80: loop B
                 ("@P1 BRA 0x80", None, 0),                    # 0x90
                 ("EXIT", None, 0))                            # 0xa0
-    k = schedule.Kernel(text)
-    known = schedule.known_loads(k, _params("p_cls", "p_x"), {"p_cls": 2})
-    _, info = schedule.program_path(k, [64, 64], elements_per_byte=1 / 4, num_warps=1, known_loads=known)
-    assert info["tile_loops"] == [["0x60", 2], ["0x80", 2]]
+    assert _tile_loops_of_class_2(text) == [["0x60", 2], ["0x80", 2]]
 
 
 def test_an_exit_inside_the_last_loop_waits_for_its_last_trip():

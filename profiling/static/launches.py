@@ -96,10 +96,10 @@ def launch_programs(L) -> dict:
         tiles = -(-int(args["n_t"]) // block_r)
         consts = L.consts or {}
         heads_norm = consts.get("NORM") == 3  # kernel.NORM_RMS_HEADS: the norm over a token's heads
-        # heads an iteration of that norm's forward sweep: the launched kernel's (1 before it had one)
-        g = getattr(getattr(fn, "fn", None), "__globals__", {})
-        sweep = getattr(g.get("SWEEP"), "value", 1)
-        sweep_grad = getattr(g.get("SWEEP_GRAD"), "value", 1)
+        # heads an iteration of that norm's sweeps: the launched kernel's (1 before it had them)
+        source = getattr(getattr(fn, "fn", None), "__globals__", {})
+        sweep = getattr(source.get("SWEEP"), "value", 1)
+        sweep_grad = getattr(source.get("SWEEP_GRAD"), "value", 1)
         kinds = []
         for g in range(-(-(qa + kb) // hb)):
             lo, hi = g * hb, min(g * hb + hb, qa + kb)

@@ -860,9 +860,8 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
         # heads): the program reads those lines again (the sweep is there to be followed by it);
         # at the worst end the second read misses L2 too, so these are DRAM bytes the op's count
         # leaves out
-        sweeps = [(s, e) for s, e in kernel.load_loops.items()]
         swept = sum(li.distinct_bytes for pos, li in loads.items() if li.kind == "dram"
-                    and any(s <= path[pos].addr <= e for s, e in sweeps)) * num_warps
+                    and any(s <= path[pos].addr <= e for s, e in kernel.load_loops.items())) * num_warps
         st = _steps(path, kernel.controls, loads)
         steps.append(st)
         by = {}
