@@ -1007,6 +1007,324 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
 
 
 @triton.jit
+def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
+                axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
+                POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr, SIN_AT_SRC: tl.constexpr,
+                I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
+    # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
+    # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
+    # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
+    # to _signed_sin (0.0 here)
+    s = 0.0
+    sp = t0
+    s_ok = row_ok
+    if POSITIONS == 0:  # (sin issued before cos: cos's layout conversion for the pair-class
+        # branches, a shared-memory round trip and a barrier, no longer holds sin's load back)
+        if not SIN_AT_SRC:
+            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :], mask, RAW_S)
+        c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
+    else:
+        prow = t0 * spt0 + t1 * spt1
+        if POSITIONS == 1:
+            cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
+            sp = cp
+        else:
+            ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
+            cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
+            sp = cp
+            if TRANSPOSE:
+                src = tl.load(src_ptr + cols, mask=cmask, other=0)
+                sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
+                sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
+        if I64:
+            cp = cp.to(tl.int64)
+            sp = sp.to(tl.int64)
+        else:
+            cp = cp.to(tl.int32)
+            sp = sp.to(tl.int32)
+        c_ok = (cp >= 0) & (cp < n_pos)
+        s_ok = (sp >= 0) & (sp < n_pos)
+        if ANGLES:
+            if TRANSPOSE:
+                src = tl.load(src_ptr + cols, mask=cmask, other=0)
+                c, _ = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, src, D, F64)
+            else:
+                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+        else:
+            if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
+                s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
+            elif not SIN_AT_SRC:
+                s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
+            c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
+    return c, s, sp, s_ok
+
+
+@triton.jit
+def _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask,
+                PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr, DOT: tl.constexpr,
+                BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_S: tl.constexpr):
+    # sin as the rotation multiplies the partner by: the transpose's sin at src (SIN_AT_SRC: read
+    # here, where PAIR makes it cheap) and the sign folded in (not for DOT: the matrix holds it)
+    if SIN_AT_SRC:  # (PAIRS_SWAPPED: read at the columns themselves, then pairs swapped)
+        scols = cols2 if PAIR == PAIRS_SWAPPED else src2
+        if POSITIONS == 0:
+            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + scols, mask, RAW_S)
+        else:
+            s = _table(s_ptr, sp * stride_ps + scols, mask, s_ok, RAW_S, POSITIONS)
+        if PAIR == PAIRS_SWAPPED:
+            s = _pair_swap(s, BLOCK_R, BLOCK_D)
+    if not DOT:
+        s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+    return s
+
+
+@triton.jit
+def _pair_swap_heads(v, BLOCK_R: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+    # _pair_swap of a block of heads [BLOCK_R, HEADS, BLOCK_D] (register renames, no instruction)
+    a, b = tl.split(tl.reshape(v, [BLOCK_R, HEADS, BLOCK_D // 2, 2]))
+    return tl.reshape(tl.join(b, a), [BLOCK_R, HEADS, BLOCK_D])
+
+
+@triton.jit
+def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps,
+                n_pos, axis_ptr, stride_ax, src_ptr, cols, cmask, cols2, src2, sign2, n_t, T1, D,
+                PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
+                BLOCK_D: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
+                F64: tl.constexpr):
+    # token ``tile``'s row (t0, t1, whether it exists) and its cos and signed sin [1, BLOCK_D]
+    SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
+    t = tile + tl.arange(0, 1)
+    row_ok = t < n_t
+    t0 = t // T1
+    t1 = t % T1
+    if I64:
+        t0 = t0.to(tl.int64)
+        t1 = t1.to(tl.int64)
+    mask = row_ok[:, None] & cmask[None, :]
+    c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
+                                 stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
+                                 POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
+    s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
+                    POSITIONS, False, 1, BLOCK_D, RAW_S)
+    return t0, t1, row_ok, c, s
+
+
+@triton.jit
+def _token_x(x_ptr, xn_ptr, t0, t1, row_ok, sxt0, sxt1, hx, hm, cols, BLOCKS: tl.constexpr,
+             TRANSPOSE: tl.constexpr, RAW_X: tl.constexpr):
+    # a token's x by blocks of heads (hx: each block's head offsets [1, HEADS_B, 1], hm: its mask
+    # [HEADS_B, BLOCK_D]; tuples), with TRANSPOSE also the forward's input xn (no load past the
+    # last token nor the last head): tuples of BLOCKS (x's offsets and the masks are formed again
+    # where used, from the token's row: held through the loop they cost registers a block)
+    xs = ()
+    xns = ()
+    for b in tl.static_range(BLOCKS):
+        xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None] + hx[b]
+        m = row_ok[:, None, None] & hm[b][None, :, :]
+        x = _fetch(x_ptr, xrow + cols[None, None, :], m, RAW_X)
+        xn = x
+        if TRANSPOSE:
+            xn = _fetch(xn_ptr, xrow + cols[None, None, :], m, RAW_X)
+        xs = xs + (x,)
+        xns = xns + (xn,)
+    return xs, xns
+
+
+@triton.jit
+def _token_terms(x, xn, xrow, m, c3, s3, x_ptr, src, nw, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr,
+                 HEADS_B: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # a block of heads' terms of the token's statistics, elementwise (the blocks share a layout:
+    # their terms are added before one reduction): forward x² (and x, as loaded: widened again
+    # where used); TRANSPOSE: g = the transposed rotation of dy (= x here; its partner read now,
+    # x's lines: L1 hits), xn², g·w·xn
+    xw = _widen(x, RAW_X)
+    if TRANSPOSE:
+        if PAIR == PAIRS_SWAPPED:
+            r = _pair_swap_heads(xw, 1, HEADS_B, BLOCK_D)
+        else:
+            r = _widen(_fetch(x_ptr, xrow + src[None, None, :], m, RAW_X), RAW_X)
+        g = _dot2(xw, c3, r, s3, F64)
+        xi = _widen(xn, RAW_X)
+        p = xi * xi
+        q = g * nw * xi
+    else:
+        g = x
+        p = xw * xw
+        q = p
+    return g, p, q
+
+
+@triton.jit
+def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols, src, nw, nws, dw,
+                 PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr, BLOCK_D: tl.constexpr,
+                 RAW_X: tl.constexpr, F64: tl.constexpr):
+    # a block of heads' output from its _token_terms value g (forward: x as loaded) and the token's
+    # rstd (and TRANSPOSE: k3 = rstd³·Σ(g·w·xn)/N), stored; returns dw with its terms added
+    if TRANSPOSE:
+        xi = _widen(xn, RAW_X)
+        y = rstd * (g * nw) - xi * k3
+        dw += g * xi * rstd
+    else:
+        xw = _widen(g, RAW_X) * rstd * nw
+        if PAIR == PAIRS_SWAPPED:
+            r = _pair_swap_heads(xw, 1, HEADS_B, BLOCK_D)
+        else:  # (the partner: x's lines, L1 hits)
+            r = _widen(_fetch(x_ptr, xrow + src[None, None, :], m, RAW_X), RAW_X) * rstd * nws
+        y = _dot2(xw, c3, r, s3, F64)
+    _store(o_ptr, orow[:, None, None] + ho + cols[None, None, :], y, m, RAW_X)
+    return dw
+
+
+@triton.jit
+def _token_tile(xs, xns, row_ok, t0, t1, c, s, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols, src, nw, nws,
+                n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
+                BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # one token from its loads (_token_x's tuples): the statistics over its blocks, then each
+    # block's output; returns the blocks' dw sums (tuples, as ho, nw, nws, dw) and the token's
+    # rstd. TRANSPOSE: the loads' first uses wait for ``after`` (the previous token's rstd, true
+    # at run time whatever it is, which the compiler cannot know): ptxas otherwise moved them up
+    # into the previous token's math, right behind the loads, and waited a round trip on each
+    # of the blocks there (the static model's 42% of copy for Wan 2.1's backward, 3.9)
+    c3 = c[:, None, :]
+    s3 = s[:, None, :]
+    if TRANSPOSE:
+        ok = (after >= 0.0) | (after != after)
+        c3 = tl.where(ok, c3, 0.0)
+        s3 = tl.where(ok, s3, 0.0)
+    xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None]
+    g, p, q = _token_terms(xs[0], xns[0], xrow + hx[0], row_ok[:, None, None] & hm[0][None, :, :], c3, s3, x_ptr,
+                           src, nw[0], PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
+    gs = (g,)
+    for b in tl.static_range(1, BLOCKS):
+        g, pb, qb = _token_terms(xs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
+                                 x_ptr, src, nw[b], PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
+        gs = gs + (g,)
+        p += pb
+        q += qb
+    rstd = _rstd(tl.sum(p) / n, eps)
+    k3 = rstd  # (forward: unused)
+    if TRANSPOSE:
+        k3 = rstd * rstd * rstd * tl.sum(q) / n
+    orow = t0 * sot0 + t1 * sot1
+    out = ()
+    for b in tl.static_range(BLOCKS):
+        out = out + (_token_apply(gs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
+                                  rstd, k3, orow, x_ptr, o_ptr, ho[b], cols, src, nw[b], nws[b], dw[b], PAIR,
+                                  TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64),)
+    return out, rstd
+
+
+@triton.jit
+def _gated(vs, ok, BLOCKS: tl.constexpr):
+    # the tuple vs, each where ok (else 0): its uses wait for ok
+    out = ()
+    for b in tl.static_range(BLOCKS):
+        out = out + (tl.where(ok, vs[b], 0.0),)
+    return out
+
+
+@triton.jit
+def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
+                 axis_ptr, stride_ax, src_ptr, sign_ptr, n_t, T1,
+                 x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, H, H1, D, nw_ptr, eps, xn_ptr, dw_ptr,
+                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
+                 HEADS_B: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, I64: tl.constexpr,
+                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
+    # RMSNorm over all H heads of a token, then the rotation (forward), or the transposed
+    # rotation then the norm's backward (TRANSPOSE, x = dy): the token tile. A token's H x D values
+    # are held in registers as BLOCKS blocks of HEADS_B heads (a power of two; blocks past H
+    # masked): one shape, so one register layout for all and the token's cos/sin row held once
+    # for them (Wan 2.1's 40 heads: 5 x 8, 10 values a thread over 16 warps, nothing masked; one
+    # tile of 64 heads idled 37% of the lanes and spilled). The token's statistics are one
+    # reduction over the blocks, so x is read once (the head-group walk reads each token twice).
+    # N = H*D values per token, w the weights [H*D] head-major:
+    #   forward  x̂ = x * rstd * w, rstd = 1/sqrt(Σx²/N + eps);  y = x̂*c + x̂[..., src]*s
+    #   backward g = dy*c + (dy*s)@Mᵀ;  dx = rstd*g*w − x*rstd³*Σ(g*w*x)/N;  dw += Σ_tokens g*x*rstd
+    # The program walks tokens pid, pid + P, ... (persistent: the weights read once and held; the
+    # backward's dw sums held in registers and stored once, to row pid of dw_ptr [programs, 2,
+    # H*D]), two tokens an iteration as a ping-pong: token b's loads (x, xn, its tables) issued
+    # before token a's math, then the next a's before b's, so one token is in flight through each
+    # token's math and no register is copied at the back edge (a copy of a loaded register waits
+    # for its load: a next token taken over at the iteration's end cost a round trip a token). A
+    # token past the last (an odd count) is masked: no memory touched. Per element: x read and y
+    # written once (the backward: dy and x read, dx written); the tables per token (8 B a column,
+    # shared by the H heads). Bound by DRAM bandwidth where a token in flight per SM (10 KB at Wan
+    # 2.1's 40 x 128 bf16) covers the latency, else by instruction issue (~25 an element).
+    tiles = n_t
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    src = tl.where(cmask, tl.load(src_ptr + cols, mask=cmask, other=0), cols)  # (past D: j itself)
+    if PAIR == PAIRS_KEPT:  # (src in 2-element runs from even columns: one load per pair)
+        src = tl.max_contiguous(tl.multiple_of(((src >> 1) << 1) | (cols & 1), [2]), [2])
+    # the per-column vectors as the kernel's prologue holds them ([1, BLOCK_D]: _signed_sin)
+    cols2 = tl.zeros([1, BLOCK_D], dtype=tl.int32) + cols[None, :]
+    src2 = tl.zeros([1, BLOCK_D], dtype=tl.int32) + src[None, :]
+    sign2 = tl.load(sign_ptr + cols2, mask=cols2 < D, other=0.0)
+    # per block: x's and out's head offsets [1, HEADS_B, 1], the mask [HEADS_B, BLOCK_D], the
+    # weights at the columns and at src ([1, HEADS_B, BLOCK_D] fp32, read once per program; the
+    # partner's at src: swapped, in registers), the dw sums
+    hx = ()
+    ho = ()
+    hm = ()
+    nw = ()
+    nws = ()
+    dw = ()
+    for b in tl.static_range(BLOCKS):
+        h = b * HEADS_B + tl.arange(0, HEADS_B)
+        m = (h < H)[:, None] & cmask[None, :]
+        ha = h // H1
+        hb = h % H1
+        if I64:
+            ha = ha.to(tl.int64)
+            hb = hb.to(tl.int64)
+        hx = hx + ((ha * sxh0 + hb * sxh1)[None, :, None],)
+        ho = ho + ((ha * soh0 + hb * soh1)[None, :, None],)
+        hm = hm + (m,)
+        w = tl.load(nw_ptr + (h[:, None] * D + cols[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
+        nw = nw + (w,)
+        if PAIR != PAIRS_SWAPPED and not TRANSPOSE:
+            w = tl.load(nw_ptr + (h[:, None] * D + src[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
+        nws = nws + (w,)
+        dw = dw + (tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32),)
+    n = (H * D).to(tl.float32)
+    after = tl.sum(tl.zeros([1], dtype=tl.float32))  # (the first token waits for nothing)
+    # token a: the program's first
+    a0, a1, aok, ca, sa = _token_rows(tl.program_id(0), c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                      stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
+                                      cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
+                                      BLOCK_D, I64, RAW_C, RAW_S, F64)
+    xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
+    for i in range(tl.program_id(0), tiles, 2 * step):
+        # token b's loads, then token a's math
+        b0, b1, bok, cb, sb = _token_rows(i + step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                          stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
+                                          cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
+                                          BLOCK_D, I64, RAW_C, RAW_S, F64)
+        xb, nb = _token_x(x_ptr, xn_ptr, b0, b1, bok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
+        if TRANSPOSE:  # (the loads stay above: ptxas sank them into the math, to just before their use)
+            tl.debug_barrier()
+        dw, after = _token_tile(xa, na, aok, a0, a1, ca, sa, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
+                                src, nw, nws, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, RAW_X, F64)
+        # the next token a's loads, then token b's math
+        a0, a1, aok, ca, sa = _token_rows(i + 2 * step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                          stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
+                                          cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
+                                          BLOCK_D, I64, RAW_C, RAW_S, F64)
+        xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
+        if TRANSPOSE:
+            tl.debug_barrier()
+        dw, after = _token_tile(xb, nb, bok, b0, b1, cb, sb, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
+                                src, nw, nws, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, RAW_X, F64)
+    if TRANSPOSE:
+        row = tl.program_id(0) * 2 * H * D
+        for b in tl.static_range(BLOCKS):
+            h = b * HEADS_B + tl.arange(0, HEADS_B)
+            tl.store(dw_ptr + row + (h[:, None] * D + cols[None, :])[None, :, :], dw[b], mask=hm[b][None, :, :])
+
+
+@triton.jit
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                  h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0,
@@ -1023,16 +1341,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         # the compiler is told (on an op of this branch: the same values, src2[j] = even + j % 2)
         # so that the partner's loads are one per pair (4 B in bf16, 8 B in fp32)
         src2 = tl.max_contiguous(tl.multiple_of(((src2 >> 1) << 1) | (cols2 & 1), [1, 2]), [1, 2])
-    if SIN_AT_SRC:  # (PAIRS_SWAPPED: read at the columns themselves, then pairs swapped)
-        scols = cols2 if PAIR == PAIRS_SWAPPED else src2
-        if POSITIONS == 0:
-            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + scols, mask, RAW_S)
-        else:
-            s = _table(s_ptr, sp * stride_ps + scols, mask, s_ok, RAW_S, POSITIONS)
-        if PAIR == PAIRS_SWAPPED:
-            s = _pair_swap(s, BLOCK_R, BLOCK_D)
-    if not DOT:
-        s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
+    s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
+                    POSITIONS, DOT, BLOCK_R, BLOCK_D, RAW_S)
     ag_off = xrow_a + src2
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
     if NORM_GRAD == NORM_RMS_HEADS:  # (the backward of the norm over heads: its own two sweeps)
@@ -1100,6 +1410,12 @@ def _rome_gather_kernel(
     NORM: tl.constexpr,  # forward: x normalised per head first (NORM_RMS, NORM_LAYER): the QK-norm prologue;
     # with TRANSPOSE its backward as the epilogue (NORM_RMS, NORM_LAYER; dx from dy and the forward's x)
     NATIVE: tl.constexpr = False,  # rounding="native": the eager chain's per-op rounding (_native)
+    HEADS_B: tl.constexpr = 0,  # NORM_RMS_HEADS as the token tile (_token_heads): a tensor's heads
+    # as BLOCKS blocks of HEADS_B (a power of two); program (i, 0) walks q's tokens, (i, 1) k's.
+    # HEADS_B 0: the head groups
+    BLOCKS: tl.constexpr = 1,
+    PAIRS: tl.constexpr = 0,  # the token tile: src's pair class (PAIRS_*) as the launch knows it, so
+    # the build holds that class's code only (the head groups read it at src[D]: one build for all)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1119,6 +1435,33 @@ def _rome_gather_kernel(
     # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
     EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
+    if HEADS_B > 0:  # the norm over a token's heads, a tensor a program (q or k: scalar selects)
+        on_b = tl.program_id(1) == 1
+        x_ptr = tl.where(on_b, b_x, a_x)
+        o_ptr = tl.where(on_b, b_o, a_o)
+        nw_ptr = tl.where(on_b, b_nw, a_nw)
+        xn_ptr = tl.where(on_b, b_xn, a_xn)
+        dw_ptr = tl.where(on_b, b_dw, a_dw)
+        sxt0 = tl.where(on_b, b_sxt0, a_sxt0)
+        sxt1 = tl.where(on_b, b_sxt1, a_sxt1)
+        sot0 = tl.where(on_b, b_sot0, a_sot0)
+        sot1 = tl.where(on_b, b_sot1, a_sot1)
+        sxh0 = tl.where(on_b, b_sxh0, a_sxh0)
+        sxh1 = tl.where(on_b, b_sxh1, a_sxh1)
+        soh0 = tl.where(on_b, b_soh0, a_soh0)
+        soh1 = tl.where(on_b, b_soh1, a_soh1)
+        h = tl.where(on_b, b_H, a_H)
+        h1 = tl.where(on_b, b_H1, a_H1)
+        if I64:
+            sxh0 = sxh0.to(tl.int64)
+            sxh1 = sxh1.to(tl.int64)
+            soh0 = soh0.to(tl.int64)
+            soh1 = soh1.to(tl.int64)
+        _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps,
+                     n_pos, axis_ptr, stride_ax, src_ptr, sign_ptr, n_t, T1, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1,
+                     sxh0, sxh1, soh0, soh1, h, h1, D, nw_ptr, eps, xn_ptr, dw_ptr, PAIRS, POSITIONS,
+                     ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64)
+        return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     h_lo = pid_h * HB
@@ -1168,48 +1511,9 @@ def _rome_gather_kernel(
     # cos at (t, j) and sin at (t, scol[j]), once for the program's heads; the transpose's sin at
     # src from tables or a cache by one position is read in _gather_body (SIN_AT_SRC)
     SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
-    s = 0.0
-    sp = t0
-    s_ok = row_ok
-    if POSITIONS == 0:  # (sin issued before cos: cos's layout conversion for the pair-class
-        # branches, a shared-memory round trip and a barrier, no longer holds sin's load back)
-        if not SIN_AT_SRC:
-            s = _load(s_ptr, (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :], mask, RAW_S)
-        c = _load(c_ptr, (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :], mask, RAW_C)
-    else:
-        prow = t0 * spt0 + t1 * spt1
-        if POSITIONS == 1:
-            cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
-            sp = cp
-        else:
-            ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
-            cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
-            sp = cp
-            if TRANSPOSE:
-                src = tl.load(src_ptr + cols, mask=cmask, other=0)
-                sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
-                sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
-        if I64:
-            cp = cp.to(tl.int64)
-            sp = sp.to(tl.int64)
-        else:
-            cp = cp.to(tl.int32)
-            sp = sp.to(tl.int32)
-        c_ok = (cp >= 0) & (cp < n_pos)
-        s_ok = (sp >= 0) & (sp < n_pos)
-        if ANGLES:
-            if TRANSPOSE:
-                src = tl.load(src_ptr + cols, mask=cmask, other=0)
-                c, _ = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
-                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, src, D, F64)
-            else:
-                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
-        else:
-            if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
-                s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
-            elif not SIN_AT_SRC:
-                s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
-            c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
+    c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
+                                 stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
+                                 POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)

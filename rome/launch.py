@@ -284,6 +284,44 @@ def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
     return max(min(heads, MIN_HEADS_PER_PROGRAM), -(-heads // groups))
 
 
+# the norm over a token's heads as the token tile (kernel._token_heads): one token's heads x D held
+# in registers as blocks of one power-of-two head count (TOKEN_MAX_BLOCKS at most: the code is
+# unrolled per block), the fewest padded heads, about TOKEN_PER_THREAD values a thread over at most
+# TOKEN_MAX_WARPS warps (Wan 2.1's 40 x 128: 5 blocks of 8, 10 a thread over 16 warps);
+# TOKEN_PROGRAMS_PER_SM persistent programs per SM per tensor (x 16 / warps). Tokens of more than
+# TOKEN_MAX_ELEMENTS values (padded) take the head groups' two sweeps
+TOKEN_PER_THREAD = 8
+TOKEN_MAX_WARPS = 16
+TOKEN_MAX_BLOCKS = 8
+TOKEN_MAX_ELEMENTS = 8192
+TOKEN_PROGRAMS_PER_SM = 2
+TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller program leaves room for more
+
+
+def token_tile(heads: int, block_d: int, lanes: int = 32) -> tuple[int, int, int, int] | None:
+    """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
+    (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
+    TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
+    ``TOKEN_MAX_ELEMENTS`` values. Warps: about ``TOKEN_PER_THREAD`` values a thread, no more
+    threads than a block has values. The register cap: ``TOKEN_MAX_REGISTERS``, or the register
+    file (64K) over the program's threads where that is less."""
+    heads = max(heads, 1)
+    best = None
+    hb = triton.next_power_of_2(heads)
+    while hb >= 1:
+        blocks = -(-heads // hb)
+        if blocks <= TOKEN_MAX_BLOCKS and (best is None or blocks * hb < best[0] * best[1]):
+            best = (blocks, hb)
+        hb //= 2
+    blocks, hb = best
+    per_token = blocks * hb * block_d
+    if per_token > TOKEN_MAX_ELEMENTS:
+        return None
+    threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
+    warps = 1 << (max(1, threads // lanes).bit_length() - 1)
+    return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, 65536 // (warps * lanes))
+
+
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
            exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False,
@@ -381,6 +419,7 @@ class Plan:
     nz: int  # bit n*NP + k set where block (k, n) of the dot's matrix is nonzero
     src: torch.Tensor  # int32: the gather kernel's [D + 1] (gather_index), gather_sin's [D], else a dummy [1]
     sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
+    pair: int = 0  # the gather kernel: src's pair class (PAIRS_*, also at src[D]), known on the host
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -457,16 +496,16 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
                  interpret=interpret, positions=positions, angles=angles, product=current_product(),
                  sin_dtype=sin_dtype, lanes=warp_size())
     if cfg.product == "gather":
-        src, sign = _signed_gather(info, transpose)
+        src, sign, pair = _signed_gather(info, transpose)
         fixed = None if interpret else _overridden(cfg)
         if fixed is not None:  # gather_tile(): this tile, not tuned
-            return Plan(fixed, (fixed,), matrix, 0, src, sign)
-        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign)
+            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
-        src, sign = _signed_gather(info, transpose)
+        src, sign, pair = _signed_gather(info, transpose)
         op = operand_dtype(cfg)
         operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
-        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign)
+        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign, pair)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
@@ -495,19 +534,21 @@ def pair_class(src: torch.Tensor) -> int:
     return PAIRS_NONE
 
 
-def gather_index(take: torch.Tensor) -> torch.Tensor:
-    """The gather kernel's ``src``: int32 ``[D + 1]``, ``take`` then its ``pair_class`` at [D]."""
-    cls = torch.tensor([pair_class(take.cpu())], dtype=torch.int32, device=take.device)
+def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:
+    """The gather kernel's ``src``: int32 ``[D + 1]``, ``take`` then its ``pair_class`` at [D]
+    (``cls``: that class where the caller has it)."""
+    cls = torch.tensor([pair_class(take.cpu()) if cls is None else cls], dtype=torch.int32, device=take.device)
     return torch.cat([take.to(torch.int32), cls])
 
 
 @functools.lru_cache(maxsize=256)
 def _signed_gather(info, transpose: bool):
-    """int32 src ``[D + 1]`` (``gather_index``: the gather then how it moves pairs) and fp32 sign [D]
-    of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the matrix's device: output column j
-    is ``sign[j] * x[src[j]]`` (a zero column: sign 0, src j)."""
+    """int32 src ``[D + 1]`` (``gather_index``: the gather then how it moves pairs), fp32 sign [D]
+    of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the matrix's device (output column j
+    is ``sign[j] * x[src[j]]``; a zero column: sign 0, src j), and the pair class (an int)."""
     take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
-    return gather_index(take), sign.to(torch.float32).contiguous()
+    cls = pair_class(take.cpu())
+    return gather_index(take, cls), sign.to(torch.float32).contiguous(), cls
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:

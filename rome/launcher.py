@@ -553,7 +553,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
-                  NORM=_NORMS[kind], NATIVE=native)
+                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0)
     d = xs[0].shape[-1]
     width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
     sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
@@ -571,22 +571,38 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         heads = ha + hb if over_heads else 3 if INTERPRET else \
             launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
         full = (*args, heads)
+        # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
+        # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it
+        tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size()) if over_heads else None
+        if tile is not None:
+            c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
+            programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM
+                           * max(1, launch.TOKEN_MAX_WARPS * 32 // (tile[2] * launch.warp_size())))
 
-        def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
-            return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(h, heads))
+            def grid(meta, programs=programs, tensors=1 + (hb > 0)):
+                return (programs, tensors)
+        else:
+            def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
+                return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(h, heads))
 
-        if norm_grad is not None:  # (not tuned: the partial sums' rows are the launch's programs)
+        if tile is not None:  # (not tuned: the tile is the token's heads)
+            cfg = replace(plan.config, block_r=1, num_warps=tile[2], maxnreg=tile[3])
+        elif norm_grad is not None:  # (not tuned: the partial sums' rows are the launch's programs)
             cfg = plan.config
             if over_heads:
                 cfg = replace(cfg, block_r=NORM_GRAD_HEADS_TILE[0], num_warps=NORM_GRAD_HEADS_TILE[1])
+        elif cfg is None:
+            cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
+        if norm_grad is not None:
             units = grid({"BLOCK_R": cfg.block_r})
-            bufs = [torch.empty(units[0] * units[1], 2, d if r is None else width[r.index], dtype=torch.float32,
+            # (rows of partial sums: the token tile's one per program of the tensor's own, q's or
+            # k's; the head groups' one per program of the launch)
+            n_rows = units[0] if tile is not None else units[0] * units[1]
+            bufs = [torch.empty(n_rows, 2, d if r is None else width[r.index], dtype=torch.float32,
                                 device=xs[0].device) for r in rows]
             # (no b: a's forward input in its place, typed as the kernel's code for b expects)
             xn = [_at_view(norm_grad[3][r.index], r.x, xs[r.index]) for r in (rows[0], rows[1] or rows[0])]
             full = (*args[:-4], xn[0], bufs[0], xn[1], bufs[1], heads)
-        elif cfg is None:
-            cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
         units = grid({"BLOCK_R": cfg.block_r})
         meta = None
         if capturing():  # the bytes an element must move: x read and written, its share of the tables

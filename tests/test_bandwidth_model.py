@@ -617,21 +617,36 @@ def test_the_model_places_70cea0c_within_5_points_of_the_independent_walk(tag, p
     assert path["loads"]["hit"]["loads"] > 0 and path["loads"]["hit"]["distinct_bytes"] == 0
 
 
-def test_norm_over_heads_launches_give_their_sweeps_trips():
-    """wan-qknorm's fused launches (the norm over a token's heads; 5 q and 5 k heads here): the
-    captured programs give the walk the first sweeps' trips (kernel.SWEEP heads an iteration
-    forward, SWEEP_GRAD both sweeps backward), so the model runs them instead of naming the launch
-    unmodelled; RoPE alone gives none."""
-    from rome import kernel
+def test_norm_over_heads_launches_give_their_loops_trips():
+    """wan-qknorm's fused launches (the norm over a token's heads). With 40 q and k heads, the
+    token tile: programs (p, 0) walk q's tokens, (p, 1) k's, two tokens a loop iteration, so the
+    captured programs give each kind's one loop ceil(tokens / 2) trips and the x elements it
+    stores; with 80 (a token past rome.launch.TOKEN_MAX_ELEMENTS), the head groups: the first
+    sweeps' trips (kernel.SWEEP heads an iteration forward, SWEEP_GRAD both sweeps backward), so
+    the model runs them instead of naming the launch unmodelled. RoPE alone gives none."""
+    from rome import kernel, launch
 
     with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
-        got = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 5, "kv_heads": 5}, cc=90).result()
-    rows = {(L["variant"], L["pass"]): L for L in got["launches"]}
+        tok = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 40, "kv_heads": 40}, cc=90).result()
+        big = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 80, "kv_heads": 80}, cc=90).result()
+    rows = {(L["variant"], L["pass"]): L for L in tok["launches"]}
+    for pass_ in ("forward", "backward"):
+        L = rows[("rome.apply_qk_norm", pass_)]
+        kinds, grid = L["programs"]["kinds"], L["programs"]["grid"]
+        assert sum(k[0] for k in kinds) == grid and grid % 2 == 0  # q's programs, then k's
+        tokens = L["elements"] // 2 // (40 * 128)
+        progs = grid // 2
+        assert sorted({(k[0], k[2][0]) for k in kinds}) == sorted(
+            {(n, -(-t // 2)) for n, t in ((tokens % progs, tokens // progs + 1),
+                                          (progs - tokens % progs, tokens // progs)) if n})
+        assert all(k[1][0] % (40 * 128) == 0 for k in kinds)
+        assert launch.token_tile(40, 128)[0] == 8
+    rows = {(L["variant"], L["pass"]): L for L in big["launches"]}
     sweep, grad = kernel.SWEEP.value, kernel.SWEEP_GRAD.value
     fwd = rows[("rome.apply_qk_norm", "forward")]["programs"]["kinds"]
-    assert {tuple(k[2]) for k in fwd} == {(-(-5 // sweep), None, -(-5 // sweep), None)}
+    assert {tuple(k[2]) for k in fwd} == {(-(-80 // sweep), None, -(-80 // sweep), None)}
     bwd = rows[("rome.apply_qk_norm", "backward")]["programs"]["kinds"]
-    assert {tuple(k[2]) for k in bwd} == {(-(-5 // grad), 5, -(-5 // grad), 5)}
+    assert {tuple(k[2]) for k in bwd} == {(-(-80 // grad), 80, -(-80 // grad), 80)}
     assert all(len(k) == 2 for k in rows[("rome.apply_qk", "forward")]["programs"]["kinds"])
 
 

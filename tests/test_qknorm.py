@@ -603,6 +603,73 @@ def test_fused_over_heads(mode, dtype, at, monkeypatch):
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
+def test_token_tile_choice():
+    """rome.launch.token_tile: blocks of one power-of-two head count, the fewest padded heads with
+    at most TOKEN_MAX_BLOCKS blocks (Wan 2.1's 40: 5 x 8, none padded), warps (a power of two) for
+    ~8 values a thread and no more threads than a block has values, a register cap that fits the
+    register file; None past TOKEN_MAX_ELEMENTS."""
+    from rome import launch
+    assert launch.token_tile(40, 128) == (8, 5, 16, 128)  # Wan 2.1 14B
+    assert launch.token_tile(32, 128) == (32, 1, 16, 128)  # OLMo 2 7B
+    assert launch.token_tile(12, 128) == (4, 3, 4, 128)  # Wan 2.1 1.3B: 12 values a thread
+    assert launch.token_tile(5, 16)[:2] == (1, 5)
+    assert launch.token_tile(36, 128)[:2] == (8, 5)  # (4 x 9 is more blocks than the code holds)
+    assert launch.token_tile(80, 128) is None  # 5 x 16 x 128 values: the head groups' sweeps
+    for heads in range(1, 65):
+        hb, blocks, warps, cap = launch.token_tile(heads, 64)
+        assert hb & (hb - 1) == 0 and blocks <= launch.TOKEN_MAX_BLOCKS and (blocks - 1) * hb < heads <= blocks * hb
+        assert warps * 32 <= hb * 64 and cap * warps * 32 <= 65536
+
+
+def _pair_matrix(mode, d):
+    """A rotation whose gather index is of the pair class ``mode`` names: interleave (pairs
+    swapped), half (pairs kept), or "none" (half rotation of 6-column sections: pairs split)."""
+    if mode == "none":
+        return rome.rotation_matrix([6] * (d // 6) + [d % 6] * bool(d % 6), "half", dtype=torch.float32,
+                                    device=DEVICE)
+    return rome.rotation_matrix([d], mode, dtype=torch.float32, device=DEVICE)
+
+
+@pytest.mark.parametrize("path", ["token", "head_groups"])
+@pytest.mark.parametrize("mode", ["interleave", "half", "none"])
+@pytest.mark.parametrize("heads", [(5, 2), (12, 3)])
+def test_over_heads_token_tile_and_head_groups(path, mode, heads, monkeypatch):
+    """The norm over a token's heads by both of the gather kernel's ways, each against the
+    float64 oracle with gradients (dq, dk within 1 bf16 ulp, dw 1e-5): the token tile (a token's
+    heads in registers as blocks: 5 heads as 5 x 1, 12 as 3 x 4; each pair class's code), and
+    the head groups' two sweeps the launcher takes where a token exceeds the tile (forced here)."""
+    from rome import launch, launcher
+    if path == "head_groups":
+        monkeypatch.setattr(launch, "TOKEN_MAX_ELEMENTS", 0)
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append(consts), run(fn, grid, args, consts, *a, **kw)))
+    hq, hk = heads
+    q, k, cos, sin, _ = _half_case(torch.bfloat16, mode="half", hq=hq, hk=hk, s=3, d=16, requires_grad=True)
+    m = _pair_matrix(mode, 16)
+    gen = torch.Generator().manual_seed(29)
+    wq = torch.rand(hq * 16, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    wk = torch.rand(hk * 16, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
+    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
+    for got, w64 in zip(out, want):
+        assert _ulps(got, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
+    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
+    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
+    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
+        if name in ("dq", "dk"):
+            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    blocks = {c["HEADS_B"] for c in launches if c.get("NORM") == 3}
+    assert len(launches) == 2 and all(c.get("NORM") == 3 for c in launches)
+    assert blocks == ({0} if path == "head_groups" else {launch.token_tile(max(heads), 16)[0]})
+    if path == "token":
+        assert {c["PAIRS"] for c in launches} == {{"interleave": 2, "half": 1, "none": 0}[mode]}
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("over", ["head", "heads"])
 def test_tables_in_q_dtype(backend, over):

@@ -84,7 +84,9 @@ def launch_programs(L) -> dict:
     arguments): grid (T tiles of BLOCK_R rows, head groups of HB heads); a program's heads
     [g*HB, +HB) of q's a_H heads then k's b_H, so its work is q's heads then k's, BLOCK_R x D
     elements each; the permutation's class at ``src[D]`` (where the launch stores one); with the
-    norm over a token's heads (``NORM`` 3) each kind's loop trips (``Programs``). Any other
+    norm over a token's heads (``NORM`` 3) each kind's loop trips (``Programs``): the token tile's
+    (``HEADS_B``: grid (programs, tensors), program (p, t) walks tensor t's tokens p, p + P, ...,
+    two a loop iteration) or the head groups' sweeps. Any other
     kernel: every program alike, one pass through the kernel, its persistent loop (units over
     programs) as one loop's work."""
     fn = L.kernel_config.fn
@@ -95,6 +97,22 @@ def launch_programs(L) -> dict:
         hb, qa, kb, d = int(args["HB"]), int(args["a_H"]), int(args["b_H"]), int(args["D"])
         tiles = -(-int(args["n_t"]) // block_r)
         consts = L.consts or {}
+        uniform = {}
+        src = args.get("src_ptr")
+        if src is not None and hasattr(src, "numel") and src.numel() > d:
+            uniform["src_ptr"] = int(src.reshape(-1)[d])
+        if consts.get("HEADS_B"):  # the token tile: programs (p, 0) walk q's tiles p, p + P, ..., (p, 1)
+            # k's, two tiles an iteration (the second past the last masked); each tile BLOCK_R tokens x
+            # the tensor's heads; one tile loop, its trips given
+            tensors = 1 + (kb > 0)
+            progs = L.grid // tensors
+            kinds = []
+            for heads in (qa, kb)[:tensors]:
+                few, extra = divmod(tiles, progs)
+                for count, n in ((extra, few + 1), (progs - extra, few)):
+                    if count:
+                        kinds.append([count, [n * block_r * heads * d], [max(1, -(-n // 2))]])
+            return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
         heads_norm = consts.get("NORM") == 3  # kernel.NORM_RMS_HEADS: the norm over a token's heads
         # heads an iteration of that norm's sweeps: the launched kernel's (1 before it had them)
         source = getattr(getattr(fn, "fn", None), "__globals__", {})
@@ -115,10 +133,6 @@ def launch_programs(L) -> dict:
                 else:
                     kind.append([-(-q // sweep), None, -(-k // sweep), None])
             kinds.append(kind)
-        uniform = {}
-        src = args.get("src_ptr")
-        if src is not None and hasattr(src, "numel") and src.numel() > d:
-            uniform["src_ptr"] = int(src.reshape(-1)[d])
         return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
     per_program = L.elements / L.grid if L.units > L.grid else None
     return {"kinds": [[L.grid, None if per_program is None else [per_program]]], "grid": L.grid, "uniform": {}}
