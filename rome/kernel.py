@@ -18,6 +18,9 @@ Two kernels evaluate ``x @ M``:
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
   Memory-bound: x read and out written once, the tables read about once per launch.
+  The q/k norm over all of a token's heads (``NORM_RMS_HEADS``) takes the same kernel's token
+  tile instead of the head groups (``_token_heads``, ``HEADS_B`` > 0): a token's heads held in
+  registers as blocks, persistent programs per tensor, so the token's statistics need x once.
   With ``DOT`` the same kernel evaluates ``x @ M`` as the seed's matmul formulation instead: a
   tensor-core dot of each head's tile with M, read once per program (``[D, D]``, D <= 128: 32 KB
   in bf16, in shared memory for the whole program), for a rotation matrix where
