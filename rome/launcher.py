@@ -720,6 +720,11 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                             # the code for k still compiles, with a's arguments in its place
                             out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
                                                    alone=True)[:1]
+                        if d == 128 and norm == "rms_heads" and x_dtype == torch.bfloat16:
+                            # the token tile at Wan 2.1's 40 heads (5 blocks of 8, 16 warps: the
+                            # registers' worst case of the models'; 4 and 2 heads are one block)
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
+                                                   heads=(40, 40))[:1]
     return out
 
 
@@ -730,16 +735,16 @@ NORM_HEAD_DIMS = (64, 128)
 
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
-                    alone: bool = False) -> list[launch.KernelConfig]:
+                    alone: bool = False, heads: tuple = (4, 2)) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
-    standing in, no heads)."""
+    standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2)."""
     from .matrices import rotation_matrix
 
     s = 1024
-    q = torch.zeros(1, 4, s, d, dtype=x_dtype)
-    k = torch.zeros(1, 2, s, d, dtype=x_dtype)
+    q = torch.zeros(1, heads[0], s, d, dtype=x_dtype)
+    k = torch.zeros(1, heads[1], s, d, dtype=x_dtype)
     m = rotation_matrix([d], "half")
     axis = None
     if positions == 0:
@@ -752,8 +757,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
     nargs = {}
     if norm is not None:
-        heads = norm == "rms_heads"
-        ws = [torch.zeros(d * (x.shape[1] if heads else 1), dtype=torch.float32) for x in (q, k)][:2 - alone]
+        over = norm == "rms_heads"
+        ws = [torch.zeros(d * (x.shape[1] if over else 1), dtype=torch.float32) for x in (q, k)][:2 - alone]
         nargs = dict(norm=(norm, 1e-6, [(w, w if norm == "layer" else None) for w in ws]))
         if transpose:  # the backward: the norm's epilogue, reading the forward's q and k
             nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k][:2 - alone]))
@@ -764,7 +769,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     (first,) = got
     alts = launch.candidates(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
-        + (" q alone" if alone else "")
+        + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
