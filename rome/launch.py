@@ -296,6 +296,11 @@ TOKEN_MAX_BLOCKS = 8
 TOKEN_MAX_ELEMENTS = 8192
 TOKEN_PROGRAMS_PER_SM = 2
 TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller program leaves room for more
+# under TRITON_INTERPRET=1 the token tile interprets one token a loop iteration (5-7x the head
+# groups' time for a small model's q/k on this CPU): there the launcher takes the head groups
+# unless this is set (tests/test_qknorm.py sets it for all its tests; the model tests' tiny
+# models take the head groups)
+TOKEN_TILE_INTERPRETED = False
 
 
 def token_tile(heads: int, block_d: int, lanes: int = 32) -> tuple[int, int, int, int] | None:

@@ -572,8 +572,10 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
         full = (*args, heads)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
-        # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it
-        tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size()) if over_heads else None
+        # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
+        # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
+        tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size()) \
+            if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM

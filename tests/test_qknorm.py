@@ -18,6 +18,14 @@ from rome.reference import slice_concat
 
 from conftest import DEVICE
 
+
+@pytest.fixture(autouse=True)
+def _token_tile_interpreted(monkeypatch):
+    """The norm over heads by the token tile in every test here, under the interpreter too (where
+    the launcher otherwise takes the head groups: rome.launch.TOKEN_TILE_INTERPRETED)."""
+    from rome import launch
+    monkeypatch.setattr(launch, "TOKEN_TILE_INTERPRETED", True)
+
 SECTIONS, MODE = (4, 6, 6), "half"
 D = sum(SECTIONS)
 
