@@ -1254,7 +1254,6 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
     # written once (the backward: dy and x read, dx written); the tables per token (8 B a column,
     # shared by the H heads). Bound by DRAM bandwidth where a token in flight per SM (10 KB at Wan
     # 2.1's 40 x 128 bf16) covers the latency, else by instruction issue (~25 an element).
-    tiles = n_t
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -1299,7 +1298,7 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
                                       cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
                                       BLOCK_D, I64, RAW_C, RAW_S, F64)
     xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
-    for i in range(tl.program_id(0), tiles, 2 * step):
+    for i in range(tl.program_id(0), n_t, 2 * step):
         # token b's loads, then token a's math
         b0, b1, bok, cb, sb = _token_rows(i + step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
                                           stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,

@@ -777,5 +777,5 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
                                         elements_per_tile=c.block_r * c.head_dim,
                                         tuned_candidate=c is not first.config, matrix="rotation",
-                                        norm=norm))
+                                        norm=norm, heads=tuple(heads)))
             for c in (first.config, *alts)]

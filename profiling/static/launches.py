@@ -106,12 +106,9 @@ def launch_programs(L) -> dict:
             # the tensor's heads; one tile loop, its trips given
             tensors = 1 + (kb > 0)
             progs = L.grid // tensors
-            kinds = []
-            for heads in (qa, kb)[:tensors]:
-                few, extra = divmod(tiles, progs)
-                for count, n in ((extra, few + 1), (progs - extra, few)):
-                    if count:
-                        kinds.append([count, [n * block_r * heads * d], [max(1, -(-n // 2))]])
+            few, extra = divmod(tiles, progs)  # (a program's tiles: few, or few + 1 for the first extra)
+            kinds = [[count, [n * block_r * heads * d], [max(1, -(-n // 2))]]
+                     for heads in (qa, kb)[:tensors] for count, n in ((extra, few + 1), (progs - extra, few)) if count]
             return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
         heads_norm = consts.get("NORM") == 3  # kernel.NORM_RMS_HEADS: the norm over a token's heads
         # heads an iteration of that norm's sweeps: the launched kernel's (1 before it had them)
