@@ -22,9 +22,15 @@ from conftest import DEVICE
 @pytest.fixture(autouse=True)
 def _token_tile_interpreted(monkeypatch):
     """The norm over heads by the token tile in every test here, under the interpreter too (where
-    the launcher otherwise takes the head groups: rome.launch.TOKEN_TILE_INTERPRETED)."""
+    the launcher otherwise takes the head groups: rome.launch.TOKEN_TILE_INTERPRETED), as one
+    block of heads (the interpreter's time is per block: 5 heads as one padded block of 8, its
+    masked heads tested so); the tests of the blocks themselves set the launcher's own count."""
     from rome import launch
     monkeypatch.setattr(launch, "TOKEN_TILE_INTERPRETED", True)
+    monkeypatch.setattr(launch, "TOKEN_MAX_BLOCKS", 1)
+
+
+TOKEN_MAX_BLOCKS = __import__("rome.launch").launch.TOKEN_MAX_BLOCKS  # the launcher's own (before any fixture)
 
 SECTIONS, MODE = (4, 6, 6), "half"
 D = sum(SECTIONS)
@@ -611,12 +617,13 @@ def test_fused_over_heads(mode, dtype, at, monkeypatch):
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
 
 
-def test_token_tile_choice():
+def test_token_tile_choice(monkeypatch):
     """rome.launch.token_tile: blocks of one power-of-two head count, the fewest padded heads with
     at most TOKEN_MAX_BLOCKS blocks (Wan 2.1's 40: 5 x 8, none padded), warps (a power of two) for
     ~8 values a thread and no more threads than a block has values, a register cap that fits the
     register file; None past TOKEN_MAX_ELEMENTS."""
     from rome import launch
+    monkeypatch.setattr(launch, "TOKEN_MAX_BLOCKS", TOKEN_MAX_BLOCKS)
     assert launch.token_tile(40, 128) == (8, 5, 16, 128)  # Wan 2.1 14B
     assert launch.token_tile(32, 128) == (32, 1, 16, 128)  # OLMo 2 7B
     assert launch.token_tile(12, 128) == (4, 3, 4, 128)  # Wan 2.1 1.3B: 12 values a thread
@@ -647,6 +654,7 @@ def test_over_heads_token_tile_and_head_groups(path, mode, heads, monkeypatch):
     heads in registers as blocks: 5 heads as 5 x 1, 12 as 3 x 4; each pair class's code), and
     the head groups' two sweeps the launcher takes where a token exceeds the tile (forced here)."""
     from rome import launch, launcher
+    monkeypatch.setattr(launch, "TOKEN_MAX_BLOCKS", TOKEN_MAX_BLOCKS)
     if path == "head_groups":
         monkeypatch.setattr(launch, "TOKEN_MAX_ELEMENTS", 0)
     launches = []
