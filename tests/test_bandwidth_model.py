@@ -170,17 +170,19 @@ def test_a_loop_that_loads_without_storing_is_named_and_not_estimated():
     by the model where an H100 measured 65% forward). A loop without loads is not named."""
     text = sass(*_head(),                          # 0x20: a loop that only loads (a first sweep)
                 ("LDG.E R4, desc[UR4][R2.64]", 0, 0),
+                ("IADD3 R2, R2, 0x200, RZ", None, 0),     # (each trip its own lines)
                 ("FADD R5, R5, R4", None, 0b1),
                 ("@P1 BRA 0x20", None, 0),
-                ("LDG.E R6, desc[UR4][R2.64]", 0, 0),     # 0x50: the tile loop
+                ("LDG.E R6, desc[UR4][R2.64]", 0, 0),     # 0x60: the tile loop
                 ("FMUL R6, R6, R5", None, 0b1),
-                ("STG.E desc[UR4][R8.64], R6", None, 0),
-                ("@P0 BRA 0x50", None, 0),
+                ("STG.E desc[UR4][R2.64], R6", None, 0),
+                ("IADD3 R2, R2, 0x200, RZ", None, 0),
+                ("@P0 BRA 0x60", None, 0),
                 ("EXIT", None, 0))
     k = schedule.Kernel(text)
-    assert set(k.load_loops) == {0x20} and set(k.tile_loops) == {0x50}
+    assert set(k.load_loops) == {0x20} and set(k.tile_loops) == {0x60}
     _, info = schedule.program_path(k, [512.0], elements_per_byte=1 / 4, num_warps=4)
-    assert info["load_loops_walked_once"] == ["0x20"] and info["tile_loops"] == [["0x50", 4]]
+    assert info["load_loops_walked_once"] == ["0x20"] and info["tile_loops"] == [["0x60", 4]]
     m = model.bandwidth_model(text, num_warps=4, elements_per_tile=128, dram_bytes_per_element=8, registers=32,
                               shared_bytes=0, x_bytes=4, programs={"kinds": [[132, [512.0]]], "grid": 132})
     assert m["estimate_h100"] is None and m["estimates_h100"] is None and m["limit_h100"] == "unmodelled"
@@ -192,7 +194,7 @@ def test_a_loop_that_loads_without_storing_is_named_and_not_estimated():
     k = schedule.Kernel(text)
     path, info = schedule.program_path(k, [512.0], elements_per_byte=1 / 4, num_warps=4, loop_trips=(4, None))
     assert info["load_loops_walked_once"] == [] and info["load_loops"] == [["0x20", 4]]
-    assert info["tile_loops"] == [["0x50", 4]] and sum(1 for i in path if i.addr == 0x20) == 4
+    assert info["tile_loops"] == [["0x60", 4]] and sum(1 for i in path if i.addr == 0x20) == 4
     m = model.bandwidth_model(text, num_warps=4, elements_per_tile=128, dram_bytes_per_element=8, registers=32,
                               shared_bytes=0, x_bytes=4,
                               programs={"kinds": [[132, [512.0], [4, None]]], "grid": 132})
@@ -375,6 +377,47 @@ def test_loads_are_classified_by_what_their_address_depends_on():
     assert by["R14"].kind == "hit" and by["R14"].gathered and by["R14"].distinct_bytes == 0
     assert by["R14"].wavefronts == 4  # the lines of x's 128-bit load, not one 128 B wavefront
     assert by["R18"].kind == "dram" and by["R22"].kind == "dram" and by["R22"].gathered
+
+
+def test_a_load_of_an_address_read_before_is_an_l1_hit_or_an_l2_hit_past_l1():
+    """Value numbering along the walk: the weights at the program's tensor (program id 1) read
+    again, by a second load whose address is recomputed from the program id and on the second trip,
+    are re-reads (an L1 hit; an L2 hit when more than ``l1_bytes`` a warp was loaded in between); x
+    at the loop's counter is new every trip; a value a load returned is new every time (its gather
+    is not a re-read)."""
+    text = sass(("S2R R0, SR_CTAID.Y", None, 0),
+                ("IMAD.WIDE R2, R0, 0x4, c[0x0][0x210]", None, 0),    # weights + the tensor's row
+                ("IMAD R10, R0, 0x1000, c[0x0][0x220]", None, 0),    # the loop's counter
+                ("IMAD.WIDE R4, R10, 0x2, c[0x0][0x218]", None, 0),   # (the body:) x at the counter
+                ("LDG.E R6, desc[UR4][R4.64]", 0, 0),
+                ("LDG.E R7, desc[UR4][R2.64]", 1, 0),                  # the weights, held address
+                ("S2R R8, SR_CTAID.Y", None, 0),
+                ("IMAD.WIDE R12, R8, 0x4, c[0x0][0x210]", None, 0),  # the weights' address made again
+                ("LDG.E R14, desc[UR4][R12.64]", 2, 0),
+                ("IMAD.WIDE R16, R6, 0x4, c[0x0][0x228]", None, 0b1),  # a table at x's value
+                ("LDG.E R18, desc[UR4][R16.64]", 3, 0),
+                ("IADD3 R10, R10, 0x100, RZ", None, 0),
+                ("STG.E desc[UR4][R4.64], R7", None, 0b1110))
+    listing = schedule.parse_sass(text)
+    path = listing[:3] + listing[3:] + listing[3:]
+    params = _params("p_w", "p_x", "n", "p_t")
+    trip = len(listing) - 3
+
+    def kinds(**kw):
+        loads = schedule.classify(path, params, **kw)
+        return [loads[i].kind for i in sorted(loads)]
+
+    assert kinds() == ["dram", "dram", "l1", "dram"] + ["dram", "l1", "l1", "dram"]
+    again = schedule.reread_distance(path)
+    assert sorted(again) == [3 + 5, 3 + trip + 2, 3 + trip + 5]
+    assert again[3 + 5] == again[3 + trip + 5] == 0  # right after a read of the address
+    assert again[3 + trip + 2] == 2 * 128  # the gather and the next x in between: 128 B each a warp
+    assert kinds(l1_bytes=2 * 128) == kinds()
+    assert kinds(l1_bytes=2 * 128 - 1) == ["dram", "dram", "l1", "dram", "dram", "l2", "l1", "dram"]
+    assert schedule.classify(path, params)[3 + trip + 2].distinct_bytes == 0
+    # the share of L1 a warp may load in between: half the L1 beside the shared memory, over the warps
+    assert archs.l1_reread_bytes(archs.ARCHS[90], 128, 1, 16) == (256 - 8) * 1024 // 2 // 16
+    assert archs.l1_reread_bytes(archs.ARCHS[90], 40 * 1024, 2, 4) == (256 - 128) * 1024 // 2 // 8
 
 
 def _copy_steps(latency_class="dram"):

@@ -25,6 +25,7 @@ class Arch:
     regs_per_sm: int = 64 * 1024  # 32-bit registers per SM, every arch here
     max_regs_per_thread: int = 255
     reserved_smem: int = 1024  # the driver's per-block reservation, sm_80 on
+    l1_smem_per_sm: int = 128 * 1024  # the unified L1 / shared-memory array per SM
 
     @property
     def name(self) -> str:
@@ -37,11 +38,11 @@ class Arch:
 
 
 ARCHS = {a.cc: a for a in (
-    Arch(80, 164 * 1024, 32, 64),   # A100
+    Arch(80, 164 * 1024, 32, 64, l1_smem_per_sm=192 * 1024),   # A100
     Arch(86, 100 * 1024, 16, 48),   # RTX 30xx, A10, A40
     Arch(89, 100 * 1024, 24, 48),   # L4, L40, RTX 40xx
-    Arch(90, 228 * 1024, 32, 64),   # H100, H200
-    Arch(100, 228 * 1024, 32, 64),  # B200
+    Arch(90, 228 * 1024, 32, 64, l1_smem_per_sm=256 * 1024),   # H100, H200
+    Arch(100, 228 * 1024, 32, 64, l1_smem_per_sm=256 * 1024),  # B200
     Arch(120, 100 * 1024, 24, 48),  # RTX 50xx
 )}
 DEFAULT_ARCHS = (80, 90, 100)
@@ -93,6 +94,17 @@ def occupancy(arch: Arch, regs: int, smem: int, num_warps: int) -> dict:
     return {"ctas_per_sm": ctas, "warps_per_sm": ctas * num_warps,
             "limited_by": ", ".join(k for k, v in limits.items() if v == ctas),
             "ctas_by": limits}
+
+
+def l1_reread_bytes(arch: Arch, smem: int, ctas: int, num_warps: int) -> int:
+    """What one warp may load between two reads of an address for the second to be counted an L1
+    hit: half the L1 left beside the shared-memory carveout (the resident CTAs' shared memory,
+    rounded up to a power of two of at least 8 KB: at or above the driver's carveout for them),
+    over the SM's warps. Half: the lines in between are not all distinct, but an LRU cache that
+    streams evicts early (the worse end)."""
+    used = max(8 * 1024, (smem + arch.reserved_smem) * max(ctas, 1))
+    carve = min(arch.smem_per_sm, 1 << (used - 1).bit_length())
+    return max(0, arch.l1_smem_per_sm - carve) // 2 // max(1, ctas * num_warps)
 
 
 # --- AMD Instinct (CDNA): per-CU limits ----------------------------------------------------

@@ -7,7 +7,7 @@ import dataclasses
 import math
 import re
 
-from .archs import ARCHS, Arch, occupancy
+from .archs import ARCHS, Arch, l1_reread_bytes, occupancy
 from .nvidia import GLOBAL, Instr, branch_target, call_target, parse_sass, sass_labels, subroutines, tile_loops
 from .schedule import (_back_edges, CLOCKS_GHZ, LATENCIES_NS, SHARED, Params, PARAM_BASE, Programs, access_bits, control_bits,
                        end_name, sass_controls, schedule_launch, wavefronts)
@@ -57,7 +57,8 @@ MODEL_METHOD = (
     "included), ceil(grid / SMs) programs over the resident CTAs (wave quantisation: the last wave's "
     "empty slots count), every warp on four schedulers issuing one instruction a clock, each waiting its "
     "stall count and the scoreboards of its wait mask; a global load whose address depends on the program "
-    "is a DRAM round trip (600 or 800 ns), one every program reads an L2 hit; every access holds the L1 "
+    "is a DRAM round trip (600 or 800 ns), one every program reads an L2 hit, one the warp read before an L1 "
+    "hit (an L2 hit when more than its share of half the L1 was loaded in between); every access holds the L1 "
     "path one clock per 128 B wavefront, a gathered load (address from a loaded index) of a tensor the "
     "program also reads directly touching every line of that direct load (no DRAM bytes of its own). "
     "Rate = the launch's DRAM bytes / the busiest SM's time; estimate = min(rate, copy) / copy at 600 and "
@@ -303,7 +304,7 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
         progs, elements = Programs(((n, None),), n, (), iterations=2), None
         ends_ns, clocks = (max(latencies_ns),), (min(clocks_ghz),)
     s = schedule_launch(sass, progs, params=layout, ctas_per_sm=occ["ctas_per_sm"], num_warps=num_warps,
-                        x_bytes=x_bytes, dram_bytes_per_element=dram_bytes_per_element, launch_elements=elements,
+                        l1_bytes=l1_reread_bytes(arch, shared_bytes, occ["ctas_per_sm"], num_warps), x_bytes=x_bytes, dram_bytes_per_element=dram_bytes_per_element, launch_elements=elements,
                         sms=sms, clocks_ghz=clocks, latencies_ns=ends_ns)
     worst_name = min(s["ends"], key=lambda k: s["ends"][k]["gbps"])
     worst = s["ends"][worst_name]

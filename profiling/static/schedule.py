@@ -22,8 +22,10 @@ What it does, in order:
    id is read by every program: an L2 hit, no DRAM bytes. One whose address depends on loaded data
    (a gather) and reads a tensor that the program also reads directly (x's partner at ``src``) reads
    lines the direct load brings: no DRAM bytes of its own, and it touches every line of the warp's
-   direct load (its L1 wavefronts: at least the direct load's). Every other load is a DRAM round trip
-   whose bytes are distinct.
+   direct load (its L1 wavefronts: at least the direct load's). One that reads again an address an
+   earlier load read (``reread_distance``) is an L1 hit, or an L2 hit where
+   the warp loaded more than ``l1_bytes`` in between. Every other load is a DRAM round trip whose
+   bytes are distinct.
 3. **The SM** (``simulate``): the busiest SM's programs (ceil(grid / SMs), program kinds in launch
    order) over its resident CTAs, one CTA per slot, the next program when a slot's warps have all
    exited. One warp scheduler (sub-partition) is simulated: its warps are one in four of the SM's
@@ -485,7 +487,8 @@ def _read_op(ins: Instr) -> _Op:
 
 @dataclasses.dataclass
 class LoadInfo:
-    kind: str  # "dram" (a round trip, its bytes distinct), "hit" (a round trip, lines another load brings), "l2"
+    kind: str  # "dram" (a round trip, its bytes distinct), "hit" (a round trip, lines another load brings),
+    # "l2" (an L2 hit: read by every program, or read again after too much else), "l1" (read again)
     pointers: tuple  # the pointer parameters its address is formed from (not through loaded values)
     gathered: bool  # its address depends on a loaded value
     distinct_bytes: int  # per warp
@@ -540,9 +543,53 @@ def _pointers(a: int, params: Params | None) -> tuple:
     return tuple(names)
 
 
-def classify(path: list[Instr], params: Params | None) -> dict[int, LoadInfo]:
-    """Position in ``path`` -> ``LoadInfo`` of every global load (see the module's comment)."""
+_FRESH = ("LDG", "LD", "LDS", "LDSM", "LDL", "LDGSTS", "ATOM", "ATOMG", "ATOMS", "RED", "REDG")
+
+
+def reread_distance(path: list[Instr]) -> dict[int, int]:
+    """Position in ``path`` -> the bytes a warp loaded in between, for each global load that reads
+    again an address an earlier load read (e.g. a loop-invariant weight read each trip, or twice
+    in one). The address is compared by value numbering along the path: each
+    register's value is named by the instruction that made it and the names of its sources (a
+    recomputation from the same program id and parameters is the same value); what a load returns
+    is a new value each time; a predicated write mixes in the predicate and the old value."""
+    ops: dict[int, _Op] = {}
+    names: dict = {}
+    value: dict[str, int] = {}
+    seen: dict = {}
+    loaded = 0  # a warp's bytes of global loads so far (distinct addresses or not)
+    out = {}
+    for pos, ins in enumerate(path):
+        op = ops.get(id(ins))
+        if op is None:
+            op = ops[id(ins)] = _read_op(ins)
+        if ins.base in ("LDG", "LDGSTS"):
+            mem = next((t for t in ins.operands.split(",") if "[" in t), "")
+            key = (_OPND.sub("r", mem), tuple(value.get(r, r) for r in op.address))
+            if key in seen:
+                out[pos] = loaded - seen[key]
+            loaded += access_bits(ins) * 32 // 8
+            seen[key] = loaded
+        if not op.dests:
+            continue
+        guard = ins.pred.lstrip("@") if ins.pred and ins.pred != "@PT" else ""
+        if ins.base in _FRESH or "CLOCK" in ins.operands:
+            base = ("new", pos)
+        else:
+            base = (ins.opcode, _OPND.sub("r", ins.operands), tuple(value.get(r, r) for r in op.sources))
+        for k, d in enumerate(op.dests):
+            key = (base, k, value.get(guard.lstrip("!"), guard), guard[:1] == "!", value.get(d, d)) if guard \
+                else (base, k)
+            value[d] = names.setdefault(key, len(names))
+    return out
+
+
+def classify(path: list[Instr], params: Params | None, l1_bytes: int | None = None) -> dict[int, LoadInfo]:
+    """Position in ``path`` -> ``LoadInfo`` of every global load (see the module's comment).
+    ``l1_bytes``: what a warp may load between two reads of one address for the second to hit L1
+    (its share of the SM's L1); a re-read further apart is an L2 hit (None: always L1)."""
     addr = taint_path(path, params)
+    again = reread_distance(path)
     first = {}
     direct_widest: dict[str, int] = {}
     for pos, a in addr.items():
@@ -562,7 +609,9 @@ def classify(path: list[Instr], params: Params | None) -> dict[int, LoadInfo]:
         ins = path[pos]
         bits = access_bits(ins)
         wf = wavefronts(bits)
-        if not per_program:
+        if pos in again:
+            kind = "l1" if l1_bytes is None or again[pos] <= l1_bytes else "l2"
+        elif not per_program:
             kind = "l2"
         elif gathered and any(p in direct_widest for p in ptrs):
             kind = "hit"
@@ -612,7 +661,7 @@ def _steps(path: list[Instr], controls: dict, loads: dict[int, LoadInfo]) -> lis
         if base in ("LDG", "LDGSTS"):
             info = loads.get(pos)
             kind = _K_ASYNC if base == "LDGSTS" else _K_MEM
-            lat = "l2" if info is not None and info.kind == "l2" else "dram"
+            lat = info.kind if info is not None and info.kind in ("l2", "l1") else "dram"
             wf = info.wavefronts if info else wavefronts(access_bits(ins))
             dram = info.distinct_bytes if info else access_bits(ins) * 4
         elif base == "STG" or base in ("STS", "STSM"):
@@ -836,6 +885,7 @@ _CACHE: dict = {}
 
 
 def schedule_launch(sass: str, programs: Programs, *, params: Params | None, ctas_per_sm: int, num_warps: int,
+                    l1_bytes: int | None = None,
                     x_bytes: float, dram_bytes_per_element: float, launch_elements: float | None = None,
                     sms: int = 132, clocks_ghz=CLOCKS_GHZ, latencies_ns=LATENCIES_NS) -> dict:
     """The launch on its busiest SM at each DRAM latency and clock: ``ends`` {"800ns@1.755GHz":
@@ -844,7 +894,7 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     the launch (``launch_elements`` x ``dram_bytes_per_element``; without a launch, those of the
     busiest SM's programs x SMs) over the busiest SM's time."""
     key = (hash(sass), programs, (params.base, tuple(sorted(params.slots.items())), params.pointers) if params else None,
-           ctas_per_sm, num_warps, x_bytes, dram_bytes_per_element, launch_elements, sms, tuple(clocks_ghz),
+           ctas_per_sm, num_warps, l1_bytes, x_bytes, dram_bytes_per_element, launch_elements, sms, tuple(clocks_ghz),
            tuple(latencies_ns))
     if key in _CACHE:
         return _CACHE[key]
@@ -855,7 +905,7 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
         path, info = program_path(kernel, list(work) if work is not None else None, elements_per_byte=1 / x_bytes,
                                   num_warps=num_warps, known_loads=known, iterations=programs.iterations or 1,
                                   loop_trips=given[0] if given else None)
-        loads = classify(path, params)
+        loads = classify(path, params, l1_bytes)
         # what the loops that load without storing read from DRAM (a first sweep over a token's
         # heads): the program reads those lines again (the sweep is there to be followed by it);
         # at the worst end the second read misses L2 too, so these are DRAM bytes the op's count
