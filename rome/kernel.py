@@ -1135,26 +1135,40 @@ def _token_x(x_ptr, xn_ptr, t0, t1, row_ok, sxt0, sxt1, hx, hm, cols, BLOCKS: tl
 
 
 @triton.jit
-def _token_terms(x, xn, xrow, m, c3, s3, x_ptr, src, nw, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr,
-                 HEADS_B: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
-    # a block of heads' terms of the token's statistics, elementwise (the blocks share a layout:
-    # their terms are added before one reduction): forward x² (and x, as loaded: widened again
-    # where used); TRANSPOSE: g = the transposed rotation of dy (= x here; its partner read now,
-    # x's lines: L1 hits), xn², g·w·xn
+def _token_terms(x, xn, xrow, m, c3, s3, x_ptr, src, nw, p, q, FIRST: tl.constexpr, PAIR: tl.constexpr,
+                 TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
+                 F64: tl.constexpr):
+    # a block of heads' terms of the token's statistics added to p and q (FIRST: they start
+    # them), elementwise (the blocks share a layout: their sums meet in one reduction): forward
+    # p += x² (g: x as loaded, widened again where used); TRANSPOSE: g = the transposed rotation
+    # of dy (= x here; its partner read now, x's lines: L1 hits), p += xn², q += g·w·xn. g by
+    # _dot2_short where dy is bf16: its error (<= 2**-14 |g| where g cancels to its least, else
+    # about 2**-24 |g|) is within dx's own, dx = rstd·w·g − xn·k3 rounding its terms in fp32 (and
+    # unbounded against dx where they cancel); 8 instructions an element fewer than _dot2. The
+    # sums by fma: one rounding fewer a term
     xw = _widen(x, RAW_X)
     if TRANSPOSE:
         if PAIR == PAIRS_SWAPPED:
             r = _pair_swap_heads(xw, 1, HEADS_B, BLOCK_D)
         else:
             r = _widen(_fetch(x_ptr, xrow + src[None, None, :], m, RAW_X), RAW_X)
-        g = _dot2(xw, c3, r, s3, F64)
+        if RAW_X or x.dtype == tl.bfloat16:
+            g = _dot2_short(xw, c3, r, s3, F64)
+        else:
+            g = _dot2(xw, c3, r, s3, F64)
         xi = _widen(xn, RAW_X)
-        p = xi * xi
-        q = g * nw * xi
+        if FIRST:
+            p = xi * xi
+            q = g * nw * xi
+        else:
+            p = tl.fma(xi, xi, p)
+            q = tl.fma(g * nw, xi, q)
     else:
         g = x
-        p = xw * xw
-        q = p
+        if FIRST:
+            p = xw * xw
+        else:
+            p = tl.fma(xw, xw, p)
     return g, p, q
 
 
@@ -1166,8 +1180,8 @@ def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols,
     # rstd (and TRANSPOSE: k3 = rstd³·Σ(g·w·xn)/N), stored; returns dw with its terms added
     if TRANSPOSE:
         xi = _widen(xn, RAW_X)
-        y = rstd * (g * nw) - xi * k3
-        dw += g * xi * rstd
+        y = tl.fma(xi, k3 * -1.0, rstd * (g * nw))
+        dw = tl.fma(g * xi, rstd, dw)
     else:
         xw = _widen(g, RAW_X) * rstd * nw
         if PAIR == PAIRS_SWAPPED:
@@ -1181,7 +1195,7 @@ def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols,
 
 @triton.jit
 def _token_tile(xs, xns, row_ok, t0, t1, c, s, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols, src, nw, nws,
-                n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
+                nw_ptr, D, n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
                 BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
     # one token from its loads (_token_x's tuples): the statistics over its blocks, then each
     # block's output; returns the blocks' dw sums (tuples, as ho, nw, nws, dw) and the token's
@@ -1196,26 +1210,47 @@ def _token_tile(xs, xns, row_ok, t0, t1, c, s, x_ptr, o_ptr, sxt0, sxt1, sot0, s
         c3 = tl.where(ok, c3, 0.0)
         s3 = tl.where(ok, s3, 0.0)
     xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None]
-    g, p, q = _token_terms(xs[0], xns[0], xrow + hx[0], row_ok[:, None, None] & hm[0][None, :, :], c3, s3, x_ptr,
-                           src, nw[0], PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
-    gs = (g,)
-    for b in tl.static_range(1, BLOCKS):
-        g, pb, qb = _token_terms(xs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
-                                 x_ptr, src, nw[b], PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
+    p = tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32)
+    q = p
+    gs = ()
+    for b in tl.static_range(BLOCKS):
+        g, p, q = _token_terms(xs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
+                               x_ptr, src, _token_weights(nw, nw_ptr, b, hm, cols, D, TRANSPOSE, HEADS_B), p, q,
+                               b == 0, PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
         gs = gs + (g,)
-        p += pb
-        q += qb
-    rstd = _rstd(tl.sum(p) / n, eps)
-    k3 = rstd  # (forward: unused)
-    if TRANSPOSE:
-        k3 = rstd * rstd * rstd * tl.sum(q) / n
+    if TRANSPOSE:  # both sums in one reduction (one pass through shared memory, one barrier pair)
+        sp, sq = tl.reduce((tl.reshape(p, [HEADS_B * BLOCK_D]),
+                            tl.reshape(q, [HEADS_B * BLOCK_D])), 0, _sum_pair)
+        rstd = _rstd(sp / n, eps)
+        k3 = rstd * rstd * rstd * sq / n
+    else:
+        rstd = _rstd(tl.sum(p) / n, eps)
+        k3 = rstd  # (unused)
     orow = t0 * sot0 + t1 * sot1
     out = ()
     for b in tl.static_range(BLOCKS):
         out = out + (_token_apply(gs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
-                                  rstd, k3, orow, x_ptr, o_ptr, ho[b], cols, src, nw[b], nws[b], dw[b], PAIR,
+                                  rstd, k3, orow, x_ptr, o_ptr, ho[b], cols, src,
+                                  _token_weights(nw, nw_ptr, b, hm, cols, D, TRANSPOSE, HEADS_B), nws[b], dw[b], PAIR,
                                   TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64),)
     return out, rstd
+
+
+@triton.jit
+def _token_weights(nw, nw_ptr, b: tl.constexpr, hm, cols, D, REREAD: tl.constexpr, HEADS_B: tl.constexpr):
+    # block b's weights [1, HEADS_B, BLOCK_D]: held (nw[b]) or, REREAD, read again where used
+    # (L1 hits after the program's first token: registers freed for the token in flight)
+    if REREAD:
+        h = b * HEADS_B + tl.arange(0, HEADS_B)
+        w = tl.load(nw_ptr + (h[:, None] * D + cols[None, :])[None, :, :], mask=hm[b][None, :, :], other=0.0)
+    else:
+        w = nw[b]
+    return w
+
+
+@triton.jit
+def _sum_pair(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
 
 
 @triton.jit
@@ -1284,11 +1319,15 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         hx = hx + ((ha * sxh0 + hb * sxh1)[None, :, None],)
         ho = ho + ((ha * soh0 + hb * soh1)[None, :, None],)
         hm = hm + (m,)
-        w = tl.load(nw_ptr + (h[:, None] * D + cols[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
-        nw = nw + (w,)
-        if PAIR != PAIRS_SWAPPED and not TRANSPOSE:
-            w = tl.load(nw_ptr + (h[:, None] * D + src[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
-        nws = nws + (w,)
+        if TRANSPOSE:  # (the backward reads them where used: _token_weights; the tuples unused)
+            nw = nw + (m,)
+            nws = nws + (m,)
+        else:
+            w = tl.load(nw_ptr + (h[:, None] * D + cols[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
+            nw = nw + (w,)
+            if PAIR != PAIRS_SWAPPED:
+                w = tl.load(nw_ptr + (h[:, None] * D + src[None, :])[None, :, :], mask=m[None, :, :], other=0.0)
+            nws = nws + (w,)
         dw = dw + (tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32),)
     n = (H * D).to(tl.float32)
     after = tl.sum(tl.zeros([1], dtype=tl.float32))  # (the first token waits for nothing)
@@ -1308,7 +1347,8 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         if TRANSPOSE:  # (the loads stay above: ptxas sank them into the math, to just before their use)
             tl.debug_barrier()
         dw, after = _token_tile(xa, na, aok, a0, a1, ca, sa, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
-                                src, nw, nws, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, RAW_X, F64)
+                                src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D,
+                                RAW_X, F64)
         # the next token a's loads, then token b's math
         a0, a1, aok, ca, sa = _token_rows(i + 2 * step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
                                           stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
@@ -1318,7 +1358,8 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         if TRANSPOSE:
             tl.debug_barrier()
         dw, after = _token_tile(xb, nb, bok, b0, b1, cb, sb, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
-                                src, nw, nws, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, RAW_X, F64)
+                                src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D,
+                                RAW_X, F64)
     if TRANSPOSE:
         row = tl.program_id(0) * 2 * H * D
         for b in tl.static_range(BLOCKS):
