@@ -32,6 +32,7 @@ from hypothesis import event, given, note, reject
 from hypothesis import strategies as st
 
 import rome
+from rome import launch
 from rome.precision import SIGNIFICAND_BITS, tolerance
 
 from conftest import DEVICE
@@ -783,13 +784,25 @@ def _norm_rope64(x, w, b, cos, sin, m, *, norm, over, eps, offset):
 
 @FEW
 @given(small_qk(), st.sampled_from(["rms", "layer"]), st.sampled_from(["head", "heads"]),
-       st.sampled_from([0.0, 1.0]), st.booleans(), st.sampled_from(["bnsd", "bshd", "strided"]))
-def test_qk_norm_against_its_oracle(c, norm, over, offset, positions, layout):
+       st.sampled_from([0.0, 1.0]), st.booleans(), st.sampled_from(["bnsd", "bshd", "strided"]), st.booleans())
+def test_qk_norm_against_its_oracle(c, norm, over, offset, positions, layout, token_tile):
     """apply_qk_norm / apply_qk_norm_at over rms/layer, per head / over heads, Gemma's offset,
     BNSD, transposed-BSHD and strided q/k, bf16/fp16/fp32, the torch and triton backends: within
     the rounding of the dtype (1 ulp in half precision, 2e-6 relative in fp32; the torch backend's
     float64 norm rounds once, the kernel's fp32 norm adds its own ~1e-6) of the float64 oracle;
-    inputs unmodified."""
+    inputs unmodified. RMSNorm over heads on the triton backend interprets the token tile or the
+    head groups, drawn (a GPU takes the token tile: rome.launch.TOKEN_TILE_INTERPRETED)."""
+    before = launch.TOKEN_TILE_INTERPRETED
+    launch.TOKEN_TILE_INTERPRETED = token_tile
+    try:
+        _check_qk_norm(c, norm, over, offset, positions, layout)
+    finally:
+        launch.TOKEN_TILE_INTERPRETED = before
+    event(f"qk_norm {norm} over {over} {c['backend']} {layout}"
+          + (" token tile" if token_tile and over == "heads" and norm == "rms" and c["backend"] == "triton" else ""))
+
+
+def _check_qk_norm(c, norm, over, offset, positions, layout):
     g = torch.Generator().manual_seed(c["seed"])
     b, s, nq, nk = c["shape"]
     d, dtype = c["d"], c["dtype"]
@@ -863,4 +876,3 @@ def test_qk_norm_against_its_oracle(c, norm, over, offset, positions, layout):
         else:  # dw, db (fp32)
             size = g_max * (x64 * rstd).abs().max().item() * (x64.numel() / a.numel())
             torch.testing.assert_close(a.double(), r.double(), rtol=1e-5, atol=1e-5 * size)
-    event(f"qk_norm {norm} over {over} {c['backend']} {layout}")
