@@ -304,7 +304,8 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
         progs, elements = Programs(((n, None),), n, (), iterations=2), None
         ends_ns, clocks = (max(latencies_ns),), (min(clocks_ghz),)
     s = schedule_launch(sass, progs, params=layout, ctas_per_sm=occ["ctas_per_sm"], num_warps=num_warps,
-                        l1_bytes=l1_reread_bytes(arch, shared_bytes, occ["ctas_per_sm"], num_warps), x_bytes=x_bytes, dram_bytes_per_element=dram_bytes_per_element, launch_elements=elements,
+                        l1_bytes=l1_reread_bytes(arch, shared_bytes, occ["ctas_per_sm"], num_warps),
+                        x_bytes=x_bytes, dram_bytes_per_element=dram_bytes_per_element, launch_elements=elements,
                         sms=sms, clocks_ghz=clocks, latencies_ns=ends_ns)
     worst_name = min(s["ends"], key=lambda k: s["ends"][k]["gbps"])
     worst = s["ends"][worst_name]

@@ -23,9 +23,8 @@ What it does, in order:
    (a gather) and reads a tensor that the program also reads directly (x's partner at ``src``) reads
    lines the direct load brings: no DRAM bytes of its own, and it touches every line of the warp's
    direct load (its L1 wavefronts: at least the direct load's). One that reads again an address an
-   earlier load read (``reread_distance``) is an L1 hit, or an L2 hit where
-   the warp loaded more than ``l1_bytes`` in between. Every other load is a DRAM round trip whose
-   bytes are distinct.
+   earlier load read (``reread_distance``) is an L1 hit, or an L2 hit where the warp loaded more
+   than ``l1_bytes`` in between. Every other load is a DRAM round trip whose bytes are distinct.
 3. **The SM** (``simulate``): the busiest SM's programs (ceil(grid / SMs), program kinds in launch
    order) over its resident CTAs, one CTA per slot, the next program when a slot's warps have all
    exited. One warp scheduler (sub-partition) is simulated: its warps are one in four of the SM's
@@ -549,8 +548,8 @@ _FRESH = ("LDG", "LD", "LDS", "LDSM", "LDL", "LDGSTS", "ATOM", "ATOMG", "ATOMS",
 def reread_distance(path: list[Instr]) -> dict[int, int]:
     """Position in ``path`` -> the bytes a warp loaded in between, for each global load that reads
     again an address an earlier load read (e.g. a loop-invariant weight read each trip, or twice
-    in one). The address is compared by value numbering along the path: each
-    register's value is named by the instruction that made it and the names of its sources (a
+    in one). The address is compared by value numbering along the path: each register's value is
+    named by the instruction that made it and the names of its sources (a
     recomputation from the same program id and parameters is the same value); what a load returns
     is a new value each time; a predicated write mixes in the predicate and the old value."""
     ops: dict[int, _Op] = {}
