@@ -134,10 +134,14 @@ def _factors(v, name: str, n: int) -> torch.Tensor:
     return values
 
 
-def base_inv_freq(dim: int, theta: float) -> torch.Tensor:
-    """float64 ``[dim // 2]``: ``theta ** (-2k / dim)`` (the same arithmetic as ``rome.tables``)."""
-    k = torch.arange(dim // 2, dtype=torch.float64)
-    return torch.tensor(theta, dtype=torch.float64) ** (-2.0 * k / dim)
+def base_inv_freq(dim: int, theta: float, device=None) -> torch.Tensor:
+    """float64 ``[dim // 2]``: ``theta ** (-2k / dim)``, each by Python's float power (the C
+    library's ``pow``, within 0.52 ulp of exact), so the bits are the same on every CPU: torch's
+    vectorised float64 pow differs by an ulp between its AVX2 and AVX-512 kernels (CogView4's
+    ``10000 ** -0.1``: the committed record was made on one, CI ran on the other).
+    ``rome.tables.rope_angles`` reads it too."""
+    theta = float(theta)
+    return torch.tensor([theta ** (-2.0 * k / dim) for k in range(dim // 2)], dtype=torch.float64, device=device)
 
 
 def _require(params: Mapping, key: str, rope_type: str):

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 from einops import repeat
 
+from .frequencies import base_inv_freq
 from .matrices import check_mode, check_sections
 from .types import Mode
 
@@ -72,8 +73,7 @@ def rope_angles(positions, sections, *, mode: Mode, theta=10000.0, device=None) 
     pos = positions.to(torch.float64)
     parts = []
     for i, (d, t) in enumerate(zip(sections, thetas)):
-        j = torch.arange(d // 2, dtype=torch.float64, device=pos.device)
-        inv_freq = torch.tensor(t, dtype=torch.float64, device=pos.device) ** (-2.0 * j / d)
+        inv_freq = base_inv_freq(d, t, device=pos.device)
         parts.append(repeat(pos[:, i, None] * inv_freq, _LAYOUT[mode], r=2))
     return torch.cat(parts, dim=-1)
 

@@ -324,3 +324,19 @@ def test_bad_head_dim_and_config():
         frequencies_from_hf({"rope_parameters": "yarn", "head_dim": 64})
     with pytest.raises(ValueError, match="axial rope needs head_dim divisible by 4, got 18"):
         frequencies_from_hf({"head_dim": 18, "rope_parameters": {"rope_type": "axial"}})
+
+
+@pytest.mark.parametrize("dim, theta", [(20, 10000.0), (128, 500000.0), (44, 10000.0), (96, 1e6), (2, 7.0)])
+def test_base_frequencies_are_the_c_librarys_pow_on_every_cpu(dim, theta):
+    """Each inverse frequency is Python's float power of theta, element by element (the C library's
+    pow), so the bits do not depend on which of torch's vectorised float64 pow kernels this CPU
+    takes: AVX2 and AVX-512 (or a vector lane and the loop's scalar tail) differed by an ulp, which
+    the committed matrices/ records showed (CogView4's 10000 ** -0.1); the tables read the same."""
+    from rome.frequencies import base_inv_freq
+    from rome.tables import rope_angles
+
+    want = [float.hex(theta ** (-2.0 * k / dim)) for k in range(dim // 2)]
+    assert [float.hex(v) for v in base_inv_freq(dim, theta).tolist()] == want
+    assert [float.hex(v) for v in rope_frequencies(dim, theta=theta).inv_freq.tolist()] == want
+    angles = rope_angles(torch.tensor([1]), [dim], mode="interleave", theta=theta)
+    assert [float.hex(v) for v in angles[0, ::2].tolist()] == want
