@@ -14,7 +14,8 @@ Two kernels evaluate ``x @ M``:
   the same rows at the columns ``src`` (L1 hits) and a sign folded into sin. Its tile is
   ``BLOCK_R`` rows along which the tables vary (T rows) × all D columns; a program reads its
   tables once and walks a group of heads (the rows that share those tables) of q and then of k,
-  ``GATHER_DEPTH`` heads a batch, the next batch's loads issued before this batch's arithmetic.
+  ``DEPTH`` heads a batch (``rome.launch.gather_depth``), the next batch's loads issued before
+  this batch's arithmetic.
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
   Memory-bound: x read and out written once, the tables read about once per launch.
@@ -102,8 +103,6 @@ interpreter fma rounds twice). CPU tests therefore see the bits a GPU produces.
 """
 
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
@@ -545,18 +544,6 @@ def _widen(v, RAW_BF16: tl.constexpr):
     return v.to(tl.float32)
 
 
-# heads per batch of the gather kernel's loop: the next batch's loads are issued before this
-# batch's math and taken over at the iteration's end, so that K heads' bytes (2 KB each, bf16
-# D=128) stay in flight through an iteration. 3 for 16-bit x (bf16 D=128, sm_90: 120-128
-# registers, 4 programs per SM, no spill on triton 3.6 and 3.9; ~21 KB/SM in flight, where 2 held
-# ~15 KB/SM: latency-bound on an H200 at 800 ns in the static model) and with the norm over a
-# token's heads; 2 for the norm per head (3 spills 8 B at its register cap on triton 3.9, sm_90),
-# fp32 x (3 spilled 8-16 B) and the norm's backward (3 spills 16 B). Not for DOT (the seed's
-# loop: one) nor any
-# permutation's loop (PAIRS_NONE: its partner's 16-bit loads hold 8 registers a head).
-# ROME_GATHER_DEPTH (1-3, read at import) overrides it, for timing the choice on a GPU
-# (profiling/bench_kernel.py --sweep); the static gate checks the default only
-GATHER_DEPTH = tl.constexpr(int(os.environ.get("ROME_GATHER_DEPTH", "0")))  # 0: by x's dtype
 
 # src[D] of the gather kernel's index (``rome.launch.gather_index``): how the permutation moves
 # column pairs (2i, 2i + 1), which decides how the partner x[:, src] is read
@@ -742,7 +729,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                   mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr, LOADED: tl.constexpr,
                   PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
                   FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
-                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr):
+                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
+                  DEPTH: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
     # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
@@ -756,10 +744,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # each stored head (same strides as dy), the tensor's dw (and db) partial sums over the
     # program's heads and rows stored at the end to row program_id of dw_ptr ([programs, 2, D])
     # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
-    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else GATHER_DEPTH if GATHER_DEPTH > 0 else \
-        3 if (NORM == NORM_NONE or NORM == NORM_RMS_HEADS) and NORM_GRAD == NORM_NONE \
-        and x_ptr.dtype.element_ty.primitive_bitwidth == 16 else \
-        1 if NORM_GRAD != NORM_NONE and x_ptr.dtype.element_ty.primitive_bitwidth == 32 else 2
+    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH  # (DEPTH: rome.launch.gather_depth)
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
     nw = s
@@ -1376,7 +1361,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
-                 F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr):
+                 F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
+                 DEPTH: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's
@@ -1400,13 +1386,13 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, a_nw, a_nb, src_ptr,
                   eps, D, a_xn, a_dw, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
-                  NATIVE, NORM_GRAD)
+                  NATIVE, NORM_GRAD, DEPTH)
     # (k's partner offsets from q's: src's tile is not held through q's loop)
     _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                   (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, b_nw, b_nb, src_ptr,
                   eps, D, b_xn, b_dw, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
-                  NATIVE, NORM_GRAD)
+                  NATIVE, NORM_GRAD, DEPTH)
 
 
 @triton.jit
@@ -1459,11 +1445,13 @@ def _rome_gather_kernel(
     BLOCKS: tl.constexpr = 1,
     PAIRS: tl.constexpr = 0,  # the token tile: src's pair class (PAIRS_*) as the launch knows it, so
     # the build holds that class's code only (the head groups read it at src[D]: one build for all)
+    DEPTH: tl.constexpr = 3,  # the head groups' gather: heads a batch (``rome.launch.gather_depth``:
+    # by x's dtype, the fused norm and the GPU compiled for; the dot and PAIRS_NONE take one)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
     # reads the tables ~once: 8 B per table row, shared by every head of q and k in the group),
-    # then walks its heads of q and then of k (``_rotate_heads``) GATHER_DEPTH at a time: the next
+    # then walks its heads of q and then of k (``_rotate_heads``) DEPTH at a time: the next
     # batch's loads are issued before this batch's arithmetic and stores; every load of a head
     # precedes its store, so out may be x (in place).
     # The partner x[:, src] is read as the permutation allows (src[D], ``PAIRS_*``, a uniform
@@ -1472,7 +1460,7 @@ def _rome_gather_kernel(
     # register layout, so no shared memory and no layout conversion in the loop (triton 3.6's
     # and 3.9's). Per element: x read and y written once (4 B in bf16) and ~20 instructions
     # (error-free products and TwoSum in fp32). Bound by DRAM bandwidth when enough bytes are in
-    # flight (GATHER_DEPTH heads, 2 KB each in bf16 D=128, per program; 4 programs per SM), else by
+    # flight (DEPTH heads, 2 KB each in bf16 D=128, per program; 4 programs per SM), else by
     # instruction issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
     # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
@@ -1575,28 +1563,28 @@ def _rome_gather_kernel(
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -201,6 +202,82 @@ def warp_size() -> int:
     return _lanes.get() or (64 if runtime_backend() == "hip" else 32)
 
 
+_arch: ThreadSetting[int | str | None] = ThreadSetting(None)
+
+
+@contextlib.contextmanager
+def target_arch(arch: int | str):
+    """Choose launches in this thread for the GPU ``arch``: an NVIDIA compute capability as an
+    int (90 for sm_90) or an AMD arch name ("gfx942", whose warps have 64 lanes), e.g. to list
+    another GPU's configurations on this machine (``rome.launcher.kernel_configs(arch)``)."""
+    if isinstance(arch, bool) or not isinstance(arch, (int, str)) or (isinstance(arch, str) and not arch.startswith("gfx")):
+        raise ValueError(f"arch must be a compute capability (an int, e.g. 90) or an AMD arch name "
+                         f"('gfx942'), got {arch!r}")
+    with _arch.scoped(arch), target_warp_size(64 if isinstance(arch, str) else 32):
+        yield
+
+
+@functools.lru_cache(maxsize=16)
+def _device_arch(index: int) -> int | str:
+    props = torch.cuda.get_device_properties(index)
+    if runtime_backend() == "hip":
+        return props.gcnArchName.split(":")[0]
+    return props.major * 10 + props.minor
+
+
+def current_arch(device: torch.device | None = None) -> int | str | None:
+    """The GPU arch launches are chosen for: ``target_arch``'s, else that of ``device`` (a GPU
+    tensor's device; the current GPU where None), else None (no GPU: the interpreter)."""
+    arch = _arch.get()
+    if arch is not None:
+        return arch
+    if device is not None and device.type != "cuda":
+        return None
+    if device is None and not torch.cuda.is_available():
+        return None
+    return _device_arch(device.index if device is not None and device.index is not None
+                        else torch.cuda.current_device())
+
+
+# The head groups' gather loop takes DEPTH heads a batch (the next batch's loads issued before this
+# batch's arithmetic: DEPTH heads' bytes in flight through an iteration, 2 KB each in bf16 at
+# D = 128) at a register cap of 128 (4 programs, 16 warps, per SM). For 16-bit x, no norm or the
+# norm over a token's heads: 3 where every such build compiles without spill (the static tables:
+# sm_90 under triton 3.6 and 3.9, ~21 KB/SM in flight where 2 held ~15 KB/SM, latency-bound on an
+# H200 at 800 ns in the model; the AMD archs; sm_80 in bf16), else 2 (3 spilled on sm_80 in fp16,
+# 8-16 B, and on sm_100, bf16 8 B and fp16 32-40 B, under triton 3.9). fp16 keeps the TwoSum where bf16 takes the
+# short sum (kernel._dot2_short): on sm_100 its two heads spilled 8 B at 128, so there its cap is
+# 168 (146-148 registers, 3 programs: 12 KB/SM in flight, where one head at 128 held 8). Two heads
+# for fp32 x (3 spilled 8-16 B), under the per-head norm prologue (3 spilled 8 B at its cap) and in
+# the norm's backward (3 spilled 16 B), one there for fp32 x (2 spilled 16-56 B) and for the
+# LayerNorm's on sm_100 (2 spilled 8 B at 168). The bytes in flight are modelled for H100/H200 only.
+# ROME_GATHER_DEPTH (1-3, read at import) overrides the depth, for timing it on a GPU
+# (profiling/bench_kernel.py --sweep); the static tables hold the defaults only
+DEPTH3_ARCHS = (90, *HIP_ARCHS)
+GATHER_DEPTH_OVERRIDE = int(os.environ.get("ROME_GATHER_DEPTH", "0"))
+
+
+def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None = None,
+                 backward: bool = False) -> int:
+    """Heads a batch of the head groups' gather loop (kernel DEPTH; the dot and a permutation that
+    breaks pairs take one whatever this says) for ``x_dtype`` on ``arch`` (None: no GPU, the
+    interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
+    ``backward`` (the transpose's epilogue) or the forward's prologue."""
+    if GATHER_DEPTH_OVERRIDE:
+        return GATHER_DEPTH_OVERRIDE
+    half = x_dtype != torch.float32
+    if norm is not None and backward:
+        return 1 if not half or (norm == "layer" and arch == 100) else 2
+    if not half or norm in ("rms", "layer"):
+        return 2
+    return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
+
+
+def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
+    """The head groups' gather register cap (without a norm: ``rome.launcher.NORM_MAXNREG``)."""
+    return 168 if arch == 100 and x_dtype == torch.float16 else 128
+
+
 # x elements a thread holds per tile in the gather kernel: 8 (bf16 fwd D=128, sm_90: 64 registers
 # and 8 resident CTAs with triton 3.9, 103 and 4 with 3.6) where 16 took 130 / 204 registers and
 # 3 / 2 CTAs for ~the same instructions per element: more resident warps, more loads in flight
@@ -210,7 +287,7 @@ GATHER_ELEMENTS_PER_THREAD = 8
 @functools.lru_cache(maxsize=1024)
 def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, interpret: bool = False,
                   positions: int = 0, angles: bool = False, sin_dtype=None, product: str = "gather",
-                  lanes: int = 32) -> Config:
+                  lanes: int = 32, arch: int | str | None = None) -> Config:
     """The gather kernel's specialisation: T rows per program so that a thread holds
     ``GATHER_ELEMENTS_PER_THREAD`` elements of a tile (x, its gathered copy, the prefetched next
     head's two, cos and sin: ~6 values each), 4 warps; with angles half the rows (the angle
@@ -224,7 +301,8 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     it is (exact: one ±x term per output), fp32 x three bf16 pieces (exact), the interpreter fp32
     operands; 32 rows on 256 threads (8 warps of 32 ``lanes``, 4 of 64: 8 64-lane waves spilled
     on gfx942, where a SIMD then holds two of the workgroup's waves at <= 256 VGPRs each), 16 rows
-    for fp32 x's pieces."""
+    for fp32 x's pieces. ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
+    register cap (``gather_registers``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
     block_r = min(64, max(1, GATHER_ELEMENTS_PER_THREAD * 32 * num_warps // block_d))
@@ -233,7 +311,7 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         if x_dtype == torch.float32 or block_d > 128:
             num_warps = 8
     sin_dtype = None if sin_dtype in (None, table_dtype) else sin_dtype
-    split, op, fp32_dot, maxnreg = 1, TL_DTYPE[x_dtype], False, 128
+    split, op, fp32_dot, maxnreg = 1, TL_DTYPE[x_dtype], False, gather_registers(arch, x_dtype)
     if product == "dot":
         if x_dtype == torch.float32:
             split, op = 3, tl.bfloat16
@@ -245,19 +323,22 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 112-114 registers, 78-83%. Angles:
         # the backward's two angle tables spilled 104-184 B at 32 rows (triton 3.9, sm_80/sm_90)
         # and at 16 on sm_100 under the 128-register cap: 16 rows, no cap
-        block_r, num_warps = (16 if x_dtype == torch.float32 or angles else 32), 256 // lanes
-        if angles:
-            maxnreg = 255
+        # fp16 on sm_100 (triton 3.9): 32 rows spilled 24-32 B at D = 80-128 under the 128 cap (164
+        # registers at 168: one program per SM); 16 rows take 104-105, two programs
+        half_rows = x_dtype == torch.float32 or angles or (arch == 100 and x_dtype == torch.float16)
+        block_r, num_warps = (16 if half_rows else 32), 256 // lanes
+        maxnreg = 255 if angles else 128
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=transpose, split=split, op_dtype=op, fp32_dot=fp32_dot,
         block_r=_INTERPRET_BLOCK_R if interpret else block_r, block_d=block_d, block_n=block_d,
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
         raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
-        # the register cap: 128 keeps 4 programs (16 warps) per SM; the loop's batch of three heads
-        # (two for fp32 x; kernel.GATHER_DEPTH) takes 118-128 registers without spill on triton 3.6
-        # and 3.9 (bf16 D=128, sm_90). (With one head a batch, ptxas left to itself took 64 registers by issuing
-        # the next head's loads after the arithmetic; 72 spilled 32-88 B under triton 3.6)
+        # the register cap (gather_registers; the dot's above): 128 keeps 4 programs (16 warps) per
+        # SM; the loop's batch of three heads (two for fp32 x; gather_depth) takes 118-128 registers
+        # without spill on triton 3.6 and 3.9 (bf16 D=128, sm_90). (With one head a batch, ptxas left
+        # to itself took 64 registers by issuing the next head's loads after the arithmetic; 72
+        # spilled 32-88 B under triton 3.6)
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=True,
         product=product, heads=True,
     )
@@ -268,7 +349,7 @@ HEADS_DOT_MAX_D = 128  # the head-group kernel's dot holds M whole: 32 KB in bf1
 
 PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last wave is short
 # the fewest heads a gather program walks (where the launch has them): the loop's first batch
-# (kernel.GATHER_DEPTH, 3 for 16-bit x) is then loads of real heads, issued together and sharing
+# (gather_depth, 3 for 16-bit x on sm_90) is then loads of real heads, issued together and sharing
 # the program's table (or cache) rows. The static model of the decode workload (bf16, sm_90,
 # triton 3.9, 800 ns, estimates): apply_qk forward 4.1 -> 2.9 us and apply_qk_at 4.9 -> 3.7 us
 # against one head per program (320 programs); backward 4.0 -> 3.8 and 5.0 -> 4.5 us
@@ -330,13 +411,13 @@ def token_tile(heads: int, block_d: int, lanes: int = 32) -> tuple[int, int, int
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
 def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool, exact_in_x: bool,
            exact_in_bf16: bool, interpret: bool = False, positions: int = 0, angles: bool = False,
-           product: str = "gather", sin_dtype=None, lanes: int = 32) -> Config:
+           product: str = "gather", sin_dtype=None, lanes: int = 32, arch: int | str | None = None) -> Config:
     """The kernel specialisation for these inputs (see the module docstring): the gather kernel
     for a signed permutation (unless ``product="dot"``), else the dot kernel's tiles."""
     if gather and (product == "gather" or triton.next_power_of_2(head_dim) <= HEADS_DOT_MAX_D):
         return choose_gather(x_dtype, table_dtype, head_dim, transpose=transpose, interpret=interpret,
                              positions=positions, angles=angles, sin_dtype=sin_dtype, product=product,
-                             lanes=lanes)
+                             lanes=lanes, arch=arch)
     half = x_dtype != torch.float32
     gather_sin = transpose and gather
     if half and exact_in_x and (not transpose or gather_sin):
@@ -499,7 +580,8 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
                  interpret=interpret, positions=positions, angles=angles, product=current_product(),
-                 sin_dtype=sin_dtype, lanes=warp_size())
+                 sin_dtype=sin_dtype, lanes=warp_size(),
+                 arch=current_arch(matrix.device if matrix.is_cuda else None))
     if cfg.product == "gather":
         src, sign, pair = _signed_gather(info, transpose)
         fixed = None if interpret else _overridden(cfg)

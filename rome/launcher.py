@@ -553,7 +553,9 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
-                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0)
+                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0,
+                  DEPTH=launch.gather_depth(launch.current_arch(xs[0].device if xs[0].is_cuda else None),
+                                            xs[0].dtype, kind, norm_grad is not None))
     d = xs[0].shape[-1]
     width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
     sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
@@ -686,13 +688,14 @@ def kernel_configs(arch: int | str | None = None) -> list[launch.KernelConfig]:
     ``product("dot")``): x dtype × head_dim × pass × matrix kind × tables, every block of M
     nonzero. One tensor or q+k is the same kernel. ``arch``: an NVIDIA compute capability (an int)
     or an AMD arch name ("gfx942": 64-lane warps, which change the warps of the head-group
-    kernel's dot); None: the runtime's."""
+    kernel's dot), which also sets the gather loop's depth (``launch.gather_depth``); None: the
+    runtime's."""
     if INTERPRET:
         raise RuntimeError("kernel_configs() compiles for a GPU: call it in a process without "
                            "TRITON_INTERPRET=1 (the kernel is then a JITFunction)")
     if arch is None:
         return _kernel_configs()
-    with launch.target_warp_size(64 if str(arch).startswith("gfx") else 32):
+    with launch.target_arch(arch):
         return _kernel_configs()
 
 
@@ -777,5 +780,5 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
                                         elements_per_tile=c.block_r * c.head_dim,
                                         tuned_candidate=c is not first.config, matrix="rotation",
-                                        norm=norm, heads=tuple(heads)))
+                                        norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"]))
             for c in (first.config, *alts)]

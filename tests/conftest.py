@@ -66,11 +66,12 @@ def pytest_collection_modifyitems(config, items):
             pool = ThreadPoolExecutor(1, thread_name_prefix="rome-static-compile")
             # the workers start here, before any test (tests that spawn processes themselves
             # must not start while the compile's environment is set); config.rome_static_compile:
-            # a Future of (rows, files) for sm_80 and sm_90 (every config) and gfx942 (CI's subset)
+            # a Future of (rows, files) for sm_90 (every chosen config), gfx942, sm_80 and sm_100 (CI's
+            # subsets: profiling.static.configs.gate_configs)
             workers = aot.start_compiler_pool(os.cpu_count() or 2, nice=10)
             # (the gate checks compiles, spills and fit: the scheduled model, seconds per config in
             # this process, is left to the model's own tests and the table's CLI)
-            config.rome_static_compile = pool.submit(configs.inspect_kernels, (90, "gfx942"), pool=workers,
+            config.rome_static_compile = pool.submit(configs.inspect_kernels, (90, "gfx942", 80, 100), pool=workers,
                                                      configs_ref=configs.GATE_CONFIGS, schedule=False)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():

@@ -394,3 +394,55 @@ def test_bf16_within_one_ulp_where_the_terms_cancel(mode, transpose):
     assert (want[0, 0].abs() < terms[0, 0] * 2.0**-10).float().mean() > 0.5  # the terms do cancel
     err = rome.precision.ulp_error(got, want, BF16)
     assert err.max().item() <= 1.0, err.max().item()
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype, monkeypatch):
+    """16-bit x: three heads a batch on sm_90, the AMD archs and for bf16 on sm_80, else two (where
+    three spilled at the register cap: ``launch.gather_depth``; fp16 on sm_100 at a cap of 168); the
+    launch passes it as DEPTH and both depths give the same bits (each head's arithmetic is the
+    same), within 1 ulp of float64's."""
+    from rome import launcher
+    from rome.precision import ulp_error
+
+    m = rome.rotation_matrix((32,), "half", device=DEVICE)
+    q = torch.randn(2, 5, 7, 32, device=DEVICE).to(dtype)
+    k = torch.randn(2, 2, 7, 32, device=DEVICE).to(dtype)
+    cos, sin = random_tables((7, 32))
+    want = {90: 3, 80: 3 if dtype == BF16 else 2, 100: 2, "gfx942": 3}
+    assert {a: launch.gather_depth(a, dtype) for a in want} == want
+    caps = {}
+    for arch in want:
+        with launch.target_arch(arch):
+            caps[arch] = launch.plan(m, dtype, FP32, transpose=False, interpret=False).config.maxnreg
+    assert caps == {90: 128, 80: 128, 100: 168 if dtype == FP16 else 128, "gfx942": 128}
+    seen, outs = [], {}
+    real = launcher._run
+
+    def run(fn, grid, args, consts, *rest):
+        seen.append(consts.get("DEPTH"))
+        return real(fn, grid, args, consts, *rest)
+
+    monkeypatch.setattr(launcher, "_run", run)
+    for arch in (90, 100):
+        seen.clear()
+        with launch.target_arch(arch):
+            outs[arch] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        assert seen == [want[arch]]
+    for a, b, x in zip(outs[90], outs[100], (q, k)):
+        assert torch.equal(a, b)
+        assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
+
+
+def test_the_gather_depth_by_dtype_norm_and_pass():
+    """Fewer heads a batch where more spilled (launch.gather_depth's comment): fp32 x and the
+    per-head norm prologue two, the norm's backward two (16-bit) or one (fp32 x; the LayerNorm's on
+    sm_100); the norm over a token's heads as the plain loop."""
+    g = launch.gather_depth
+    for arch in (80, 90, 100, "gfx942", None):
+        assert g(arch, FP32) == 2 and g(arch, BF16, "rms") == g(arch, FP16, "layer") == 2
+        assert g(arch, BF16, "rms_heads") == g(arch, BF16)
+        assert g(arch, FP32, "rms", backward=True) == 1
+        assert g(arch, BF16, "rms", backward=True) == g(arch, FP16, "rms_heads", backward=True) == 2
+        assert g(arch, BF16, "layer", backward=True) == (1 if arch == 100 else 2)
+    assert g(None, BF16) == g(90, FP16) == 3

@@ -1,8 +1,9 @@
 """The GPU kernel, compiled ahead of time without a GPU (``python -m profiling kernels``).
 
 Every chosen configuration (every dtype, head_dim, pass, product and tables/positions kind)
-compiles for sm_90 (CI's 20 minutes: sm_80 and the autotuner's candidates are compiled by
-``python -m profiling kernels`` into the committed tables), fits the project's
+compiles for sm_90, and for sm_80 and sm_100 the launches whose registers run out first there
+(``profiling.static.configs.off_sm90_ci_configs``; CI's 20 minutes: the rest and the autotuner's
+candidates are compiled by ``python -m profiling kernels`` into the committed tables), fits the project's
 99 KB of shared memory per block, and does not spill; the tool's specialisation is the one a real
 launch compiles (same Triton cache key), and its cubin reading is checked on a kernel whose
 instructions are known. Compiles run in worker processes without TRITON_INTERPRET (this process
@@ -23,18 +24,19 @@ from profiling.static import compile as aot
 from profiling.__main__ import main
 from rome import launch
 
-ARCHS = (90,)  # the CI gate's (sm_80 and every candidate: the committed tables, make static)
+ARCHS = (90, 80, 100)  # the CI gate's (sm_80/sm_100 a subset; every config: the committed tables, make static)
 SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's target everywhere
 
 
 @pytest.fixture(scope="module")
 def compiled(request):
-    """Every config for sm_80 and sm_90, compiled once (in worker processes): the rows. The
+    """The gate's configs (sm_90, sm_80, sm_100, gfx942), compiled once (in worker processes): the rows. The
     compile is started by conftest.py when the suite is collected, in the background while the
     interpreter tests run (724 builds, about a second of CPU each from an empty Triton cache,
     seconds in all from a warm one); this waits for it."""
     started = getattr(request.config, "rome_static_compile", None)
-    rows, _ = started.result() if started is not None else configs.inspect_kernels(ARCHS)
+    rows, _ = started.result() if started is not None else configs.inspect_kernels(
+        (90, "gfx942", 80, 100), configs_ref=configs.GATE_CONFIGS, schedule=False)
     return rows
 
 
@@ -43,7 +45,7 @@ def _pass(meta):
 
 
 def test_configs_cover_the_launcher(compiled):
-    for cc in (90,):  # (sm_80's gate compiles a subset: profiling.static.configs.sm80_ci_configs)
+    for cc in (90,):  # (sm_80's and sm_100's gate compile a subset: configs.off_sm90_ci_configs)
         rows = [r for r in compiled if r["arch"] == f"sm_{cc}"]
         names = [r["config"] for r in rows]
         assert len(names) == len(set(names)), "two configs share a name"

@@ -1,4 +1,4 @@
-"""``rome.settings.ThreadSetting``, behind ``launch.product``, ``launch.target_warp_size``,
+"""``rome.settings.ThreadSetting``, behind ``launch.product``, ``launch.target_warp_size``, ``launch.target_arch``,
 ``launcher.capture`` and ``ops.positions_checked``: a value per thread, restored on leaving a
 block (nested, raising), invisible to other threads."""
 
@@ -37,7 +37,7 @@ def test_another_thread_sees_the_default():
     assert seen == [0]
 
 
-def test_the_four_settings_scope_and_restore():
+def test_the_settings_scope_and_restore():
     assert launch.current_product() == "gather"
     with launch.product("dot"):
         assert launch.current_product() == "dot"
@@ -51,6 +51,17 @@ def test_the_four_settings_scope_and_restore():
     assert launch.warp_size() == default
     with pytest.raises(ValueError, match="lanes must be 32 or 64, got 16"), launch.target_warp_size(16):
         pass
+
+    arch = launch.current_arch()
+    with launch.target_arch("gfx942"):
+        assert launch.current_arch() == "gfx942" and launch.warp_size() == 64
+        with launch.target_arch(80):
+            assert launch.current_arch() == 80 and launch.warp_size() == 32
+        assert launch.current_arch() == "gfx942"
+    assert launch.current_arch() == arch and launch.warp_size() == default
+    for bad in ("sm_90", 9.0, True, None):
+        with pytest.raises(ValueError, match="arch must be a compute capability"), launch.target_arch(bad):
+            pass
 
     assert not launcher.capturing()
     with launcher.capture(num_sms=7) as launches:

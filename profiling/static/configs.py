@@ -63,20 +63,34 @@ def wave64_gather_configs(cc=None) -> list:
 
 def gate_configs(cc) -> list:
     """The CI gate's list for ``cc`` (tests/test_kernels_static.py): every chosen configuration for
-    sm_90 (the GPU machines' arch; the autotuner's candidates left out), ``sm80_ci_configs`` for
-    sm_80, ``amd_ci_configs`` for an AMD arch; the committed tables (``python -m profiling
-    kernels``) hold every configuration of each."""
+    sm_90 (the GPU machines' arch; the autotuner's candidates left out), ``off_sm90_ci_configs``
+    for sm_80 and sm_100, ``amd_ci_configs`` for an AMD arch; the committed tables (``python -m
+    profiling kernels``) hold every configuration of each."""
     if isinstance(cc, str):
         return amd_ci_configs(cc)
-    return sm80_ci_configs(cc) if cc == 80 else [c for c in configs(cc) if not c.meta.get("tuned_candidate")]
+    if cc in (80, 100):
+        return off_sm90_ci_configs(cc)
+    return [c for c in configs(cc) if not c.meta.get("tuned_candidate")]
 
 
-def sm80_ci_configs(cc=80) -> list:
-    """The configurations CI compiles for sm_80: the chosen tiles (no autotuner candidates) at
-    head_dim 128 and 256, the largest tiles and register use, every dtype, pass, product and
-    tables/positions kind (sm_90 compiles every configuration; the time CI has is 20 minutes)."""
-    return [c for c in configs(cc) if not c.meta.get("tuned_candidate") and c.meta["head_dim"] in (128, 256)
-            and c.meta.get("heads", (4, 2)) == (4, 2)]  # (the token tile at Wan's heads: sm_90's gate compiles it)
+def off_sm90_ci_configs(cc) -> list:
+    """The configurations CI compiles for sm_80 and sm_100 (CI's 20 minutes: the committed tables
+    hold every one): where the registers run out first off sm_90, the head-group kernel's chosen
+    launches at head_dim 128 in bf16 and fp16 with positions on several axes (gather and dot,
+    forward and backward: 8-40 B spilled there before the gather's depth and the fp16 dot's rows
+    were chosen by arch, ``rome.launch.gather_depth``) and the LayerNorm's backward epilogue
+    (8 B on sm_100 before)."""
+    out = []
+    for c in configs(cc):
+        m = c.meta
+        if m.get("tuned_candidate") or m["head_dim"] != 128 or m["x_dtype"] == "fp32" \
+                or m.get("heads", (4, 2)) != (4, 2) or "q alone" in c.name:
+            continue
+        plain = m.get("norm") is None and m["positions"] == 2 and not m["angles"] and m.get("matrix") == "rotation"
+        layer_bwd = m.get("norm") == "layer" and m["pass_"] == "bwd"
+        if plain or layer_bwd:
+            out.append(c)
+    return out
 
 
 GATE_CONFIGS = "profiling.static.configs:gate_configs"
