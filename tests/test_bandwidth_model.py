@@ -465,6 +465,51 @@ def test_the_l1_path_is_shared_and_the_scheduler_issues_one_a_clock():
 def test_busiest_sm_takes_every_sms_th_program():
     p = schedule.Programs(((3, None), (3, (1.0,))), 6)
     assert p.busiest(4) == [0, 1] and p.busiest(1) == [0, 0, 0, 1, 1, 1]
+    assert p.on_sm(2, 4) == [0] and p.on_sm(3, 4) == [1]
+    # the SMs' distinct sequences, the most programs then the most work first (SMs 0-1 run two)
+    seqs = p.sm_sequences(4)
+    assert seqs[0] == [0, 1] and sorted(map(tuple, seqs[1:])) == [(0,), (1,)] and seqs[1] == [1]
+    # kinds of equal work are one; SMs running the same work once
+    assert schedule.Programs(((2, (8.0,)), (2, (8.0,))), 4).sm_sequences(132) == [[0]]
+
+
+def test_a_peeled_batch_after_the_loops_is_walked_before_a_predicated_exit():
+    """The head groups' SEAM build stores its last batch after the tile loop, and ptxas puts a
+    predicated exit before a head past the group: with the program's ``tail`` (the elements it
+    stores outside tile loops) the walk takes that exit only once those stores are done."""
+    text = sass(*_head(),
+                ("LDG.E.128 R4, desc[UR4][R2.64]", 0, 0),
+                ("STG.E.128 desc[UR4][R16.64], R4", None, 0b1),
+                ("@!P0 EXIT", None, 0),
+                ("STG.E.128 desc[UR4][R16.64+0x10], R4", None, 0),
+                ("EXIT", None, 0))
+    k = schedule.Kernel(text)
+    stores = lambda path: sum(1 for i in path if i.base == "STG")  # noqa: E731
+    short, _ = schedule.program_path(k, [], elements_per_byte=1 / 4, num_warps=4)
+    one, _ = schedule.program_path(k, [], elements_per_byte=1 / 4, num_warps=4, tail=512.0)
+    two, _ = schedule.program_path(k, [], elements_per_byte=1 / 4, num_warps=4, tail=1024.0)
+    # (a 128-bit store: 4 fp32 elements x 32 lanes x 4 warps = 512 elements)
+    assert stores(short) == 1 and stores(one) == 1 and stores(two) == 2
+
+
+def test_the_launch_ends_with_its_slowest_sm():
+    """A launch of fewer programs than SMs ends when its heaviest program does, not SM 0's
+    (a decode step: the head group holding q's last heads and k's first walks one more round trip)."""
+    text = sass(*_head(),
+                ("LDG.E.128 R4, desc[UR4][R2.64]", 0, 0),
+                ("FMUL R4, R4, 2", None, 0b1),
+                ("STG.E.128 desc[UR4][R16.64], R4", None, 0),
+                ("@!P0 BRA 0x20", None, 0))
+    def run(kinds):
+        grid = sum(n for n, _ in kinds)
+        return model.bandwidth_model(text, num_warps=4, elements_per_tile=512, dram_bytes_per_element=8,
+                                     registers=32, shared_bytes=0, x_bytes=4, elements=512.0 * grid,
+                                     programs={"kinds": kinds, "grid": grid})
+    light = run([[2, [512.0]]])  # one trip of the tile loop a program (4 warps x 32 lanes x 4 elements)
+    mixed = run([[1, [512.0]], [1, [2048.0]]])  # SM 1's program walks four trips
+    heavy = run([[2, [2048.0]]])
+    assert mixed["schedule"]["sm_kinds"] == [1] and mixed["schedule"]["sm_sequences"] == 2
+    assert mixed["time_us"] == pytest.approx(heavy["time_us"]) and mixed["time_us"] > 1.3 * light["time_us"]
 
 
 def test_model_per_element_figures():

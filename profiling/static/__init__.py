@@ -13,7 +13,7 @@ only those listed before it:
 - ``amd``: reading an AMD code object (``.amdgpu_metadata``, LLVM's comments); the AMD method text.
 - ``compile``: the ahead-of-time compile (``ast_source``, ``compile_kernel``) in worker processes
   that never saw ``TRITON_INTERPRET=1`` (``compiler_pool``); ``Job``, one compile and its reading.
-- ``schedule``: a launch's programs scheduled on its busiest SM from the SASS (a program's path, what
+- ``schedule``: a launch's programs scheduled on its slowest SM from the SASS (a program's path, what
   each load reads, four warp schedulers and one L1 path at a fixed DRAM latency).
 - ``model``: the static bandwidth model (the schedule at both latency ends and clocks against copy,
   one tile's figures, the bounds per GPU).

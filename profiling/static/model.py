@@ -12,7 +12,7 @@ from .nvidia import GLOBAL, Instr, branch_target, call_target, parse_sass, sass_
 from .schedule import (_back_edges, CLOCKS_GHZ, LATENCIES_NS, SHARED, Params, PARAM_BASE, Programs, access_bits, control_bits,
                        end_name, sass_controls, schedule_launch, wavefronts)
 
-# The estimate (``bandwidth_model``) is ``schedule``'s: one launch's programs scheduled on its busiest
+# The estimate (``bandwidth_model``) is ``schedule``'s: one launch's programs scheduled on its slowest
 # SM from the SASS at a fixed DRAM latency, at both ends of the latency range and both clocks, the
 # rate capped at copy; the worst end is the headline. Beside it, what one tile (one iteration of the
 # innermost loop holding a global store) issues, read from its SASS in address order (``tile_figures``):
@@ -51,7 +51,7 @@ GPU_NOTES = (
     "H200 run of profiling/results/h200/final-6d523e5 measured copy at 4.3-4.4 TB/s)."
 )
 MODEL_METHOD = (
-    "Estimate: the launch's programs scheduled on its busiest SM (profiling/static/schedule.py): a program's "
+    "Estimate: the launch's programs scheduled on its slowest SM (each SM's programs in dispatch order, the slowest of their distinct sequences; profiling/static/schedule.py): a program's "
     "path through the SASS (branches on a scalar the launch gives resolved, e.g. the permutation's class; "
     "each tile loop run the iterations its heads ask; the prologue, the q->k seam and the epilogue "
     "included), ceil(grid / SMs) programs over the resident CTAs (wave quantisation: the last wave's "
@@ -61,7 +61,7 @@ MODEL_METHOD = (
     "hit (an L2 hit when more than its share of half the L1 was loaded in between); every access holds the L1 "
     "path one clock per 128 B wavefront, a gathered load (address from a loaded index) of a tensor the "
     "program also reads directly touching every line of that direct load (no DRAM bytes of its own). "
-    "Rate = the launch's DRAM bytes / the busiest SM's time; estimate = min(rate, copy) / copy at 600 and "
+    "Rate = the launch's DRAM bytes / the slowest SM's time; estimate = min(rate, copy) / copy at 600 and "
     "800 ns, 1.755 and 1.98 GHz, the worst the headline. In flight: distinct DRAM bytes outstanding per SM, "
     "averaged over time. L1 B/elem and instr/DRAM B: of the program's whole path (prologue included), per "
     "element it stores. Static figures, not measurements. ")
@@ -294,9 +294,14 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
     sms = gpus[0].sms
     layout = Params.layout(params, PARAM_BASE[arch.cc]) if params and arch.cc in PARAM_BASE else None
     if programs is not None:
-        progs = Programs(tuple((int(n), None if w is None else tuple(float(x) for x in w),
-                                *([tuple(None if t is None else int(t) for t in rest[0])] if rest else []))
-                               for n, w, *rest in programs["kinds"]), int(programs["grid"]),
+        def kind(n, w, *rest):  # (count, work[, loop trips[, tail]]) as hashable tuples
+            out = [int(n), None if w is None else tuple(float(x) for x in w)]
+            if rest:
+                out.append(None if rest[0] is None else tuple(None if t is None else int(t) for t in rest[0]))
+            if len(rest) > 1:
+                out.append(None if rest[1] is None else float(rest[1]))
+            return tuple(out)
+        progs = Programs(tuple(kind(*k) for k in programs["kinds"]), int(programs["grid"]),
                          tuple(sorted((programs.get("uniform") or {}).items())))
         ends_ns, clocks = latencies_ns, clocks_ghz
     else:

@@ -1,5 +1,5 @@
 """One launch of a kernel scheduled on one SM from its SASS, at a fixed DRAM latency: the time
-its busiest SM takes, and from it the DRAM bandwidth the launch reaches (``model`` turns that into
+its slowest SM takes, and from it the DRAM bandwidth the launch reaches (``model`` turns that into
 the estimate against copy; docs/kernels.md states the assumptions).
 
 What it does, in order:
@@ -25,7 +25,7 @@ What it does, in order:
    direct load (its L1 wavefronts: at least the direct load's). One that reads again an address an
    earlier load read (``reread_distance``) is an L1 hit, or an L2 hit where the warp loaded more
    than ``l1_bytes`` in between. Every other load is a DRAM round trip whose bytes are distinct.
-3. **The SM** (``simulate``): the busiest SM's programs (ceil(grid / SMs), program kinds in launch
+3. **The SM** (``simulate``): an SM's programs (programs i, i + SMs, ...: program kinds in launch
    order) over its resident CTAs, one CTA per slot, the next program when a slot's warps have all
    exited. One warp scheduler (sub-partition) is simulated: its warps are one in four of the SM's
    (warps are spread over the four, so each sees the same mix) and it has a quarter of the L1
@@ -232,13 +232,15 @@ def _cmp(op: str, a: int, b: int) -> bool | None:
 
 
 def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: int,
-          loop_trips: tuple | None = None):
+          loop_trips: tuple | None = None, tail_bytes: float = 0.0):
     """The walk behind ``program_path``: ``trips_for(loop)`` the iterations of a tile loop,
     ``wanted_for(entered)`` the next event wanted once the tile loops ``entered`` were (a loop's
     start, "exit", or None: fall through wherever a branch is not known); ``loop_trips``: the
     iterations the launch gives of the loops (tile loops and loops that load without storing) in
     the order the program first reaches them, None where the walk derives them (a tile loop's
-    from its work; a load loop without them runs once and is named in ``load_loops_walked_once``)."""
+    from its work; a load loop without them runs once and is named in ``load_loops_walked_once``);
+    ``tail_bytes``: what a warp stores outside the tile loops (a loop's last batch peeled after
+    it): a predicated exit is not taken before the path has stored that much there."""
     ins_list, idx = kernel.instrs, kernel.index
     known: dict[str, int] = {}
     preds: dict[str, bool] = {}
@@ -255,11 +257,15 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
         k = len(reached) - 1
         return loop_trips[k] if loop_trips is not None and k < len(loop_trips) else None
 
+    tail_left = tail_bytes
     n, steps = 0, 0
     while isinstance(n, int) and n < len(ins_list) and steps < max_steps:
         ins = ins_list[n]
         steps += 1
         path.append(ins)
+        if tail_left > 0 and ins.base == "STG" and not any(s <= ins.addr <= lp.end
+                                                             for s, lp in kernel.tile_loops.items()):
+            tail_left -= access_bits(ins) * 32 // 8
         if ins.addr in kernel.tile_loops and ins.addr not in trips:
             reached.append(ins.addr)
             g = given()
@@ -298,7 +304,7 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
             # a predicated exit inside a tile loop with iterations left is the loop's last-trip
             # exit (ptxas moves the end of the last loop into its body): not taken before then
             unfinished = any(s <= ins.addr <= kernel.tile_loops[s].end and done[s] + 1 < trips[s] for s in trips)
-            if always or (wanted_for(order) == "exit" and not unfinished):
+            if always or (wanted_for(order) == "exit" and not unfinished and tail_left <= 0):
                 break
             n += 1
             continue
@@ -346,15 +352,17 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
 
 def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte: float, num_warps: int,
                  known_loads: dict | None = None, iterations: int = 1, loop_trips: tuple | None = None,
-                 max_steps: int = 2_000_000) -> tuple[list[Instr], dict]:
+                 tail: float | None = None, max_steps: int = 2_000_000) -> tuple[list[Instr], dict]:
     """The instructions one program issues (see the module's comment). ``work``: the elements the
     program stores through each tile loop, in the order the program reaches them (None: each tile
     loop once); ``elements_per_byte``: elements per stored byte (1 / x's bytes); ``known_loads``:
     ``{address: value}`` of scalar loads whose value the launch gives; ``iterations``: with ``work``
     None, the iterations of every tile loop; ``loop_trips``: with ``work``, the iterations the
     launch gives of the program's loops in first-reach order (see ``_walk``: a norm's sweep over a
-    token's heads). Also returns what it did: the tile loops entered with their iterations, the
-    load loops run their given trips, the instruction count.
+    token's heads); ``tail``: the elements the program stores after its tile loops, outside any
+    (the head groups' peeled last batch: a predicated exit before those stores is not taken
+    until they are done). Also returns what it did: the tile loops entered with their iterations,
+    the load loops run their given trips, the instruction count.
 
     First a walk with every tile loop once and unknown branches not taken gives the tile loops in
     the order a program reaches them; the second walk runs each its iterations and, at an unknown
@@ -378,7 +386,8 @@ def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte:
                 return order[j]
         return "exit"
 
-    path, _, info = _walk(kernel, trips_for, wanted_for, known_loads, max_steps, loop_trips)
+    path, _, info = _walk(kernel, trips_for, wanted_for, known_loads, max_steps, loop_trips,
+                          (tail or 0.0) / elements_per_byte / num_warps)
     info["order"] = [hex(a) for a in order]
     return path, info
 
@@ -854,9 +863,10 @@ LATENCIES_NS = (600.0, 800.0)  # a DRAM round trip, idle to loaded (microbenchma
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-    """A launch's programs: ``kinds`` as (count, work) or (count, work, loop_trips) in dispatch
-    order (work: the elements each tile loop stores, in the order a program reaches them; None:
-    each tile loop once; loop_trips: ``program_path``'s), ``grid`` the programs in all,
+    """A launch's programs: ``kinds`` as (count, work), (count, work, loop_trips) or (count, work,
+    loop_trips, tail) in dispatch order (work: the elements each tile loop stores, in the order a
+    program reaches them; None: each tile loop once; loop_trips, tail: ``program_path``'s; None
+    where not given), ``grid`` the programs in all,
     ``uniform`` {pointer name: value} of the scalar loads the launch gives."""
 
     kinds: tuple
@@ -865,19 +875,38 @@ class Programs:
     iterations: int | None = None  # where work is None: every tile loop this many times (a steady tile)
 
     def busiest(self, sms: int) -> list[int]:
-        """Kind indices of the programs the busiest SM runs: ceil(grid / SMs) of them, every SMs-th
-        in dispatch order (the block scheduler hands programs out in order)."""
-        ids = range(0, self.grid, max(1, sms))
-        out, bounds, acc = [], [], 0
+        """Kind indices of the programs SM 0 runs: ceil(grid / SMs) of them, every SMs-th in
+        dispatch order (the block scheduler hands programs out in order)."""
+        return self.on_sm(0, sms)
+
+    def on_sm(self, sm: int, sms: int) -> list[int]:
+        """Kind indices of the programs SM ``sm`` runs: programs sm, sm + SMs, ... in dispatch order."""
+        bounds, acc = [], 0
         for n, *_ in self.kinds:
             acc += n
             bounds.append(acc)
-        k = 0
-        for i in ids:
+        out, k = [], 0
+        for i in range(sm, self.grid, max(1, sms)):
             while k < len(bounds) - 1 and i >= bounds[k]:
                 k += 1
             out.append(k)
         return out
+
+    def sm_sequences(self, sms: int, most: int = 12) -> list[list[int]]:
+        """The SMs' distinct program sequences (``on_sm``; kinds of equal work and trips are one),
+        at most ``most``: those with the most programs, then the most work, first. The launch ends
+        when its slowest SM does: where every program is alike that is SM 0's, but a launch of few
+        programs (a decode step: one program an SM) ends with its heaviest program, e.g. the head
+        group that holds q's last heads and k's first (the q->k seam)."""
+        seen = {}
+        for sm in range(min(self.grid, max(1, sms))):
+            seq = self.on_sm(sm, sms)
+            seen.setdefault(tuple(tuple(self.kinds[k][1:]) for k in seq), seq)
+
+        def work(key):
+            return sum(x for w, *_ in key for x in (w or ()) if x)
+        ranked = sorted(seen, key=lambda key: (-len(key), -work(key)))
+        return [seen[key] for key in ranked[:most]]
 
 
 _CACHE: dict = {}
@@ -887,11 +916,11 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
                     l1_bytes: int | None = None,
                     x_bytes: float, dram_bytes_per_element: float, launch_elements: float | None = None,
                     sms: int = 132, clocks_ghz=CLOCKS_GHZ, latencies_ns=LATENCIES_NS) -> dict:
-    """The launch on its busiest SM at each DRAM latency and clock: ``ends`` {"800ns@1.755GHz":
-    {us, gbps, ...}}, and per program kind its path (tile loops and iterations, instructions, L1
-    wavefronts, the elements it stores) and its global loads by class. The rate: the DRAM bytes of
-    the launch (``launch_elements`` x ``dram_bytes_per_element``; without a launch, those of the
-    busiest SM's programs x SMs) over the busiest SM's time."""
+    """The launch on its slowest SM (``Programs.sm_sequences``) at each DRAM latency and clock:
+    ``ends`` {"800ns@1.755GHz": {us, gbps, ...}}, and per program kind its path (tile loops and
+    iterations, instructions, L1 wavefronts, the elements it stores) and its global loads by class.
+    The rate: the DRAM bytes of the launch (``launch_elements`` x ``dram_bytes_per_element``;
+    without a launch, those of that SM's programs x SMs) over that SM's time."""
     key = (hash(sass), programs, (params.base, tuple(sorted(params.slots.items())), params.pointers) if params else None,
            ctas_per_sm, num_warps, l1_bytes, x_bytes, dram_bytes_per_element, launch_elements, sms, tuple(clocks_ghz),
            tuple(latencies_ns))
@@ -903,7 +932,8 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     for _, work, *given in programs.kinds:
         path, info = program_path(kernel, list(work) if work is not None else None, elements_per_byte=1 / x_bytes,
                                   num_warps=num_warps, known_loads=known, iterations=programs.iterations or 1,
-                                  loop_trips=given[0] if given else None)
+                                  loop_trips=given[0] if given else None,
+                                  tail=given[1] if len(given) > 1 else None)
         loads = classify(path, params, l1_bytes)
         # what the loops that load without storing read from DRAM (a first sweep over a token's
         # heads): the program reads those lines again (the sweep is there to be followed by it);
@@ -925,7 +955,15 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
                  "shared_accesses": sum(1 for i in path if i.base in SHARED),
                  "barriers": sum(1 for x in st if x[4] == _K_BAR)}
         paths.append(info)
-    order = programs.busiest(sms)
+    # the slowest SM's programs: each distinct sequence scheduled at the worst end, the slowest
+    # one then at every end
+    worst_lat, worst_clk = max(latencies_ns), min(clocks_ghz)
+    sequences = programs.sm_sequences(sms)
+    order = sequences[0]
+    if len(sequences) > 1:
+        order = max(sequences, key=lambda o: simulate([steps[k] for k in o], ctas_per_sm=ctas_per_sm,
+                                                      num_warps=num_warps,
+                                                      dram_cycles=worst_lat * worst_clk)["cycles"])
     seq = [steps[k] for k in order]
     if launch_elements is None:
         launch_elements = sum(paths[k]["elements_stored"] for k in order) * sms
@@ -942,7 +980,8 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
                 "latency_ns": lat, "clock_ghz": clk, "us": us, "gbps": dram_bytes / (us * 1e3) if us else math.inf,
                 "issue_busy": r["issue_busy"], "l1_busy": r["l1_busy"],
                 "inflight_kb_per_sm": r["inflight_bytes_per_sm"] / 1024}
-    out = {"ends": ends, "paths": paths, "programs_on_busiest_sm": len(seq), "dram_bytes": dram_bytes,
+    out = {"ends": ends, "paths": paths, "programs_on_busiest_sm": len(seq), "sm_kinds": order,
+           "sm_sequences": len(sequences), "dram_bytes": dram_bytes,
            "reread_share": reread, "dram_bytes_moved": dram_bytes * (1 + reread),
            "known_loads": {hex(a): v for a, v in known.items()}}
     _CACHE[key] = out
