@@ -15,7 +15,10 @@ Two kernels evaluate ``x @ M``:
   ``BLOCK_R`` rows along which the tables vary (T rows) × all D columns; a program reads its
   tables once and walks a group of heads (the rows that share those tables) of q and then of k,
   ``DEPTH`` heads a batch (``rome.launch.gather_depth``), the next batch's loads issued before
-  this batch's arithmetic.
+  this batch's arithmetic. Where a group is not every head (``SEAM``, a decode step: one program
+  an SM, its time a chain of round trips), q's groups and k's are apart, the first batch's x and
+  partners are issued before the tables (caches at positions after them) are waited on, and the
+  last batch is peeled so that nothing is prefetched past the group.
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
   Memory-bound: x read and out written once, the tables read about once per launch.
@@ -705,6 +708,12 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
 
 
 @triton.jit
+def _swap(on, a, b):
+    # (b, a) where the scalar ``on`` holds, else (a, b)
+    return tl.where(on, b, a), tl.where(on, a, b)
+
+
+@triton.jit
 def _partner(x_ptr, g_off, m, x, PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr):
     # the partner's load x[:, src] of a head (its lines are x's: L1 hits), issued with x's; none
     # where the partner is in x's registers (PAIRS_SWAPPED) or the dot makes the product
@@ -725,14 +734,97 @@ def _head_weights(nw_ptr, h, cols, src, cm, D, PAIR: tl.constexpr):
 
 
 @triton.jit
+def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
+           c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba,
+           PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
+           FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
+           F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr, K: tl.constexpr):
+    # one batch of _rotate_heads: heads h .. h + K - 1 (those below h_hi stored; (hac, hbc) the
+    # first one's head indices, returned past the batch) from their loaded x (x0..x2), partners
+    # (g0..g2) and the forward's input (xn0, xn1: NORM_GRAD); dwa, dba: the norm backward's sums
+    # (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
+    if NORM == NORM_RMS_HEADS:
+        nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
+    dw, db = _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
+                   rstd, xn0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
+                   BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+    dwa += dw
+    if NORM_GRAD == NORM_LAYER:
+        dba += db
+    if K >= 2:
+        hac, hbc = _next_head(hac, hbc, H1)
+        if NORM == NORM_RMS_HEADS:
+            nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
+        dw, db = _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
+                       nw, nws, nb, nbs, eps, D, rstd, xn1, PAIR, DOT,
+                       SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+        dwa += dw
+        if NORM_GRAD == NORM_LAYER:
+            dba += db
+    if K >= 3:
+        hac, hbc = _next_head(hac, hbc, H1)
+        if NORM == NORM_RMS_HEADS:
+            nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
+        dw, db = _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
+                       nw, nws, nb, nbs, eps, D, rstd, xn2, PAIR, DOT,
+                       SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+        dwa += dw
+        if NORM_GRAD == NORM_LAYER:
+            dba += db
+    hac, hbc = _next_head(hac, hbc, H1)
+    return dwa, dba, hac, hbc
+
+
+@triton.jit
+def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, x0, x1, x2, LOADED: tl.constexpr,
+                 PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr, K: tl.constexpr, DEPTH: tl.constexpr,
+                 XN: tl.constexpr):
+    # the loads of _rotate_heads' first batch: heads h_lo .. h_lo + K - 1 (those below h_hi), x
+    # (LOADED 1: x0 issued by the caller; 3: x0, x1, x2, DEPTH heads), the partner, and with XN the
+    # forward's input xn; returns (ha, hb) of the last head loaded and the batch's tiles
+    ha = h_lo // H1  # (once per program: a division)
+    hb = h_lo % H1
+    hx0 = ha * sxh0 + hb * sxh1
+    if LOADED == 0:
+        x0 = _fetch(x_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
+    g0 = _partner(x_ptr + hx0, g_off, _while(mask, h_lo, h_hi), x0, PAIR, DOT, RAW_X)
+    xn0 = x0
+    if XN:
+        xn0 = _fetch(xn_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
+    g1 = g0
+    g2 = g0
+    xn1 = xn0
+    if K >= 2:
+        ha, hb = _next_head(ha, hb, H1)
+        hx1 = ha * sxh0 + hb * sxh1
+        if LOADED < 3 or K != DEPTH:
+            x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
+        g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
+        if XN:
+            xn1 = _fetch(xn_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
+    else:
+        x1 = x0
+    if K >= 3:
+        ha, hb = _next_head(ha, hb, H1)
+        hx2 = ha * sxh0 + hb * sxh1
+        if LOADED < 3 or K != DEPTH:
+            x2 = _fetch(x_ptr + hx2, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
+        g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
+    else:
+        x2 = x0
+    return ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1
+
+
+@triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  mask, c, s, w, x0, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr, LOADED: tl.constexpr,
-                  PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
-                  FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
-                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
-                  DEPTH: tl.constexpr):
+                  mask, c, s, w, x0, pre, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr,
+                  LOADED: tl.constexpr, PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
+                  OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                  RAW_X: tl.constexpr, F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr,
+                  NORM_GRAD: tl.constexpr, DEPTH: tl.constexpr, APART: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
-    # x of the first K heads (LOADED: x0, the first one's, already issued by the caller), then per
+    # x of the first K heads (LOADED: x0, the first one's, already issued by the caller; APART:
+    # the whole first batch's loads, ``pre``: _first_batch's), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
     # at the iteration's end: K heads' bytes in flight through the whole iteration. (A ring of K
     # heads one head apart does not keep them: ptxas places each load about one head's work
@@ -744,6 +836,8 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # each stored head (same strides as dy), the tensor's dw (and db) partial sums over the
     # program's heads and rows stored at the end to row program_id of dw_ptr ([programs, 2, D])
     # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
+    # APART (a program's few heads: rome.launch.head_groups): the last batch after the loop,
+    # which then never prefetches past h_hi (a decode step's one batch: no loop trip at all)
     K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH  # (DEPTH: rome.launch.gather_depth)
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
@@ -802,37 +896,17 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             nbs = nb
             if PAIR != PAIRS_SWAPPED:
                 nbs = tl.load(nb_ptr + src, mask=cm, other=0.0)[None, :]
-    ha = h_lo // H1  # the head loaded next (once per program: a division)
-    hb = h_lo % H1
-    hac = ha  # the head stored next (its offset formed at the store: fewer registers held)
-    hbc = hb
-    hx0 = ha * sxh0 + hb * sxh1
-    if not LOADED:
-        x0 = _fetch(x_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
-    g0 = _partner(x_ptr + hx0, g_off, _while(mask, h_lo, h_hi), x0, PAIR, DOT, RAW_X)
     XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER  # xn read with x, as deep
-    xn0 = x0
-    if XN:
-        xn0 = _fetch(xn_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
-    x1 = x0
-    x2 = x0
-    g1 = g0
-    g2 = g0
-    xn1 = xn0
+    hac = h_lo // H1  # the head stored next (its offset formed at the store: fewer registers held)
+    hbc = h_lo % H1
+    if APART:  # (the first batch's loads issued by the caller: ha, hb its last head)
+        ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1 = pre
+    else:
+        ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1 = _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo,
+                                                                h_hi, mask, x0, x0, x0, 1 if LOADED else 0, PAIR,
+                                                                DOT, RAW_X, K, DEPTH, XN)
     xn2 = xn0
-    if K >= 2:
-        ha, hb = _next_head(ha, hb, H1)
-        hx1 = ha * sxh0 + hb * sxh1
-        x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
-        g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
-        if XN:
-            xn1 = _fetch(xn_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
-    if K >= 3:
-        ha, hb = _next_head(ha, hb, H1)
-        hx2 = ha * sxh0 + hb * sxh1
-        x2 = _fetch(x_ptr + hx2, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
-        g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
-    for h in range(h_lo, h_hi, K):
+    for h in range(h_lo, h_hi - K if APART else h_hi, K):
         # the next batch's loads
         ha, hb = _next_head(ha, hb, H1)
         nx0 = ha * sxh0 + hb * sxh1
@@ -859,36 +933,11 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             nx2 = ha * sxh0 + hb * sxh1
             n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
             m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
-        # this batch (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
-        if NORM == NORM_RMS_HEADS:
-            nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
-        dw, db = _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
-                       rstd, xn0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
-                       BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
-        dwa += dw
-        if NORM_GRAD == NORM_LAYER:
-            dba += db
-        if K >= 2:
-            hac, hbc = _next_head(hac, hbc, H1)
-            if NORM == NORM_RMS_HEADS:
-                nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
-            dw, db = _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
-                           nw, nws, nb, nbs, eps, D, rstd, xn1, PAIR, DOT,
-                           SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
-            dwa += dw
-            if NORM_GRAD == NORM_LAYER:
-                dba += db
-        if K >= 3:
-            hac, hbc = _next_head(hac, hbc, H1)
-            if NORM == NORM_RMS_HEADS:
-                nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
-            dw, db = _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
-                           nw, nws, nb, nbs, eps, D, rstd, xn2, PAIR, DOT,
-                           SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
-            dwa += dw
-            if NORM_GRAD == NORM_LAYER:
-                dba += db
-        hac, hbc = _next_head(hac, hbc, H1)
+        # this batch
+        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1,
+                                    soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                                    src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
+                                    RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
         x0 = n0
         x1 = n1
         x2 = n2
@@ -898,6 +947,12 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         xn0 = p0
         xn1 = p1
         xn2 = p2
+    if APART:  # the last batch, loaded by the last trip (or the prologue)
+        h = h_lo + K * tl.maximum(tl.cdiv(h_hi - h_lo, K) - 1, 0)
+        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1,
+                                    soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                                    src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
+                                    RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
     if NORM_GRAD != NORM_NONE:
         row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * D
         tl.store(dw_ptr + row + cols, tl.sum(dwa, axis=0), mask=cm)
@@ -1355,24 +1410,38 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
 @triton.jit
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                 h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0,
+                 h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables,
                  s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D,
                  a_xn, a_dw, b_xn, b_dw,
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
-                 DEPTH: tl.constexpr):
+                 DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
+                 TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
-    # (their first loads already issued), then k's
+    # (their first loads already issued), then k's (APART: the program has one tensor's heads,
+    # in q's places; k's dw rows written as zeros)
     if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in 2-element runs from even columns, which
         # the compiler is told (on an op of this branch: the same values, src2[j] = even + j % 2)
         # so that the partner's loads are one per pair (4 B in bf16, 8 B in fp32)
         src2 = tl.max_contiguous(tl.multiple_of(((src2 >> 1) << 1) | (cols2 & 1), [1, 2]), [1, 2])
+    ag_off = xrow_a + src2
+    pre = x0
+    if APART:  # the first batch's partners (and the norm backward's xn) issued, then the tables read
+        K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH
+        XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER
+        pre = _first_batch(a_x, a_xn, ax_off, ag_off, a_sxh0, a_sxh1, a_H1, tl.minimum(h_lo, a_H),
+                           tl.minimum(h_hi, a_H), mask, x0, x1, x2, 3, PAIR, DOT, RAW_X, K, DEPTH, XN)
+    if LATE_TABLES:
+        (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
+         axis_ptr, stride_ax, row_ok, cmask) = tables
+        c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
+                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols,
+                                     cmask, D, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, DOT, BLOCK_R, BLOCK_D, RAW_S)
-    ag_off = xrow_a + src2
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
     if NORM_GRAD == NORM_RMS_HEADS:  # (the backward of the norm over heads: its own two sweeps)
         _heads_norm_grad(a_x, a_o, a_xn, a_dw, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
@@ -1384,18 +1453,25 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                          BLOCK_D, RAW_X, F64)
         return
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
-                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, a_nw, a_nb, src_ptr,
+                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, pre, a_nw, a_nb, src_ptr,
                   eps, D, a_xn, a_dw, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
-                  NATIVE, NORM_GRAD, DEPTH)
-    # (k's partner offsets from q's: src's tile is not held through q's loop)
-    _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
-                  (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                  tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, b_nw, b_nb, src_ptr,
-                  eps, D, b_xn, b_dw, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
-                  NATIVE, NORM_GRAD, DEPTH)
+                  NATIVE, NORM_GRAD, DEPTH, APART)
+    if APART:
+        if NORM_GRAD != NORM_NONE:
+            cm = cols < D
+            row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * D
+            tl.store(b_dw + row + cols, tl.zeros([BLOCK_D], dtype=tl.float32), mask=cm)
+            tl.store(b_dw + row + D + cols, tl.zeros([BLOCK_D], dtype=tl.float32), mask=cm)
+    else:
+        # (k's partner offsets from q's: src's tile is not held through q's loop)
+        _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
+                      (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
+                      tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, x0, b_nw, b_nb, src_ptr,
+                      eps, D, b_xn, b_dw, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64,
+                      NORM, NATIVE, NORM_GRAD, DEPTH, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["KG"])  # (KG: 0, 1 or any count of groups, one build)
 def _rome_gather_kernel(
     # the signed permutation, per output column j (int32 / fp32 [D], read once per program):
     #   y[r, j] = x[r, j] * cos[t(r), j] + x[r, src[j]] * sign[j] * sin[t(r), scol[j]]
@@ -1425,7 +1501,10 @@ def _rome_gather_kernel(
     # their dw/db partial sums, fp32 [programs, 2, D], one row per program (summed by the caller)
     a_xn, a_dw, b_xn, b_dw,
     HB,  # heads per program: program (i, g) rotates T rows [i*BLOCK_R, +BLOCK_R) of heads
-         # [g*HB, +HB) of q's heads followed by k's
+         # [g*HB, +HB) of q's heads followed by k's (KG == 0), or
+    KG,  # (KG > 0) the groups [0, KG) take HB of q's heads each, the groups from KG on HB of k's
+         # (k's arguments in q's places): no program walks from q's last heads into k's, whose
+         # first loads would wait for q's (a decode step's small groups; rome.launch.head_groups)
     POSITIONS: tl.constexpr,  # 0: tables per T row; 1: cache row pos[t]; 2: pos[t, axis[j]]
     ANGLES: tl.constexpr,  # with positions: cos/sin computed from them (c: inv_freq, s: scale)
     TRANSPOSE: tl.constexpr,  # backward: sin read at src (scol = src)
@@ -1447,6 +1526,8 @@ def _rome_gather_kernel(
     # the build holds that class's code only (the head groups read it at src[D]: one build for all)
     DEPTH: tl.constexpr = 3,  # the head groups' gather: heads a batch (``rome.launch.gather_depth``:
     # by x's dtype, the fused norm and the GPU compiled for; the dot and PAIRS_NONE take one)
+    SEAM: tl.constexpr = False,  # KG > 0: q's head groups and k's apart (a build of its own, so the
+    # one-group launches' code keeps H1 == 1 a constant)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1495,8 +1576,31 @@ def _rome_gather_kernel(
         return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
-    h_lo = pid_h * HB
-    h_hi = tl.minimum(h_lo + HB, a_H + b_H)
+    if SEAM:  # (KG > 0) q's groups and k's apart: a group of k's heads takes k's arguments in
+        # q's places (and q's in k's, whose heads it then has none of: its dw rows still written,
+        # as zeros), so its first head's load is issued first as q's is
+        on_k = pid_h >= KG
+        a_x, b_x = _swap(on_k, a_x, b_x)
+        a_o, b_o = _swap(on_k, a_o, b_o)
+        a_sxt0, b_sxt0 = _swap(on_k, a_sxt0, b_sxt0)
+        a_sxt1, b_sxt1 = _swap(on_k, a_sxt1, b_sxt1)
+        a_sot0, b_sot0 = _swap(on_k, a_sot0, b_sot0)
+        a_sot1, b_sot1 = _swap(on_k, a_sot1, b_sot1)
+        a_sxh0, b_sxh0 = _swap(on_k, a_sxh0, b_sxh0)
+        a_sxh1, b_sxh1 = _swap(on_k, a_sxh1, b_sxh1)
+        a_soh0, b_soh0 = _swap(on_k, a_soh0, b_soh0)
+        a_soh1, b_soh1 = _swap(on_k, a_soh1, b_soh1)
+        a_H, b_H = _swap(on_k, a_H, b_H)
+        a_H1, b_H1 = _swap(on_k, a_H1, b_H1)
+        a_nw, b_nw = _swap(on_k, a_nw, b_nw)
+        a_nb, b_nb = _swap(on_k, a_nb, b_nb)
+        a_xn, b_xn = _swap(on_k, a_xn, b_xn)
+        a_dw, b_dw = _swap(on_k, a_dw, b_dw)
+        h_lo = tl.where(on_k, pid_h - KG, pid_h) * HB
+        h_hi = tl.minimum(h_lo + HB, a_H)
+    else:
+        h_lo = pid_h * HB
+        h_hi = tl.minimum(h_lo + HB, a_H + b_H)
 
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -1530,6 +1634,15 @@ def _rome_gather_kernel(
     ha = q_lo // a_H1
     hb = q_lo % a_H1
     x0 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo, q_hi), RAW_X)
+    x1 = x0
+    x2 = x0
+    if SEAM and not DOT:  # (a program's few heads) its first batch's next heads' too
+        if DEPTH >= 2:
+            ha, hb = _next_head(ha, hb, a_H1)
+            x1 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 1, q_hi), RAW_X)
+        if DEPTH >= 3:
+            ha, hb = _next_head(ha, hb, a_H1)
+            x2 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 2, q_hi), RAW_X)
 
     # the permutation in x's register layout ([BLOCK_R, BLOCK_D], every row the same: no layout
     # conversion), and how it moves pairs (src[D])
@@ -1542,9 +1655,22 @@ def _rome_gather_kernel(
     # cos at (t, j) and sin at (t, scol[j]), once for the program's heads; the transpose's sin at
     # src from tables or a cache by one position is read in _gather_body (SIN_AT_SRC)
     SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
-    c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
-                                 stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
-                                 POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
+    tables = (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
+              axis_ptr, stride_ax, row_ok, cmask)
+    # (with a program's few heads the tables are read in _gather_body after the first batch's
+    # loads: the class's branch, and what waits on the tables' values before it (caches at
+    # positions: their rows; triton 3.6: cos's layout conversion through shared memory, a
+    # barrier), no longer hold the partners' loads back by a round trip)
+    LATE_TABLES: tl.constexpr = SEAM
+    if LATE_TABLES:
+        c = sign2
+        s = sign2
+        sp = t0
+        s_ok = row_ok
+    else:
+        c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
+                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols,
+                                     cmask, D, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
@@ -1561,30 +1687,34 @@ def _rome_gather_kernel(
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
-                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH)
+                     OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -258,17 +258,19 @@ GATHER_DEPTH_OVERRIDE = int(os.environ.get("ROME_GATHER_DEPTH", "0"))
 
 
 def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None = None,
-                 backward: bool = False) -> int:
+                 backward: bool = False, apart: bool = False) -> int:
     """Heads a batch of the head groups' gather loop (kernel DEPTH; the dot and a permutation that
     breaks pairs take one whatever this says) for ``x_dtype`` on ``arch`` (None: no GPU, the
     interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
-    ``backward`` (the transpose's epilogue) or the forward's prologue."""
+    ``backward`` (the transpose's epilogue) or the forward's prologue; ``apart``: the ``SEAM``
+    build (``head_groups``), whose prologue holds the first batch's loads with the tables: fp16
+    takes two there (three spilled 8 B on sm_90, triton 3.9)."""
     if GATHER_DEPTH_OVERRIDE:
         return GATHER_DEPTH_OVERRIDE
     half = x_dtype != torch.float32
     if norm is not None and backward:
         return 1 if not half or (norm == "layer" and arch == 100) else 2
-    if not half or norm in ("rms", "layer"):
+    if not half or norm in ("rms", "layer") or (apart and x_dtype == torch.float16):
         return 2
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
 
@@ -363,6 +365,26 @@ def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
     step: three heads per program)."""
     groups = min(heads, max(1, -(-PROGRAMS_PER_SM * num_sms // max(t_tiles, 1))))
     return max(min(heads, MIN_HEADS_PER_PROGRAM), -(-heads // groups))
+
+
+def head_groups(t_tiles: int, q_heads: int, k_heads: int, num_sms: int, *, heads: int | None = None,
+                apart: bool = True) -> tuple[int, int, int]:
+    """(HB, KG, groups) of a head-group launch (the kernel's ``HB`` and ``KG``, grid axis 1): HB
+    heads a program (``heads``, else ``heads_per_program``); where that is every head, one group
+    walks q's and then k's (KG 0: the tables read once for both), else q's heads and k's take
+    groups of their own (KG: q's groups), so that no program walks from q's last heads into k's.
+    A program crossing there issues k's first loads only after q's last heads (its loop's next
+    batch ends with q's heads): in a decode step, one program an SM, that program ended a DRAM
+    round trip after the others. The split adds at most one group a T tile (3 heads a group for
+    32 + 8 heads: 11 + 3 groups, as many as 14 over both). KG > 0 is the kernel's ``SEAM`` build
+    (a launch of q alone too: KG its groups); ``apart`` False (the head groups' dot: the seed's
+    loop as it was, whose SEAM build spilled 48-64 B in fp16) keeps KG 0."""
+    total = q_heads + k_heads
+    hb = heads if heads is not None else heads_per_program(t_tiles, total, num_sms)
+    if apart and hb < total:
+        kg = -(-q_heads // hb)
+        return hb, kg, kg + -(-k_heads // hb)
+    return hb, 0, -(-total // hb)
 
 
 # the norm over a token's heads as the token tile (kernel._token_heads): one token's heads x D held
@@ -778,12 +800,17 @@ def specialise(fn, args, consts: dict, cfg: Config, *, name: str | None = None, 
     (positional, in the order of ``fn``'s non-constexpr parameters) and the constexprs ``consts``:
     a tensor is a pointer of its dtype, marked divisible by 16 where its address is 16-byte
     aligned; an int equal to 1 becomes a constant, one divisible by 16 is marked so (0 too), else
-    i32 or i64 by its range. ``cfg`` gives warps, stages and compile options."""
+    i32 or i64 by its range (a ``do_not_specialize`` int: i32 or i64 only). ``cfg`` gives warps,
+    stages and compile options."""
     names = [p.name for p in fn.params if not p.is_constexpr]
     if len(names) != len(args):
         raise ValueError(f"{fn.__name__}: {len(args)} arguments for {len(names)} runtime parameters")
+    plain = {p.name for p in fn.params if getattr(p, "do_not_specialize", False)}
     signature, constexprs, divisible = {}, dict(consts), []
     for n, a in zip(names, args):
+        if n in plain and isinstance(a, int) and not isinstance(a, bool):  # (do_not_specialize: as it is)
+            signature[n] = "i32" if -(1 << 31) <= a < (1 << 31) else "i64"
+            continue
         if isinstance(a, torch.Tensor):
             signature[n] = "*" + _TRITON_TYPE[a.dtype]
             if a.data_ptr() % 16 == 0:

@@ -11,9 +11,11 @@ Gather kernel layout. The row dims of each x are split into T dims, along which 
 (tables, or positions) varies, and H dims (heads, and batch where the tables do not depend on
 it), along which it is broadcast (stride 0); each class is merged where strides allow, to at most
 two dims (else the launch is split over the outermost dim). A program takes ``BLOCK_R`` T rows and
-a group of ``HB`` heads (``launch.heads_per_program``): it reads its tables once and walks the
-heads. q and k share a launch when their T dims agree (they read one table), as they do for
-every table that broadcasts to both.
+a group of ``HB`` heads (``launch.head_groups``): it reads its tables once and walks the heads,
+q's then k's where a group is every head, else q's groups and k's apart (the kernel's ``SEAM``
+build: a decode step's programs of a few heads, each its first batch's loads issued first and
+its last batch without a prefetch). q and k share a launch when their T dims agree (they read one
+table), as they do for every table that broadcasts to both.
 """
 
 from __future__ import annotations
@@ -549,13 +551,13 @@ NORM_GRAD_HEADS_TILE = (4, 2)
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
                    native=False, norm_grad=None):
     cfg0 = plan.config
+    arch = launch.current_arch(xs[0].device if xs[0].is_cuda else None)
     kind = norm_grad[0] if norm_grad is not None else None if norm is None else norm[0]
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
                   NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0,
-                  DEPTH=launch.gather_depth(launch.current_arch(xs[0].device if xs[0].is_cuda else None),
-                                            xs[0].dtype, kind, norm_grad is not None))
+                  DEPTH=launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None))
     d = xs[0].shape[-1]
     width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
     sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
@@ -568,11 +570,16 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     for args, n_t, (ha, hb), i64, rows in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
                                                            None if norm is None else (*norm[1:], over_heads)):
         c = dict(consts, I64=i64)
-        # heads per program (the interpreter walks 3, so groups cross from q to k and wrap H1); a
-        # norm over heads: all of them (q's and k's heads of the program's tokens)
-        heads = ha + hb if over_heads else 3 if INTERPRET else \
-            launch.heads_per_program(triton.cdiv(n_t, cfg0.block_r), ha + hb, sms)
-        full = (*args, heads)
+        # heads per program, q's and k's in groups of their own where a group is not all of them
+        # (the interpreter walks 3, so groups wrap H1 and, with few heads, cross from q to k
+        # inside a program); a norm over heads: all of them (q's and k's heads of its tokens)
+        heads, kg, groups = launch.head_groups(triton.cdiv(n_t, cfg0.block_r), ha, hb, sms,
+                                               heads=ha + hb if over_heads else 3 if INTERPRET else None,
+                                               apart=cfg0.product == "gather")
+        full = (*args, heads, kg)
+        c["SEAM"] = kg > 0
+        if kg:
+            c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=True)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -586,8 +593,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             def grid(meta, programs=programs, tensors=1 + (hb > 0)):
                 return (programs, tensors)
         else:
-            def grid(meta, n_t=n_t, h=ha + hb, heads=heads):
-                return (triton.cdiv(n_t, meta["BLOCK_R"]), triton.cdiv(h, heads))
+            def grid(meta, n_t=n_t, groups=groups):
+                return (triton.cdiv(n_t, meta["BLOCK_R"]), groups)
 
         if tile is not None:  # (not tuned: the tile is the token's heads)
             cfg = replace(plan.config, block_r=1, num_warps=tile[2], maxnreg=tile[3])
@@ -606,7 +613,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
                                 device=xs[0].device) for r in rows]
             # (no b: a's forward input in its place, typed as the kernel's code for b expects)
             xn = [_at_view(norm_grad[3][r.index], r.x, xs[r.index]) for r in (rows[0], rows[1] or rows[0])]
-            full = (*args[:-4], xn[0], bufs[0], xn[1], bufs[1], heads)
+            full = (*args[:-4], xn[0], bufs[0], xn[1], bufs[1], heads, kg)
         units = grid({"BLOCK_R": cfg.block_r})
         meta = None
         if capturing():  # the bytes an element must move: x read and written, its share of the tables
@@ -716,6 +723,12 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
+                    # a decode step's few heads a program (the gather's SEAM build): fp32 tables and the
+                    # positions
+                    for positions, angles in ((0, False), (1, False), (2, False), (1, True), (2, True)):
+                        if product == "gather":
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles,
+                                                   product, few=True)
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
@@ -725,6 +738,9 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                             # the code for k still compiles, with a's arguments in its place
                             out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
                                                    alone=True)[:1]
+                        if norm != "rms_heads":  # (a decode step's: Qwen3's per-head norm)
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
+                                                   few=True)[:1]
                         if d == 128 and norm == "rms_heads" and x_dtype == torch.bfloat16:
                             # the token tile at Wan 2.1's 40 heads (5 blocks of 8, 16 warps: the
                             # registers' worst case of the models'; 4 and 2 heads are one block)
@@ -740,25 +756,27 @@ NORM_HEAD_DIMS = (64, 128)
 
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
-                    alone: bool = False, heads: tuple = (4, 2)) -> list[launch.KernelConfig]:
+                    alone: bool = False, heads: tuple = (4, 2), few: bool = False) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
-    standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2)."""
+    standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2);
+    ``few``: a decode step's (64 sequences of one token each, tables or positions per sequence,
+    132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build)."""
     from .matrices import rotation_matrix
 
-    s = 1024
-    q = torch.zeros(1, heads[0], s, d, dtype=x_dtype)
-    k = torch.zeros(1, heads[1], s, d, dtype=x_dtype)
+    b, s = (64, 1) if few else (1, 1024)
+    q = torch.zeros(b, heads[0], s, d, dtype=x_dtype)
+    k = torch.zeros(b, heads[1], s, d, dtype=x_dtype)
     m = rotation_matrix([d], "half")
     axis = None
     if positions == 0:
-        cos = sin = torch.zeros(s, d, dtype=table_dtype)
+        cos = sin = torch.zeros(*((b, 1, 1) if few else (s,)), d, dtype=table_dtype)
         pos = None
     else:
         a = 1 if positions == 1 else 3
-        pos = torch.zeros(1, 1, s, a, dtype=torch.int64)
-        cos = sin = torch.zeros(2 if angles else 2 * s, d, dtype=torch.float32)
+        pos = torch.zeros(b, 1, s, a, dtype=torch.int64)
+        cos = sin = torch.zeros(2 if angles else 2 * max(s, b), d, dtype=torch.float32)
         axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
     nargs = {}
     if norm is not None:
@@ -768,17 +786,21 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         if transpose:  # the backward: the norm's epilogue, reading the forward's q and k
             nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k][:2 - alone]))
     xs = [q, k][:2 - alone]
-    with capture(num_sms=1) as got, launch.product(product):
+    with capture(num_sms=132 if few else 1) as got, launch.product(product):
         rotate(xs, [torch.empty_like(x) for x in xs], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
+    if few and not first.consts.get("SEAM"):
+        raise AssertionError(f"a decode step's launch did not take the SEAM build: {first.consts}")
     alts = launch.candidates(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
-        + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "")
+        + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
+        + (" decode (SEAM)" if few else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
                                         elements_per_tile=c.block_r * c.head_dim,
                                         tuned_candidate=c is not first.config, matrix="rotation",
-                                        norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"]))
+                                        norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
+                                        seam=bool(first.consts.get("SEAM"))))
             for c in (first.config, *alts)]

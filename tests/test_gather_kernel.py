@@ -135,13 +135,17 @@ def test_the_dots_fp32_split_at_the_ends_of_the_range(scale):
 
 
 @pytest.mark.parametrize("product", ["gather", "dot"])
-@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "per-batch", "gqa-bsnd", "3d"])
+@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "per-batch", "gqa-bsnd", "3d", "few-heads"])
 def test_launch_layouts_bitwise_the_torch_backend(layout, product):
-    """T rows x head groups (3 heads a program under the interpreter, so groups cross from q to
-    k and wrap a second head dim), forward and backward, both products the same bits."""
+    """T rows x head groups (3 heads a program under the interpreter: q's 4 heads in groups of
+    3 and 1, k's 2 in a group of their own (``launch.head_groups``), wrapping a second head dim;
+    "few-heads": 2 + 1 heads, one group walking q's and then k's), forward and backward, both
+    products the same bits."""
     d = 32
     m = rome.rotation_matrix((16, 16), "interleave", device=DEVICE)
     b, s, nq, nk = 2, 7, 4, 2
+    if layout == "few-heads":
+        layout, nq, nk = "gqa-bsnd", 2, 1
     if layout == "bnsd":
         q, k = torch.randn(b, nq, s, d), torch.randn(b, nk, s, d)
         cos, sin = random_tables((s, d))
@@ -183,6 +187,27 @@ def test_heads_per_program():
     # in between: groups even, at least 8 programs per SM
     hb = launch.heads_per_program(200, 48, 132)
     assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
+
+
+def test_head_groups_keep_q_and_k_apart_where_a_group_is_not_every_head():
+    # (HB, KG, groups): a decode step's 32 + 8 heads in groups of 3: q's 11 groups, then k's 3
+    # (as many as 14 over both, none holding q's last heads and k's first)
+    assert launch.head_groups(4, 32, 8, 132) == (3, 11, 14)
+    # every head in one group: q's then k's in one program, the tables read once
+    assert launch.head_groups(1800, 32, 16, 132) == (48, 0, 1)
+    assert launch.head_groups(4, 2, 1, 132) == (3, 0, 1)
+    # q alone (its groups the SEAM build's too), the launcher's given group size (the
+    # interpreter's 3), and the head groups' dot (apart=False: the groups over both, as before)
+    assert launch.head_groups(4, 40, 0, 132) == (3, 14, 14)
+    assert launch.head_groups(1, 4, 2, 1, heads=3) == (3, 2, 3)
+    assert launch.head_groups(4, 32, 8, 132, apart=False) == (3, 0, 14)
+    for t, q, k in ((4, 32, 8), (4, 28, 4), (16, 40, 40), (60, 12, 3)):
+        hb, kg, groups = launch.head_groups(t, q, k, 132)
+        spans = ([range(g * hb, min(g * hb + hb, q)) for g in range(kg)]
+                 + [range(q + g * hb, min(q + g * hb + hb, q + k)) for g in range(groups - kg)]) if kg \
+            else [range(g * hb, min(g * hb + hb, q + k)) for g in range(groups)]
+        assert sorted(h for r in spans for h in r) == list(range(q + k)) and all(len(r) for r in spans)
+        assert not kg or all(r[-1] < q or r[0] >= q for r in spans)
 
 
 def test_product_switch():
@@ -420,7 +445,7 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
     real = launcher._run
 
     def run(fn, grid, args, consts, *rest):
-        seen.append(consts.get("DEPTH"))
+        seen.append((consts.get("DEPTH"), consts.get("SEAM")))
         return real(fn, grid, args, consts, *rest)
 
     monkeypatch.setattr(launcher, "_run", run)
@@ -428,7 +453,9 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
         seen.clear()
         with launch.target_arch(arch):
             outs[arch] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
-        assert seen == [want[arch]]
+        # (7 heads in groups of 3 under the interpreter: the SEAM build, where fp16 takes two)
+        assert seen == [(launch.gather_depth(arch, dtype, apart=True), True)]
+        assert seen[0][0] == (want[arch] if dtype == BF16 else 2)
     for a, b, x in zip(outs[90], outs[100], (q, k)):
         assert torch.equal(a, b)
         assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
@@ -446,3 +473,5 @@ def test_the_gather_depth_by_dtype_norm_and_pass():
         assert g(arch, BF16, "rms", backward=True) == g(arch, FP16, "rms_heads", backward=True) == 2
         assert g(arch, BF16, "layer", backward=True) == (1 if arch == 100 else 2)
     assert g(None, BF16) == g(90, FP16) == 3
+    # the SEAM build (a decode step's few heads a program): fp16 two (three spilled 8 B on sm_90)
+    assert g(90, FP16, apart=True) == 2 and g(90, BF16, apart=True) == 3 and g(90, FP32, apart=True) == 2

@@ -82,7 +82,8 @@ def launch_programs(L) -> dict:
 
     rome's gather kernel (``_rome_gather_kernel``, this tree's and older ones with the same
     arguments): grid (T tiles of BLOCK_R rows, head groups of HB heads); a program's heads
-    [g*HB, +HB) of q's a_H heads then k's b_H, so its work is q's heads then k's, BLOCK_R x D
+    [g*HB, +HB) of q's a_H heads then k's b_H (with ``KG`` > 0: q's groups [0, KG), then k's, a
+    group of k's heads walking them in q's place), so its work is q's heads then k's, BLOCK_R x D
     elements each; the permutation's class at ``src[D]`` (where the launch stores one); with the
     norm over a token's heads (``NORM`` 3) each kind's loop trips (``Programs``): the token tile's
     (``HEADS_B``: grid (programs, tensors), program (p, t) walks tensor t's tokens p, p + P, ...,
@@ -116,10 +117,24 @@ def launch_programs(L) -> dict:
         sweep = getattr(source.get("SWEEP"), "value", 1)
         sweep_grad = getattr(source.get("SWEEP_GRAD"), "value", 1)
         kinds = []
-        for g in range(-(-(qa + kb) // hb)):
-            lo, hi = g * hb, min(g * hb + hb, qa + kb)
+        kg = int(args.get("KG", 0))  # (groups of q's heads, then k's; 0: each group over both)
+        # (SEAM builds: a program's heads apart from the other tensor's, the loop's last batch
+        # peeled: DEPTH heads a batch, one for the dot and a permutation breaking pairs)
+        apart = bool(consts.get("SEAM"))
+        none = getattr(source.get("PAIRS_NONE"), "value", 0)
+        batch = 1 if consts.get("DOT") or uniform.get("src_ptr") == none else int(consts.get("DEPTH", 1))
+        bounds = ([(g * hb, min(g * hb + hb, qa)) for g in range(kg)]
+                  + [(qa + g * hb, min(qa + g * hb + hb, qa + kb)) for g in range(-(-kb // hb))]) if kg \
+            else [(g * hb, min(g * hb + hb, qa + kb)) for g in range(-(-(qa + kb) // hb))]
+        for lo, hi in bounds:
             q = max(0, min(hi, qa) - min(lo, qa))
             k = max(0, hi - max(lo, qa))
+            if kg and k:  # (a group of k's heads walks them in q's place: the first loop)
+                q, k = k, 0
+            tail = None
+            if apart:  # (the last batch after the loop, the loop the others)
+                looped = max(0, -(-q // batch) - 1) * batch
+                q, tail = looped, (q - looped) * block_r * d
             kind = [tiles, [q * block_r * d, k * block_r * d]]
             if heads_norm:  # each tensor's first sweep over its heads, then its tile loop:
                 # forward SWEEP heads a sweep iteration, the tile loop's from the work (K heads an
@@ -129,6 +144,8 @@ def launch_programs(L) -> dict:
                     kind.append([-(-q // sweep_grad), q, -(-k // sweep_grad), k])
                 else:
                     kind.append([-(-q // sweep), None, -(-k // sweep), None])
+            if tail is not None:
+                kind += [None, tail] if len(kind) == 2 else [tail]
             kinds.append(kind)
         return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
     per_program = L.elements / L.grid if L.units > L.grid else None
