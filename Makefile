@@ -83,8 +83,12 @@ report-ready: $(READY)
 	@$(PY) -c "import importlib.util as u, sys; m = [p for p in ('rich', 'matplotlib') if u.find_spec(p) is None]; \
 		m and sys.exit(f'make report needs {\" and \".join(m)}, which {sys.executable} lacks')"
 
+# with pytest-xdist (the test extra) the suite runs on the CPUs (tests/conftest.py: as many workers as
+# CPUs up to 4, none with a GPU); without it, in one process
+XDIST = $$($(PY) -c "import importlib.util as u; print('-n auto --dist loadgroup' if u.find_spec('xdist') else '')")
+
 test: $(READY)
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
 # the integration tests again at both ends of the transformers/diffusers range pyproject claims:
 # the newest the package index serves, and constraints/oldest.txt (.ci/run runs it after make test)

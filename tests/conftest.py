@@ -47,6 +47,13 @@ def _seed():
 STATIC_MODULE = "test_kernels_static.py"
 
 
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: unknown to pytest without it)
+def pytest_xdist_auto_num_workers(config):
+    # `-n auto` (make test, where pytest-xdist is installed): a worker per CPU up to 4 without a
+    # GPU (the interpreter is one process's CPU), none with one (the GPU tests time kernels)
+    return 0 if torch.cuda.is_available() else min(4, os.cpu_count() or 1)
+
+
 @pytest.hookimpl(trylast=True)  # after -k/-m deselection
 def pytest_collection_modifyitems(config, items):
     # The static compile of every kernel config (tests/test_kernels_static.py) is the suite's
@@ -57,7 +64,10 @@ def pytest_collection_modifyitems(config, items):
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
         items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
-        if any("compiled" in getattr(item, "fixturenames", ()) for item in static):
+        # (under pytest-xdist the static tests are one group, run by one worker, whose first use
+        # of the `compiled` fixture compiles them on every CPU while the other workers go on)
+        if os.environ.get("PYTEST_XDIST_WORKER") is None \
+                and any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor
 
             from profiling.static import compile as aot

@@ -24,6 +24,9 @@ from profiling.static import compile as aot
 from profiling.__main__ import main
 from rome import launch
 
+# one pytest-xdist worker runs this module (its compile, the `compiled` fixture, once)
+pytestmark = pytest.mark.xdist_group("rome-static")
+
 ARCHS = (90, 80, 100)  # the CI gate's (sm_80/sm_100 a subset; every config: the committed tables, make static)
 SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's target everywhere
 
@@ -49,9 +52,13 @@ def test_configs_cover_the_launcher(compiled):
         rows = [r for r in compiled if r["arch"] == f"sm_{cc}"]
         names = [r["config"] for r in rows]
         assert len(names) == len(set(names)), "two configs share a name"
-        seen = {(r["meta"]["x_dtype"], r["meta"]["head_dim"], _pass(r["meta"]), r["meta"]["table_dtype"]) for r in rows}
-        missing = [(x, d, p, t) for x in ("bf16", "fp16", "fp32") for d in (64, 80, 96, 128, 256)
-                   for p in ("fwd", "bwd") for t in ("fp32", x) if (x, d, p, t) not in seen]
+        seen = {(r["meta"]["x_dtype"], r["meta"]["head_dim"], _pass(r["meta"]), r["meta"]["table_dtype"],
+                 bool(r["meta"].get("seam"))) for r in rows}
+        # (every head dim is in the committed tables: CI compiles head_dim 128's every chosen
+        # configuration, configs.sm90_ci_configs, and the decode step's SEAM builds among them)
+        missing = [(x, d, p, t, few) for x in ("bf16", "fp16", "fp32") for d in configs.SM90_CI_HEAD_DIMS
+                   for p in ("fwd", "bwd") for t in ("fp32", x) for few in (False, True)
+                   if (x, d, p, t, few) not in seen and not (few and t != "fp32")]
         assert not missing, missing
         # tl.dot's M on triton 3.2-3.4 (the floor is 3.2): fewer rows do not compile there
         few = [r["config"] for r in rows if r["meta"]["block_r"] < launch.MIN_ROWS and r["meta"]["product"] == "dot"]

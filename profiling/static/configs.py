@@ -62,15 +62,31 @@ def wave64_gather_configs(cc=None) -> list:
 
 
 def gate_configs(cc) -> list:
-    """The CI gate's list for ``cc`` (tests/test_kernels_static.py): every chosen configuration for
-    sm_90 (the GPU machines' arch; the autotuner's candidates left out), ``off_sm90_ci_configs``
+    """The CI gate's list for ``cc`` (tests/test_kernels_static.py): ``sm90_ci_configs`` for sm_90
+    (the GPU machines' arch), ``off_sm90_ci_configs``
     for sm_80 and sm_100, ``amd_ci_configs`` for an AMD arch; the committed tables (``python -m
     profiling kernels``) hold every configuration of each."""
     if isinstance(cc, str):
         return amd_ci_configs(cc)
     if cc in (80, 100):
         return off_sm90_ci_configs(cc)
-    return [c for c in configs(cc) if not c.meta.get("tuned_candidate")]
+    return sm90_ci_configs(cc)
+
+
+# the head dims CI compiles every chosen sm_90 configuration at (each build takes 2-5 s of CPU:
+# every head dim, ~720 builds, took as long as the rest of the suite on a 2-core machine)
+SM90_CI_HEAD_DIMS = (128,)
+
+
+def sm90_ci_configs(cc=90) -> list:
+    """The configurations CI compiles for sm_90 (the committed tables hold every one): every
+    chosen configuration (the autotuner's candidates left out) at head_dim 128 — each kernel,
+    product, pass, x and table dtype, tables/positions kind, norm and the decode step's ``SEAM``
+    build — and the gather's at head_dim 256 in bf16 and fp32 (the largest tile: fewest rows)."""
+    return [c for c in configs(cc) if not c.meta.get("tuned_candidate")
+            and (c.meta["head_dim"] in SM90_CI_HEAD_DIMS
+                 or (c.meta["head_dim"] == 256 and c.meta["product"] == "gather" and c.meta["x_dtype"] != "fp16"
+                     and not c.meta.get("seam")))]
 
 
 def off_sm90_ci_configs(cc) -> list:
