@@ -84,8 +84,10 @@ report-ready: $(READY)
 		m and sys.exit(f'make report needs {\" and \".join(m)}, which {sys.executable} lacks')"
 
 # with pytest-xdist (the test extra) the suite runs on the CPUs (tests/conftest.py: as many workers as
-# CPUs up to 4, none with a GPU); without it, in one process
-XDIST = $$($(PY) -c "import importlib.util as u; print('-n auto --dist loadgroup' if u.find_spec('xdist') else '')")
+# CPUs up to 4, none with a GPU), a test file a worker at a time (the static gate's module and its
+# compile in one worker: --dist loadgroup's marks did not group under pytest 9.2 / xdist 3.8);
+# without it, in one process
+XDIST = $$($(PY) -c "import importlib.util as u; print('-n auto --dist loadfile' if u.find_spec('xdist') else '')")
 
 test: $(READY)
 	$(PY) -m pytest -q $(XDIST) $(ARGS)

@@ -64,8 +64,8 @@ def pytest_collection_modifyitems(config, items):
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
         items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
-        # (under pytest-xdist the static tests are one group, run by one worker, whose first use
-        # of the `compiled` fixture compiles them on every CPU while the other workers go on)
+        # (under pytest-xdist, --dist loadfile, one worker runs this module, whose first use of
+        # the `compiled` fixture compiles them on every CPU while the other workers go on)
         if os.environ.get("PYTEST_XDIST_WORKER") is None \
                 and any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor

@@ -24,9 +24,6 @@ from profiling.static import compile as aot
 from profiling.__main__ import main
 from rome import launch
 
-# one pytest-xdist worker runs this module (its compile, the `compiled` fixture, once)
-pytestmark = pytest.mark.xdist_group("rome-static")
-
 ARCHS = (90, 80, 100)  # the CI gate's (sm_80/sm_100 a subset; every config: the committed tables, make static)
 SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's target everywhere
 
