@@ -556,8 +556,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
-                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0,
-                  DEPTH=launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None))
+                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0)
     d = xs[0].shape[-1]
     width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
     sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
@@ -578,8 +577,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
                                                apart=cfg0.product == "gather")
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
-        if kg:
-            c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=True)
+        c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)

@@ -959,11 +959,11 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     # one then at every end
     worst_lat, worst_clk = max(latencies_ns), min(clocks_ghz)
     sequences = programs.sm_sequences(sms)
-    order = sequences[0]
-    if len(sequences) > 1:
-        order = max(sequences, key=lambda o: simulate([steps[k] for k in o], ctas_per_sm=ctas_per_sm,
-                                                      num_warps=num_warps,
-                                                      dram_cycles=worst_lat * worst_clk)["cycles"])
+    order, worst = sequences[0], None
+    if len(sequences) > 1:  # (the slowest one's worst-end schedule kept for the ends below)
+        runs = [(simulate([steps[k] for k in o], ctas_per_sm=ctas_per_sm, num_warps=num_warps,
+                          dram_cycles=worst_lat * worst_clk), o) for o in sequences]
+        worst, order = max(runs, key=lambda ro: ro[0]["cycles"])
     seq = [steps[k] for k in order]
     if launch_elements is None:
         launch_elements = sum(paths[k]["elements_stored"] for k in order) * sms
@@ -974,7 +974,8 @@ def schedule_launch(sass: str, programs: Programs, *, params: Params | None, cta
     ends = {}
     for lat in latencies_ns:
         for clk in clocks_ghz:
-            r = simulate(seq, ctas_per_sm=ctas_per_sm, num_warps=num_warps, dram_cycles=lat * clk)
+            r = worst if worst is not None and (lat, clk) == (worst_lat, worst_clk) else \
+                simulate(seq, ctas_per_sm=ctas_per_sm, num_warps=num_warps, dram_cycles=lat * clk)
             us = r["cycles"] / clk / 1e3
             ends[end_name(lat, clk)] = {
                 "latency_ns": lat, "clock_ghz": clk, "us": us, "gbps": dram_bytes / (us * 1e3) if us else math.inf,
