@@ -43,13 +43,14 @@ endif
 SYSTEM_TORCH := $(shell $(PYTHON) -c "import importlib.util as u, sys; sys.exit(u.find_spec('torch') is None)" >/dev/null 2>&1 && echo yes)
 VENV_FLAGS   ?= $(if $(SYSTEM_TORCH),--system-site-packages,)
 
-.PHONY: help test test-ends fuzz report gpu clean python-ready report-ready matrices families static static36
+.PHONY: help test test-ends fuzz gate report gpu clean python-ready report-ready matrices families static static36
 
 help:
 	@echo "make report      the main job: speed + precision report (reports/<workload>-<timestamp>/)"
 	@echo "make test        the test suite (without a GPU the kernel runs under TRITON_INTERPRET=1)"
 	@echo "make test-ends   the integration tests with the newest and the oldest transformers/diffusers"
 	@echo "make fuzz        thousands of hypothesis examples per property (long)"
+	@echo "make gate        the static gate on every kernel configuration, not CI's covering array (~3,400 builds)"
 	@echo "make gpu         on a GPU machine: everything a first GPU run should measure (profiling/results/<gpu>/)"
 	@echo "make matrices    matrices/: every family's rotation matrix as a record and a picture"
 	@echo "make families    docs/families.md, generated from rome's family tables"
@@ -100,6 +101,11 @@ test-ends: $(READY)
 # thousands of hypothesis examples per property (tests/conftest.py, profile "fuzz"); long
 fuzz: $(READY)
 	$(PY) -m pytest -q tests/test_fuzz.py --hypothesis-profile=fuzz $(ARGS)
+
+# the static gate on every configuration (sm_90, sm_80, sm_100, gfx942: ~850 builds each, 2-5 s
+# of CPU a build; make test compiles a covering array of them: docs/testing.md)
+gate: $(READY)
+	ROME_GATE=full $(PY) -m pytest -q tests/test_kernels_static.py $(ARGS)
 
 report: report-ready
 	$(PY) -m profiling report $(ARGS)

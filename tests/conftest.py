@@ -76,7 +76,7 @@ def pytest_collection_modifyitems(config, items):
             pool = ThreadPoolExecutor(1, thread_name_prefix="rome-static-compile")
             # the workers start here, before any test (tests that spawn processes themselves
             # must not start while the compile's environment is set); config.rome_static_compile:
-            # a Future of (rows, files) for sm_90 (every chosen config), gfx942, sm_80 and sm_100 (CI's
+            # a Future of (rows, files) for sm_90, gfx942, sm_80 and sm_100 (CI's covering arrays and
             # subsets: profiling.static.configs.gate_configs)
             workers = aot.start_compiler_pool(os.cpu_count() or 2, nice=10)
             # (the gate checks compiles, spills and fit: the scheduled model, seconds per config in

@@ -1,10 +1,11 @@
 """The GPU kernel, compiled ahead of time without a GPU (``python -m profiling kernels``).
 
-Every chosen configuration (every dtype, head_dim, pass, product and tables/positions kind)
-compiles for sm_90, and for sm_80 and sm_100 the launches whose registers run out first there
-(``profiling.static.configs.off_sm90_ci_configs``; CI's 20 minutes: the rest and the autotuner's
-candidates are compiled by ``python -m profiling kernels`` into the committed tables), fits the project's
-99 KB of shared memory per block, and does not spill; the tool's specialisation is the one a real
+A covering array of the configurations the launcher can choose compiles for sm_90 (every pair of
+factor values, every triple of the register-deciding ones: ``profiling.static.configs``), for
+sm_80 and sm_100 the launches whose registers run out first there
+(``configs.off_sm90_ci_configs``), a covering array for gfx942 (CI's 20 minutes: ``make gate``,
+``ROME_GATE=full``, compiles every configuration, as ``python -m profiling kernels`` does for the
+committed tables), fits the project's 99 KB of shared memory per block, and does not spill; the tool's specialisation is the one a real
 launch compiles (same Triton cache key), and its cubin reading is checked on a kernel whose
 instructions are known. Compiles run in worker processes without TRITON_INTERPRET (this process
 has it) and land in Triton's cache, so a second run takes seconds.
@@ -13,6 +14,7 @@ has it) and land in Triton's cache, so a second run takes seconds.
 import dataclasses
 import importlib
 import json
+import types
 
 import pytest
 import torch
@@ -32,8 +34,8 @@ SMEM_LIMIT = 99 * 1024  # bytes: sm_86/89's per-block limit, the project's targe
 def compiled(request):
     """The gate's configs (sm_90, sm_80, sm_100, gfx942), compiled once (in worker processes): the rows. The
     compile is started by conftest.py when the suite is collected, in the background while the
-    interpreter tests run (724 builds, about a second of CPU each from an empty Triton cache,
-    seconds in all from a warm one); this waits for it."""
+    interpreter tests run (165 builds, 2-5 s of CPU each from an empty Triton cache, seconds
+    in all from a warm one); this waits for it."""
     started = getattr(request.config, "rome_static_compile", None)
     rows, _ = started.result() if started is not None else configs.inspect_kernels(
         (90, "gfx942", 80, 100), configs_ref=configs.GATE_CONFIGS, schedule=False)
@@ -44,38 +46,64 @@ def _pass(meta):
     return meta.get("pass", meta.get("pass_"))
 
 
+def _combinations(metas_and_warps, triples):
+    return set().union(*(configs.factor_combinations(configs.config_factors(m, w), triples)
+                         for m, w in metas_and_warps))
+
+
 def test_configs_cover_the_launcher(compiled):
-    for cc in (90,):  # (sm_80's and sm_100's gate compile a subset: configs.off_sm90_ci_configs)
-        rows = [r for r in compiled if r["arch"] == f"sm_{cc}"]
-        names = [r["config"] for r in rows]
-        assert len(names) == len(set(names)), "two configs share a name"
-        seen = {(r["meta"]["x_dtype"], r["meta"]["head_dim"], _pass(r["meta"]), r["meta"]["table_dtype"],
-                 bool(r["meta"].get("seam"))) for r in rows}
-        # (every head dim is in the committed tables: CI compiles head_dim 128's every chosen
-        # configuration, configs.sm90_ci_configs, and the decode step's SEAM builds among them)
-        missing = [(x, d, p, t, few) for x in ("bf16", "fp16", "fp32") for d in configs.SM90_CI_HEAD_DIMS
-                   for p in ("fwd", "bwd") for t in ("fp32", x) for few in (False, True)
-                   if (x, d, p, t, few) not in seen and not (few and t != "fp32")]
-        assert not missing, missing
-        # tl.dot's M on triton 3.2-3.4 (the floor is 3.2): fewer rows do not compile there
-        few = [r["config"] for r in rows if r["meta"]["block_r"] < launch.MIN_ROWS and r["meta"]["product"] == "dot"]
-        assert not few, few
-        # both products of a rotation matrix on the table path, and the gather kernel's positions
-        kinds = {(r["meta"]["product"], r["meta"]["positions"], r["meta"]["angles"]) for r in rows}
-        assert kinds >= {("dot", 0, False), ("gather", 0, False), ("gather", 1, False), ("gather", 2, False),
-                         ("gather", 1, True), ("gather", 2, True)}, kinds
-        # the autotuner's candidates (compiled into the committed tables by `python -m profiling
-        # kernels`, named "tuned ..."; CI's gate compiles the chosen tiles): 120 of them
-        want = set()
-        for x in (torch.bfloat16, torch.float16, torch.float32):
-            for d in launch.HEAD_DIMS:
-                for transpose in (False, True):
-                    for positions in (0, 1, 2):
-                        cfg = launch.choose(x, torch.float32, d, transpose=transpose, gather=True, exact_in_x=True,
-                                            exact_in_bf16=True, positions=positions)
-                        want |= {f"{alt.name} M=rotation tuned {launch.tile_name(alt)}"
-                                 for alt in launch.candidates(cfg)[1:]}
-        assert len(want) == 120 and not any(" tuned " in n for n in names)
+    """CI's sm_90 gate is a covering array of every configuration the launcher can choose: every
+    pair of factor values one of them has, and every triple of the register-deciding factors'
+    (``configs.SM90_TRIPLES``), is in a compiled row; the whole list is ``make gate``'s."""
+    rows = [r for r in compiled if r["arch"] == "sm_90"]
+    names = [r["config"] for r in rows]
+    assert len(names) == len(set(names)), "two configs share a name"
+    with aot.compiler_pool(1) as pool:  # (the list is a compiling process's: no interpreter)
+        every = pool.submit(configs._list_configs, configs.DEFAULT_CONFIGS, 90).result()
+    want = _combinations([(c["meta"], c["num_warps"]) for c in every], configs.SM90_TRIPLES)
+    have = _combinations([(r["meta"], r["num_warps"]) for r in rows], configs.SM90_TRIPLES)
+    missing = want - have
+    assert not missing, sorted(map(sorted, missing))[:10]
+    assert len(rows) < len(every) // 5, (len(rows), len(every))  # CI's minutes: a covering array, not all
+    # tl.dot's M on triton 3.2-3.4 (the floor is 3.2): fewer rows do not compile there
+    few = [r["config"] for r in rows if r["meta"]["block_r"] < launch.MIN_ROWS and r["meta"]["product"] == "dot"]
+    assert not few, few
+    # both products of a rotation matrix on the table path, and the gather kernel's positions
+    kinds = {(r["meta"]["product"], r["meta"]["positions"], r["meta"]["angles"]) for r in rows}
+    assert kinds >= {("dot", 0, False), ("gather", 0, False), ("gather", 1, False), ("gather", 2, False),
+                     ("gather", 1, True), ("gather", 2, True)}, kinds
+    # the decode step's SEAM build in every x dtype and pass; the autotuner's candidates (the
+    # launcher's alternatives to its chosen tile: 120 of them) among the configurations
+    seam = {(r["meta"]["x_dtype"], _pass(r["meta"])) for r in rows if r["meta"].get("seam")}
+    assert seam == {(x, p) for x in ("bf16", "fp16", "fp32") for p in ("fwd", "bwd")}, seam
+    cands = set()
+    for x in (torch.bfloat16, torch.float16, torch.float32):
+        for d in launch.HEAD_DIMS:
+            for transpose in (False, True):
+                for positions in (0, 1, 2):
+                    cfg = launch.choose(x, torch.float32, d, transpose=transpose, gather=True, exact_in_x=True,
+                                        exact_in_bf16=True, positions=positions)
+                    cands |= {f"{alt.name} M=rotation tuned {launch.tile_name(alt)}"
+                              for alt in launch.candidates(cfg)[1:]}
+    assert len(cands) == 120 and cands <= {c["name"] for c in every}
+    assert any(" tuned " in n for n in names)
+
+
+def test_the_covering_array_covers():
+    """``configs.covering_configs`` on a list whose every pair matters: it keeps what a pair
+    needs and drops what adds nothing."""
+    def cfg(x, d, p):
+        meta = {"x_dtype": x, "table_dtype": "fp32", "head_dim": d, "pass_": p, "matrix": "rotation", "product": "gather",
+                "split": 1, "fp32_dot": False, "gather_sin": False, "positions": 0, "angles": False,
+                "tuned_candidate": False, "block_r": 8}
+        return types.SimpleNamespace(name=f"{x} {d} {p}", meta=meta, num_warps=4)
+    full = [cfg(x, d, p) for x in ("bf16", "fp32") for d in (64, 128) for p in ("fwd", "bwd")]
+    chosen = configs.covering_configs(full)
+    pairs = lambda cs: _combinations([(c.meta, c.num_warps) for c in cs], ())
+    assert pairs(chosen) == pairs(full) and 4 <= len(chosen) < 8  # 3 binary factors: 4 rows can hold every pair
+    # with the triple asked for, all 8
+    assert len(configs.covering_configs(full, triples=("x_dtype", "head_dim", "pass"))) == 8
+    assert [c.name for c in configs.covering_configs(full[:1] * 3)] == [full[0].name]
 
 
 @pytest.mark.parametrize("cc", ARCHS)

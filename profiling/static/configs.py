@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import importlib
+import itertools
 import os
 import time
 from pathlib import Path
@@ -32,14 +33,10 @@ def configs(cc: int | None = None) -> list:
 
 
 def amd_ci_configs(cc=None) -> list:
-    """The configurations CI compiles for gfx942 (the full list is the committed table): head_dim
-    256 (the largest tiles and register use) for every pass, product and tables/positions kind in
-    bf16 and fp32, and the gather kernel's in fp16 (fp16's dot kernel compiles as bf16's does:
-    a third of the compile time, nothing new), without the autotuner's candidates; and bf16 at
-    head_dim 64 with them (the candidates' 8-row and 8-warp tiles)."""
-    return [c for c in configs(cc) if (c.meta["head_dim"] == 256 and not c.meta.get("tuned_candidate")
-                                       and (c.meta["x_dtype"] != "fp16" or c.meta["product"] == "gather"))
-            or (c.meta["head_dim"] == 64 and c.meta["x_dtype"] == "bf16")]
+    """The configurations CI compiles for an AMD arch (the full list is the committed table): a
+    covering array of them (``covering_configs``), every pair of factor values and every
+    (product, pass, positions) triple, the autotuner's candidates among them."""
+    return covering_configs(configs(cc), triples=("product", "pass", "positions"))
 
 
 def wave64_gather_configs(cc=None) -> list:
@@ -63,9 +60,11 @@ def wave64_gather_configs(cc=None) -> list:
 
 def gate_configs(cc) -> list:
     """The CI gate's list for ``cc`` (tests/test_kernels_static.py): ``sm90_ci_configs`` for sm_90
-    (the GPU machines' arch), ``off_sm90_ci_configs``
-    for sm_80 and sm_100, ``amd_ci_configs`` for an AMD arch; the committed tables (``python -m
-    profiling kernels``) hold every configuration of each."""
+    (the GPU machines' arch), ``off_sm90_ci_configs`` for sm_80 and sm_100, ``amd_ci_configs`` for
+    an AMD arch; with ``ROME_GATE=full`` in the environment (``make gate``) every configuration
+    of each. The committed tables (``python -m profiling kernels``) hold every configuration."""
+    if os.environ.get("ROME_GATE", "").lower() == "full":
+        return configs(cc)
     if isinstance(cc, str):
         return amd_ci_configs(cc)
     if cc in (80, 100):
@@ -73,20 +72,61 @@ def gate_configs(cc) -> list:
     return sm90_ci_configs(cc)
 
 
-# the head dims CI compiles every chosen sm_90 configuration at (each build takes 2-5 s of CPU:
-# every head dim, ~720 builds, took as long as the rest of the suite on a 2-core machine)
-SM90_CI_HEAD_DIMS = (128,)
+# --- the CI gate: a covering array of the configurations ----------------------------------
+#
+# Every configuration is ~850 builds an arch, 2-5 s of CPU each from an empty Triton cache: hours
+# on CI's two cores. What a build's registers, spills and shared memory depend on is the values
+# of a few factors (``config_factors``) and their interactions, so CI compiles a covering array:
+# a subset in which every pair of factor values that some configuration has appears together at
+# least once, and, on sm_90, every triple of the factors that decide the registers (x dtype,
+# pass, product, positions kind, norm, head groups apart: what spilled before was such a triple,
+# e.g. fp16 x the SEAM build x three heads). Chosen greedily, the heavier build first where two
+# cover as much (fp32 x, larger head_dim, backward).
+
+# the factors whose every triple of values sm_90's gate holds
+SM90_TRIPLES = ("x_dtype", "pass", "product", "positions", "norm", "seam")
+
+
+def config_factors(meta: dict, num_warps: int) -> dict:
+    """A configuration's factors: what varies between the launcher's configurations (``meta`` as
+    a config or a table row holds it, lists or tuples alike)."""
+    heads = meta.get("heads")
+    return {"x_dtype": meta["x_dtype"], "tables": "fp32" if meta["table_dtype"] == "fp32" else "x's",
+            "head_dim": meta["head_dim"], "pass": meta.get("pass_", meta.get("pass")), "matrix": meta["matrix"],
+            "product": f"{meta['product']} split={meta['split']} fp32_dot={bool(meta['fp32_dot'])}",
+            "gather_sin": bool(meta["gather_sin"]), "positions": f"{meta['positions']} angles={bool(meta['angles'])}",
+            "norm": meta.get("norm"), "seam": bool(meta.get("seam")),
+            "heads": tuple(heads) if heads is not None else None, "tuned": bool(meta["tuned_candidate"]),
+            "depth": meta.get("gather_depth"), "rows": meta["block_r"], "warps": num_warps}
+
+
+def factor_combinations(factors: dict, triples=()) -> set:
+    """Every pair of (factor, value)s of one configuration, and every triple of those named."""
+    items = sorted(factors.items(), key=lambda kv: kv[0])
+    out = {frozenset(pair) for pair in itertools.combinations(items, 2)}
+    out |= {frozenset(t) for t in itertools.combinations([(k, factors[k]) for k in triples], 3)}
+    return out
+
+
+def covering_configs(configs_: list, triples=()) -> list:
+    """A subset of ``configs_`` that holds every combination (``factor_combinations``) that one
+    of them holds: greedily, the configuration adding the most, the heavier on a tie."""
+    factors = [config_factors(c.meta, c.num_warps) for c in configs_]
+    combos = [factor_combinations(f, triples) for f in factors]
+    needed, covered, chosen = set().union(*combos), set(), []
+    heavier = lambda i: (factors[i]["x_dtype"] == "fp32", factors[i]["head_dim"], factors[i]["pass"] == "bwd")
+    while covered != needed:
+        i = max(range(len(configs_)), key=lambda i: (len(combos[i] - covered), heavier(i)))
+        chosen.append(i)
+        covered |= combos[i]
+    return [configs_[i] for i in sorted(chosen)]
 
 
 def sm90_ci_configs(cc=90) -> list:
-    """The configurations CI compiles for sm_90 (the committed tables hold every one): every
-    chosen configuration (the autotuner's candidates left out) at head_dim 128 — each kernel,
-    product, pass, x and table dtype, tables/positions kind, norm and the decode step's ``SEAM``
-    build — and the gather's at head_dim 256 in bf16 and fp32 (the largest tile: fewest rows)."""
-    return [c for c in configs(cc) if not c.meta.get("tuned_candidate")
-            and (c.meta["head_dim"] in SM90_CI_HEAD_DIMS
-                 or (c.meta["head_dim"] == 256 and c.meta["product"] == "gather" and c.meta["x_dtype"] != "fp16"
-                     and not c.meta.get("seam")))]
+    """The configurations CI compiles for sm_90 (the committed tables hold every one): the
+    covering array of every configuration (every head dim and the autotuner's candidates among
+    them) with every triple of ``SM90_TRIPLES``'s values."""
+    return covering_configs(configs(cc), triples=SM90_TRIPLES)
 
 
 def off_sm90_ci_configs(cc) -> list:
