@@ -39,6 +39,18 @@ def optional(module: str, package: str | None = None):
     return (importlib.import_module(module) if found else None), pytest.mark.skipif(not found, reason=reason)
 
 
+# Each test is called from a wide frame: CPython 3.11/3.12's frame stack otherwise maps and
+# unmaps a 16 KB chunk per call where the interpreter's kernel frames go up and down across a
+# chunk's start (gh-142183; a third of the interpreter tests' CPU time: profiling/frames.py).
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    from _pytest.python import pytest_pyfunc_call as call
+
+    from profiling.frames import call_in_a_wide_frame
+
+    return call_in_a_wide_frame(call, pyfuncitem)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
