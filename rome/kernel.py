@@ -743,36 +743,41 @@ def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc
     # first one's head indices, returned past the batch) from their loaded x (x0..x2), partners
     # (g0..g2) and the forward's input (xn0, xn1: NORM_GRAD); dwa, dba: the norm backward's sums
     # (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
+    dwa, dba = _batch_head(o_ptr, x0, g0, xn0, h - h_lo, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws,
+                           nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE,
+                           FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+    if K >= 2:
+        hac, hbc = _next_head(hac, hbc, H1)
+        dwa, dba = _batch_head(o_ptr, x1, g1, xn1, h + 1 - h_lo, hac * soh0 + hbc * soh1, o_off,
+                               _while(mask, h + 1, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
+                               F64, NORM, NATIVE, NORM_GRAD)
+    if K >= 3:
+        hac, hbc = _next_head(hac, hbc, H1)
+        dwa, dba = _batch_head(o_ptr, x2, g2, xn2, h + 2 - h_lo, hac * soh0 + hbc * soh1, o_off,
+                               _while(mask, h + 2, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
+                               F64, NORM, NATIVE, NORM_GRAD)
+    hac, hbc = _next_head(hac, hbc, H1)
+    return dwa, dba, hac, hbc
+
+
+@triton.jit
+def _batch_head(o_ptr, x, g, xn, hl, o_head, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                src, cm, dwa, dba, PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
+                OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+                RAW_X: tl.constexpr, F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr,
+                NORM_GRAD: tl.constexpr):
+    # one head of a _batch: local head hl (its own weights under NORM_RMS_HEADS), stored at o_head
+    # (+ o_off); its norm-backward sums added to dwa, dba
     if NORM == NORM_RMS_HEADS:
-        nw, nws = _head_weights(nw_ptr, h - h_lo, cols, src, cm, D, PAIR)
-    dw, db = _head(o_ptr, x0, g0, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D,
-                   rstd, xn0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
-                   BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+        nw, nws = _head_weights(nw_ptr, hl, cols, src, cm, D, PAIR)
+    dw, db = _head(o_ptr, x, g, o_head, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, xn, PAIR, DOT, SPLIT,
+                   OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
     dwa += dw
     if NORM_GRAD == NORM_LAYER:
         dba += db
-    if K >= 2:
-        hac, hbc = _next_head(hac, hbc, H1)
-        if NORM == NORM_RMS_HEADS:
-            nw, nws = _head_weights(nw_ptr, h + 1 - h_lo, cols, src, cm, D, PAIR)
-        dw, db = _head(o_ptr, x1, g1, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 1, h_hi), c, s, w,
-                       nw, nws, nb, nbs, eps, D, rstd, xn1, PAIR, DOT,
-                       SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
-        dwa += dw
-        if NORM_GRAD == NORM_LAYER:
-            dba += db
-    if K >= 3:
-        hac, hbc = _next_head(hac, hbc, H1)
-        if NORM == NORM_RMS_HEADS:
-            nw, nws = _head_weights(nw_ptr, h + 2 - h_lo, cols, src, cm, D, PAIR)
-        dw, db = _head(o_ptr, x2, g2, hac * soh0 + hbc * soh1, o_off, _while(mask, h + 2, h_hi), c, s, w,
-                       nw, nws, nb, nbs, eps, D, rstd, xn2, PAIR, DOT,
-                       SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
-        dwa += dw
-        if NORM_GRAD == NORM_LAYER:
-            dba += db
-    hac, hbc = _next_head(hac, hbc, H1)
-    return dwa, dba, hac, hbc
+    return dwa, dba
 
 
 @triton.jit

@@ -528,6 +528,7 @@ class Plan:
     src: torch.Tensor  # int32: the gather kernel's [D + 1] (gather_index), gather_sin's [D], else a dummy [1]
     sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
     pair: int = 0  # the gather kernel: src's pair class (PAIRS_*, also at src[D]), known on the host
+    arch: int | str | None = None  # current_arch() when planned: the GPU the launch is chosen for
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -599,27 +600,28 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     ``positions``: 0 (per-row tables), 1 (one position axis) or 2 (several); ``sin_dtype``: sin's
     dtype where it is not cos's (``table_dtype``)."""
     info = describe(matrix)
+    arch = current_arch(matrix.device if matrix.is_cuda else None)
     cfg = choose(x_dtype, table_dtype, matrix.shape[0], transpose=transpose, gather=info.gather,
                  exact_in_x=_exact_in_dtype(info, matrix, x_dtype), exact_in_bf16=info.bf16_exact,
                  interpret=interpret, positions=positions, angles=angles, product=current_product(),
                  sin_dtype=sin_dtype, lanes=warp_size(),
-                 arch=current_arch(matrix.device if matrix.is_cuda else None))
+                 arch=arch)
     if cfg.product == "gather":
         src, sign, pair = _signed_gather(info, transpose)
         fixed = None if interpret else _overridden(cfg)
         if fixed is not None:  # gather_tile(): this tile, not tuned
-            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair)
-        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair)
+            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
         src, sign, pair = _signed_gather(info, transpose)
         op = operand_dtype(cfg)
         operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
-        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign, pair)
+        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign, pair, arch)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
     operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
-    return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src)
+    return Plan(cfg, candidates(cfg, interpret=interpret), operand, nz, src, arch=arch)
 
 
 PAIRS_NONE, PAIRS_KEPT, PAIRS_SWAPPED = 0, 1, 2  # kernel.PAIRS_*: how src moves column pairs

@@ -551,7 +551,7 @@ NORM_GRAD_HEADS_TILE = (4, 2)
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
                    native=False, norm_grad=None):
     cfg0 = plan.config
-    arch = launch.current_arch(xs[0].device if xs[0].is_cuda else None)
+    arch = plan.arch  # (asked once a launch, by launch.plan)
     kind = norm_grad[0] if norm_grad is not None else None if norm is None else norm[0]
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
