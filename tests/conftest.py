@@ -75,13 +75,11 @@ def pytest_collection_modifyitems(config, items):
     # CPU, the compile takes the others and, while the fixture waits, all of them.
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
-        rest = [item for item in items if item.path.name != STATIC_MODULE]
-        # under pytest-xdist (--dist loadfile: a file is one worker's, handed out in this order)
-        # the module goes first: its worker compiles on every CPU beside the other workers'
-        # interpreter tests, and its own serial tests (specialisations, the CLI) do not end the
-        # run on one CPU
+        items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
+        # (under pytest-xdist, --dist loadfile, one worker runs this module, whose first use of
+        # the `compiled` fixture compiles on every CPU; xdist hands the largest files out first,
+        # so it comes near the end whatever the order here)
         xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
-        items[:] = static + rest if xdist else rest + static
         if not xdist \
                 and any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor
