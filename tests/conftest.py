@@ -79,8 +79,7 @@ def pytest_collection_modifyitems(config, items):
         # (under pytest-xdist, --dist loadfile, one worker runs this module, whose first use of
         # the `compiled` fixture compiles on every CPU; xdist hands the largest files out first,
         # so it comes near the end whatever the order here)
-        xdist = os.environ.get("PYTEST_XDIST_WORKER") is not None
-        if not xdist \
+        if os.environ.get("PYTEST_XDIST_WORKER") is None \
                 and any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor
 
