@@ -85,10 +85,10 @@ report-ready: $(READY)
 		m and sys.exit(f'make report needs {\" and \".join(m)}, which {sys.executable} lacks')"
 
 # with pytest-xdist (the test extra) the suite runs on the CPUs (tests/conftest.py: as many workers as
-# CPUs up to 4, none with a GPU), a test file a worker at a time (the static gate's module and its
-# compile in one worker: --dist loadgroup's marks did not group under pytest 9.2 / xdist 3.8);
+# CPUs up to 4, none with a GPU), a test at a time to whichever worker is free, the files whose
+# tests share a module fixture (the static gate's compile) one unit each (conftest's scheduler);
 # without it, in one process
-XDIST = $$($(PY) -c "import importlib.util as u; print('-n auto --dist loadfile' if u.find_spec('xdist') else '')")
+XDIST = $$($(PY) -c "import importlib.util as u; print('-n auto --dist loadgroup' if u.find_spec('xdist') else '')")
 
 test: $(READY)
 	$(PY) -m pytest -q $(XDIST) $(ARGS)

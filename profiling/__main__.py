@@ -72,6 +72,11 @@ def main(argv=None):
 if __name__ == "__main__":
     from .frames import call_in_a_wide_frame
 
+    if os.environ.get("TRITON_INTERPRET") == "1":  # (profiling/interpreter.py)
+        from .interpreter import speed_up
+
+        speed_up()
+
     # (the interpreter's kernel frames: a wide frame keeps CPython 3.11/3.12's frame stack from
     # mapping and unmapping a chunk per call, profiling/frames.py)
     call_in_a_wide_frame(main)

@@ -393,9 +393,10 @@ PARTS = [
       for w in QKNORM_WORKLOADS],
     Part("suite", 540, "every other test module on CUDA (bounded by what is left of the budget)",
          part_pytest("tests-suite", ["tests", "--ignore", "tests/test_gpu.py", "--ignore",
-                                      "tests/test_kernels_static.py"])),
-    Part("static", 540, "tests/test_kernels_static.py: the ahead-of-time compile gate with this machine's "
-         "triton (CPU work; not by default)", part_pytest("tests-static", ["tests/test_kernels_static.py"]),
+                                      "tests/test_kernels_static.py", "--ignore", "tests/test_static_tool.py"])),
+    Part("static", 540, "tests/test_kernels_static.py and test_static_tool.py: the ahead-of-time compile gate "
+         "and its tool with this machine's triton (CPU work; not by default)",
+         part_pytest("tests-static", ["tests/test_kernels_static.py", "tests/test_static_tool.py"]),
          default=False),
 ]
 

@@ -11,6 +11,10 @@ from hypothesis import settings
 # must be set before rome's kernel module is first imported (rome imports it lazily).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":  # (a fifth of an interpreter test's time: profiling/interpreter.py)
+    from profiling.interpreter import speed_up
+
+    speed_up()
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -57,6 +61,35 @@ def _seed():
 
 
 STATIC_MODULE = "test_kernels_static.py"
+# test files whose tests share a module-scoped fixture (the gate's compile, a built sdist and
+# wheel, spawned ranks, generated records, the import graph): under pytest-xdist each runs in one
+# worker, so that fixture is set up once (tests/test_suite.py checks that the list holds
+# every file that defines one); any other test is a unit of its own
+SHARED_FIXTURE_FILES = ("test_kernels_static.py", "test_packaging.py", "test_distributed.py",
+                        "test_matrices_records.py", "test_layers.py")
+
+
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook)
+def pytest_xdist_make_scheduler(config, log):
+    # `--dist loadgroup` (make test): a test at a time to whichever worker is free, the tests of
+    # SHARED_FIXTURE_FILES (and of an xdist_group mark) as one unit, the largest units first, so
+    # the gate's compile starts at once and the run ends with both workers busy (loadfile handed
+    # the largest files out first and the gate's small one ~20 minutes in, its serial tests last).
+    # The file list stands in for the marks: under pytest 9.2 pytest-xdist 3.8's loadgroup leaves
+    # them out of the node ids it schedules by, so a mark alone groups nothing
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SharedFixtureFiles(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            path = nodeid.split("::", 1)[0]
+            if scope == nodeid and path.rsplit("/", 1)[-1] in SHARED_FIXTURE_FILES:
+                return path
+            return scope
+
+    return SharedFixtureFiles(config, log)
 
 
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: unknown to pytest without it)
@@ -76,9 +109,8 @@ def pytest_collection_modifyitems(config, items):
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
         items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
-        # (under pytest-xdist, --dist loadfile, one worker runs this module, whose first use of
-        # the `compiled` fixture compiles on every CPU; xdist hands the largest files out first,
-        # so it comes near the end whatever the order here)
+        # (under pytest-xdist one worker runs this module, first: pytest_xdist_make_scheduler;
+        # its `compiled` fixture compiles there on every CPU while the other workers test)
         if os.environ.get("PYTEST_XDIST_WORKER") is None \
                 and any("compiled" in getattr(item, "fixturenames", ()) for item in static):
             from concurrent.futures import ThreadPoolExecutor
