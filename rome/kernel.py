@@ -1056,13 +1056,14 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
 
 @triton.jit
 def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
-                axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
-                POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr, SIN_AT_SRC: tl.constexpr,
-                I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
+                axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols, cmask, D,
+                PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
+                SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
+                F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
-    # to _signed_sin (0.0 here)
+    # to _signed_sin (0.0 here). src2: src in the tiles' layout (PAIR: how it moves pairs)
     s = 0.0
     sp = t0
     s_ok = row_ok
@@ -1080,7 +1081,7 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
             ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
             cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
             sp = cp
-            if TRANSPOSE:
+            if TRANSPOSE and not ANGLES:  # (angles: sin at src is moved from the columns' below)
                 src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
                 sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
@@ -1093,12 +1094,15 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
         c_ok = (cp >= 0) & (cp < n_pos)
         s_ok = (sp >= 0) & (sp < n_pos)
         if ANGLES:
-            if TRANSPOSE:
-                src = tl.load(src_ptr + cols, mask=cmask, other=0)
-                c, _ = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
-                _, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, sp, s_ok, src, D, F64)
-            else:
-                c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+            c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
+            if TRANSPOSE:  # sin at (pos[t, axis[src]], src) is the columns' own sin at src: moved
+                # there (interleave: a register rename; else one exchange through shared memory),
+                # not evaluated again from src's frequency, scale and position (a dependent
+                # chain of loads and a second polynomial in the program's prologue)
+                if PAIR == PAIRS_SWAPPED:
+                    s = _pair_swap(s, BLOCK_R, BLOCK_D)
+                else:
+                    s = tl.gather(s, src2, axis=1)
         else:
             if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
                 s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
@@ -1151,8 +1155,9 @@ def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, s
         t1 = t1.to(tl.int64)
     mask = row_ok[:, None] & cmask[None, :]
     c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
-                                 stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols, cmask, D,
-                                 POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
+                                 stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
+                                 cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64, 1,
+                                 BLOCK_D)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, False, 1, BLOCK_D, RAW_S)
     return t0, t1, row_ok, c, s
@@ -1443,8 +1448,9 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
          axis_ptr, stride_ax, row_ok, cmask) = tables
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
-                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols,
-                                     cmask, D, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
+                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
+                                     cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
+                                     BLOCK_R, BLOCK_D)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
@@ -1674,8 +1680,9 @@ def _rome_gather_kernel(
         s_ok = row_ok
     else:
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
-                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, t0, t1, row_ok, mask, cols,
-                                     cmask, D, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64)
+                                     stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
+                                     cmask, D, PAIRS_NONE, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
+                                     BLOCK_R, BLOCK_D)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
