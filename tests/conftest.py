@@ -125,10 +125,10 @@ def pytest_collection_modifyitems(config, items):
             # a Future of (rows, files) for sm_90, gfx942, sm_80 and sm_100 (CI's covering arrays and
             # subsets: profiling.static.configs.gate_configs)
             workers = aot.start_compiler_pool(os.cpu_count() or 2, nice=10)
-            # (the gate checks compiles, spills and fit: the scheduled model, seconds per config in
-            # this process, is left to the model's own tests and the table's CLI)
+            # (the gate checks compiles, spills and fit: from the resource usage, without the SASS
+            # and its model, which the model's own tests and the table's CLI read)
             config.rome_static_compile = pool.submit(configs.inspect_kernels, (90, "gfx942", 80, 100), pool=workers,
-                                                     configs_ref=configs.GATE_CONFIGS, schedule=False)
+                                                     configs_ref=configs.GATE_CONFIGS, schedule=False, sass=False)
             pool.shutdown(wait=False)
     if torch.cuda.is_available():
         return

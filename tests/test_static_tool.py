@@ -89,6 +89,12 @@ def test_reads_a_known_kernel_and_leaves_it_in_tritons_cache(tmp_path, monkeypat
     path = aligned["cache_cubin"]
     assert path and path.startswith(str(tmp_path / "cache"))
     assert open(path, "rb").read() == files[0][0]
+    # sass=False (the CI gate's rows): the same build (hash, cubin) and resource usage, no SASS
+    light, _ = configs.inspect_kernels((90,), jobs=1, configs_ref=f"{__name__}:copy_configs_unaligned", sass=False)
+    for full, row in zip(rows, light):
+        same = ("registers", "stack_bytes", "local_bytes", "shared_bytes", "ctas_per_sm", "triton_hash", "cache_cubin")
+        assert {k: row[k] for k in same} == {k: full[k] for k in same}
+        assert row["ok"] and row["sass"] is None and row["local_instructions"] is None and row["spills"] is False
 
 
 class _StandInDriver:

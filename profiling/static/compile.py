@@ -249,17 +249,19 @@ class Job:
     num_stages: int
     options: tuple
     cc: int | str  # an NVIDIA compute capability, or an AMD arch name ("gfx942")
+    sass: bool = True  # NVIDIA: dump and read the SASS (cuobjdump -sass: ~0.7-1.2 s a build)
 
     @classmethod
-    def of(cls, cfg, cc: int | str) -> "Job":
+    def of(cls, cfg, cc: int | str, sass: bool = True) -> "Job":
         py = getattr(cfg.fn, "fn", cfg.fn)  # the Python function under a JIT or interpreter wrapper
         return cls(py.__module__, py.__name__, tuple(sorted(cfg.signature.items())),
                    tuple(sorted(cfg.constexprs.items())), tuple(sorted(cfg.divisible_by_16)),
-                   cfg.num_warps, cfg.num_stages, tuple(sorted(getattr(cfg, "options", {}).items())), cc)
+                   cfg.num_warps, cfg.num_stages, tuple(sorted(getattr(cfg, "options", {}).items())), cc, sass)
 
     def run(self) -> dict:
-        """Compile and read the cubin: a dict of numbers, the cubin and its SASS (for an AMD
-        arch: the code object's metadata, the hsaco and its amdgcn)."""
+        """Compile and read the cubin: a dict of numbers, the cubin and its SASS (without ``sass``:
+        the resource usage alone, SASS and its statistics None; for an AMD arch: the code
+        object's metadata, the hsaco and its amdgcn)."""
         fn = jit_function(getattr(importlib.import_module(self.module), self.fn_name))
         t0 = time.perf_counter()
         kernel = compile_kernel(fn, dict(self.signature), dict(self.constexprs), self.divisible_by_16,
@@ -274,14 +276,15 @@ class Job:
                     "cubin": kernel.asm["hsaco"], "sass": kernel.asm["amdgcn"]}
         cubin = kernel.asm["cubin"]
         md = kernel.metadata
-        sass = run_cuobjdump("-sass", cubin)
+        sass = run_cuobjdump("-sass", cubin) if self.sass else None
         # the kernel's parameters in order (the constexprs, and ints specialised to 1, are not
         # parameters): where the schedule finds each in constant bank 0
         signature, constexprs = dict(self.signature), dict(self.constexprs)
         params = [(n, signature[n]) for n in fn.arg_names if n not in constexprs and n in signature]
         return {"compile_s": seconds, "triton_hash": kernel.hash, "cache_cubin": cached_cubin(kernel),
                 "kernel_name": md.name, "shared_dynamic": md.shared, "num_warps": md.num_warps,
-                "num_stages": md.num_stages, "res": res_usage(cubin, md.name), "sass_stats": read_sass(sass),
+                "num_stages": md.num_stages, "res": res_usage(cubin, md.name),
+                "sass_stats": read_sass(sass) if sass is not None else None,
                 "cubin": cubin, "sass": sass, "params": params}
 
 

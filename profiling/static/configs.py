@@ -159,14 +159,15 @@ def _resolve(ref: str):
     return getattr(importlib.import_module(module), name)
 
 
-def _list_configs(ref: str, cc: int) -> list[dict]:
+def _list_configs(ref: str, cc: int, sass: bool = True) -> list[dict]:
     """In a worker: the configs ``ref(cc)`` lists, as picklable dicts with their compile jobs."""
     return [{"name": c.name, "meta": dict(c.meta), "num_warps": c.num_warps, "num_stages": c.num_stages,
-             "job": Job.of(c, cc)} for c in _resolve(ref)(cc)]
+             "job": Job.of(c, cc, sass)} for c in _resolve(ref)(cc)]
 
 
 def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref: str = DEFAULT_CONFIGS,
-                    on_done=None, pool: cf.ProcessPoolExecutor | None = None, schedule: bool = True):
+                    on_done=None, pool: cf.ProcessPoolExecutor | None = None, schedule: bool = True,
+                    sass: bool = True):
     """Compile every config for every arch in ``jobs`` worker processes and read the cubins.
 
     ``configs_ref``: ``"module:function"``, ``function(cc)`` listing KernelConfigs (it runs in a
@@ -176,9 +177,11 @@ def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref
     use (and shut down when done) instead of starting ``jobs`` workers. ``schedule``: run the
     scheduled bandwidth model on the sm_90 rows (seconds per config, in this process: the CI gate,
     which checks compiles, spills and fit, leaves it out; the rows keep the static model).
+    ``sass=False``: NVIDIA rows from the resource usage alone (registers, stack, local and shared
+    memory: what the gate checks), without dumping the SASS (~0.7-1.2 s a build) or modelling it.
     """
     with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
-        listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs)))
+        listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs, [sass] * len(archs))))
         plan = [(cfg, arch_of(cc)) for cc in archs for cfg in listed[cc]]
         results = compile_all(pool, [cfg["job"] for cfg, _ in plan], on_done)
     rows, files = [], []
@@ -207,6 +210,13 @@ def row(cfg: dict, arch: Arch, res: dict, schedule: bool = True) -> dict:
         return r | {"ok": False, "error": res["error"]}
     rs, st = res["res"], res["sass_stats"]
     smem = res["shared_dynamic"] + rs["shared"]
+    if st is None:  # (sass=False: what the resource usage says; LDL/STL need a stack or local memory)
+        return r | {"ok": True, "error": None, "registers": rs["reg"], "stack_bytes": rs["stack"],
+                    "local_bytes": rs["local"], "local_instructions": None, "shared_dynamic": res["shared_dynamic"],
+                    "shared_static": rs["shared"], "shared_bytes": smem, "fits_arch_smem": smem <= arch.smem_per_block,
+                    "fits_99kb": smem <= PROJECT_SMEM_LIMIT, "spills": rs["stack"] > 0 or rs["local"] > 0,
+                    **occupancy(arch, rs["reg"], smem, res["num_warps"]), "sass": None, "model": None,
+                    "compile_s": res["compile_s"], "triton_hash": res["triton_hash"], "cache_cubin": res["cache_cubin"]}
     tile = st["per_tile"] or {}
     r |= {
         "ok": True, "error": None, "registers": rs["reg"], "stack_bytes": rs["stack"], "local_bytes": rs["local"],
