@@ -1,5 +1,7 @@
 """Inputs and checks shared by the test modules."""
 
+import dataclasses
+
 import torch
 
 import rome
@@ -62,3 +64,17 @@ class RomeCalls:
                     return _orig(*a, **k)
 
                 monkeypatch.setattr(module, name, counted)
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticConfig:
+    """A kernel configuration for ``profiling.static`` in the shape of rome.launch.KernelConfig
+    (tests/test_static_tool.py, tests/test_bandwidth_model.py: known kernels compiled ahead of time)."""
+    name: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    divisible_by_16: tuple
+    num_warps: int = 4
+    num_stages: int = 3
+    meta: dict = dataclasses.field(default_factory=dict)

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from profiling.static import archs, configs, launches, model, nvidia, schedule, tables
 from profiling.static import compile as aot
+from helpers import StaticConfig
 
 # --- control bits -------------------------------------------------------------------------
 
@@ -550,26 +551,14 @@ def _gather(idx, src, dst, n, BLOCK: tl.constexpr):
         tl.store(dst + offs, tl.load(src + i, mask=mask), mask=mask)
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:  # the shape of rome.launch.KernelConfig
-    name: str
-    fn: object
-    signature: dict
-    constexprs: dict
-    divisible_by_16: tuple
-    num_warps: int = 4
-    num_stages: int = 1
-    meta: dict = dataclasses.field(default_factory=dict)
-
-
 BLOCK = 512
 
 
 def model_configs(cc):
     meta = {"x_dtype": "fp32", "elements_per_tile": BLOCK, "dram_bytes_per_element": 8}  # as rome's configs give it
-    return [Config("copy", _copy, {"src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK}, ("src", "dst", "n"),
-                   meta=meta),
-            Config("gather", _gather, {"idx": "*i32", "src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK},
+    return [StaticConfig("copy", _copy, {"src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK},
+                         ("src", "dst", "n"), num_stages=1, meta=meta),
+            StaticConfig("gather", _gather, {"idx": "*i32", "src": "*fp32", "dst": "*fp32", "n": "i32"}, {"BLOCK": BLOCK},
                    ("idx", "src", "dst", "n"))]
 
 
