@@ -210,20 +210,21 @@ def row(cfg: dict, arch: Arch, res: dict, schedule: bool = True) -> dict:
         return r | {"ok": False, "error": res["error"]}
     rs, st = res["res"], res["sass_stats"]
     smem = res["shared_dynamic"] + rs["shared"]
-    if st is None:  # (sass=False: what the resource usage says; LDL/STL need a stack or local memory)
-        return r | {"ok": True, "error": None, "registers": rs["reg"], "stack_bytes": rs["stack"],
-                    "local_bytes": rs["local"], "local_instructions": None, "shared_dynamic": res["shared_dynamic"],
-                    "shared_static": rs["shared"], "shared_bytes": smem, "fits_arch_smem": smem <= arch.smem_per_block,
-                    "fits_99kb": smem <= PROJECT_SMEM_LIMIT, "spills": rs["stack"] > 0 or rs["local"] > 0,
-                    **occupancy(arch, rs["reg"], smem, res["num_warps"]), "sass": None, "model": None,
-                    "compile_s": res["compile_s"], "triton_hash": res["triton_hash"], "cache_cubin": res["cache_cubin"]}
-    tile = st["per_tile"] or {}
+    # what the resource usage says (all a row without the SASS has: sass=False; LDL/STL need a
+    # stack or local memory)
     r |= {
         "ok": True, "error": None, "registers": rs["reg"], "stack_bytes": rs["stack"], "local_bytes": rs["local"],
-        "local_instructions": st["whole"]["local"], "shared_dynamic": res["shared_dynamic"],
+        "local_instructions": None, "shared_dynamic": res["shared_dynamic"],
         "shared_static": rs["shared"], "shared_bytes": smem, "fits_arch_smem": smem <= arch.smem_per_block,
-        "fits_99kb": smem <= PROJECT_SMEM_LIMIT, "spills": rs["stack"] > 0 or st["whole"]["local"] > 0,
-        **occupancy(arch, rs["reg"], smem, res["num_warps"]),
+        "fits_99kb": smem <= PROJECT_SMEM_LIMIT, "spills": rs["stack"] > 0 or rs["local"] > 0,
+        **occupancy(arch, rs["reg"], smem, res["num_warps"]), "sass": None, "model": None,
+        "compile_s": res["compile_s"], "triton_hash": res["triton_hash"], "cache_cubin": res["cache_cubin"],
+    }
+    if st is None:
+        return r
+    tile = st["per_tile"] or {}
+    r |= {
+        "local_instructions": st["whole"]["local"], "spills": r["spills"] or st["whole"]["local"] > 0,
         "tile_loops": len(st["tile_loops"]),
         "ld128_share": share_128(tile["global_load"]) if tile else None,
         "st128_share": share_128(tile["global_store"]) if tile else None,
@@ -233,10 +234,8 @@ def row(cfg: dict, arch: Arch, res: dict, schedule: bool = True) -> dict:
         "fp32_per_tile": tile.get("fp32"), "calls_per_tile": tile.get("calls"),
         "instructions_per_tile": tile.get("instructions"),
         "bytes_issued_per_tile": tile["global_bytes_per_thread"] * 32 * res["num_warps"] if tile else None,
-        "sass": st, "compile_s": res["compile_s"], "triton_hash": res["triton_hash"],
-        "cache_cubin": res["cache_cubin"],
+        "sass": st,
     }
-    r["model"] = None
     if "head_dim" in meta or "elements_per_tile" in meta:  # a rome config: the bandwidth model
         try:
             elements, dram, read = tile_elements(meta)
