@@ -55,8 +55,11 @@ def environment(device: torch.device) -> dict:
         "triton": triton.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "commit": _run(["git", "rev-parse", "HEAD"]) or "unknown",
-        "dirty": bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
+        # a tree copied to a lent GPU machine names its commit (make gpu's ROME_COMMIT): the .git
+        # that travels with it need not be that tree's (seen on the H100 and the H200)
+        "commit": os.environ.get("ROME_COMMIT") or _run(["git", "rev-parse", "HEAD"]) or "unknown",
+        "dirty": False if os.environ.get("ROME_COMMIT") else
+        bool(_run(["git", "status", "--porcelain", "--untracked-files=no"])),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1",
         "cpu": f"{_cpu_name()} ({os.cpu_count()} logical cores)",
