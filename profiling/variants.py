@@ -84,6 +84,10 @@ def _v1_pair(q, k, cos, sin, sections, mode):
     return slice_concat(q, cos, sin, sections, mode), slice_concat(k, cos, sin, sections, mode)
 
 
+COMPILE_BACKEND = "inductor"  # torch.compile's backend for the compiled variants (what users run;
+# a test of the report's plumbing alone may name "aot_eager": the same graphs without inductor's codegen)
+
+
 def _compiled_per_setup(fn):
     """``torch.compile`` of a copy of ``fn`` with a code object of its own (one per grad mode: the
     fwd and fwd+bwd passes need a graph each), every call with recompiles made errors. dynamo
@@ -98,7 +102,8 @@ def _compiled_per_setup(fn):
         if grad not in compiled:
             _compiled_per_setup.count += 1
             code = fn.__code__.replace(co_name=f"{fn.__name__}_setup{_compiled_per_setup.count}")
-            compiled[grad] = torch.compile(types.FunctionType(code, fn.__globals__, code.co_name), dynamic=False)
+            compiled[grad] = torch.compile(types.FunctionType(code, fn.__globals__, code.co_name), dynamic=False,
+                                           backend=COMPILE_BACKEND)
         with torch._dynamo.config.patch(error_on_recompile=True):
             return compiled[grad](*args)
 

@@ -345,6 +345,10 @@ def test_report_cli_end_to_end(tmp_path, monkeypatch, capsys):
     # the CLI end to end, not the timings' quality (speed.py's own tests): a round, the fewest calls
     monkeypatch.setattr(speed, "CPU_WARMUP_S", 0.0)
     monkeypatch.setattr(speed, "CPU_MEASURE_S", 0.01)
+    # the compiled variants' graphs through aot_eager: inductor's C++ codegen of their 24 graphs
+    # took ~70 of this test's ~100 s on CI's CPUs; that they compile with inductor, once per set-up
+    # and never fall back to eager, is test_compiled_variants_compile_per_setup_and_never_fall_back_to_eager's
+    monkeypatch.setattr(variants, "COMPILE_BACKEND", "aot_eager")
     main(["report", "--workload", "cogvideox", "--shape", "1,2,1,32,64", "--precision-tokens", "32", "--out", str(out),
           "--skip-kernels", "--skip-models"])  # each section has its own tests (kernels: minutes)
     console = capsys.readouterr().out
