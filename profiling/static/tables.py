@@ -181,10 +181,10 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
     if liger.get("status") != "ok":
         lines += [f"Liger-Kernel: {liger.get('status', 'not run')} ({liger.get('reason', '')}); its rope kernel "
                   "is compiled and modelled beside rome's where `liger_kernel` is importable.", ""]
-    lines += ["est.: the worst of 600/800 ns and 1.755/1.98 GHz; 800–600 ns: at 1.755 GHz; µs H100: the launch's "
-              "time on its busiest SM at the worst end, no less than copy's time for its bytes (kernel time, no "
-              "launch overhead). Static estimates, "
-              "not measurements.", ""]
+    lines += ["est.: the loaded memory's share of copy (1 + (copy / rate)^3)^(-1/3) of the idle schedule's rate "
+              "(fitted to 32 launches measured on an H100), the worst of 600/800 ns and 1.755/1.98 GHz; 800–600 ns: "
+              "at 1.755 GHz; µs H100: the launch's bytes at that share of copy (kernel time, no launch overhead). "
+              "Static estimates, not measurements.", ""]
     for s in section.get("skipped", []):
         lines.append(f"- {s['variant']}: not captured: {s['reason']}")
     for r in section["launches"] + section["liger_launches"]:
