@@ -346,6 +346,27 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     )
 
 
+# Angles at twice choose_gather's rows where the launch is not a decode step's SEAM build (16-bit x,
+# the gather product, no norm): choose_gather halves the rows for the angle arithmetic's registers,
+# which left a program's bytes in flight at half the tables' form: measured on an H100 under triton
+# 3.6 (profiling/results/h100/forms-f1c73eb) the angles forward at 81-84% of copy where the tables'
+# ran at 92-94%. At full rows the model's idle schedule of default's angles goes 1.00 -> 1.83x copy
+# forward, 1.22 -> 1.73x backward (loaded: 79 -> 95%, 86 -> 94%) at 118-127 registers, no spill
+# (sm_90, triton 3.6 and 3.9: profiling/results/cpu/angles-rows-experiment); a decode step's SEAM
+# launch keeps the half rows (at full rows its programs' latency grew 2.1 -> 3.7 us)
+ANGLE_FULL_ROWS = True
+
+
+def angle_rows(cfg: Config, *, seam: bool, norm: bool = False, interpret: bool = False) -> Config:
+    """The angles launch's tile: ``cfg`` (``choose_gather``'s half rows) for a SEAM build, a norm,
+    fp32 x, D > 128 or the dot (and under the interpreter, whose tile is fixed), else twice its
+    rows (``ANGLE_FULL_ROWS``)."""
+    if not (ANGLE_FULL_ROWS and cfg.angles and not seam and not norm and not interpret
+            and cfg.product == "gather" and cfg.x_dtype != torch.float32 and cfg.block_d <= 128):
+        return cfg
+    return replace(cfg, block_r=2 * cfg.block_r)
+
+
 HEADS_DOT_MAX_D = 128  # the head-group kernel's dot holds M whole: 32 KB in bf16 at D = 128
 
 

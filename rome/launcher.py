@@ -575,6 +575,17 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         heads, kg, groups = launch.head_groups(triton.cdiv(n_t, cfg0.block_r), ha, hb, sms,
                                                heads=ha + hb if over_heads else 3 if INTERPRET else None,
                                                apart=cfg0.product == "gather")
+        rows_plan = plan
+        if cfg0.angles and kg == 0:  # angles at full rows where the launch is not a SEAM build: its
+            # head groups again for the full rows' T tiles (kept where those would make it one)
+            wide = launch.angle_rows(cfg0, seam=False, norm=norm is not None or norm_grad is not None,
+                                     interpret=INTERPRET)
+            if wide is not cfg0:
+                hw, kw, gw = launch.head_groups(triton.cdiv(n_t, wide.block_r), ha, hb, sms,
+                                                heads=ha + hb if over_heads else None, apart=True)
+                if kw == 0:
+                    heads, kg, groups = hw, kw, gw
+                    rows_plan = replace(plan, config=wide, candidates=(wide,))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0)
@@ -601,7 +612,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             if over_heads:
                 cfg = replace(cfg, block_r=NORM_GRAD_HEADS_TILE[0], num_warps=NORM_GRAD_HEADS_TILE[1])
         elif cfg is None:
-            cfg = _pick(fn, plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
+            cfg = _pick(fn, rows_plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
         if norm_grad is not None:
             units = grid({"BLOCK_R": cfg.block_r})
             # (rows of partial sums: the token tile's one per program of the tensor's own, q's or

@@ -210,6 +210,29 @@ def test_head_groups_keep_q_and_k_apart_where_a_group_is_not_every_head():
         assert not kg or all(r[-1] < q or r[0] >= q for r in spans)
 
 
+def test_angles_take_full_rows_outside_the_seam_build(monkeypatch):
+    """choose_gather halves the angles' rows (the decode step's SEAM build keeps them); every other
+    16-bit gather launch of angles takes twice that (launch.angle_rows): not fp32 x, D > 128, the
+    dot, a norm, or the interpreter's fixed tile; ANGLE_FULL_ROWS=False keeps the half rows."""
+    half = launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, angles=True, arch=90)
+    tables = launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, arch=90)
+    assert half.block_r == tables.block_r // 2
+    assert launch.angle_rows(half, seam=False).block_r == tables.block_r
+    bwd = launch.choose_gather(torch.float16, FP32, 64, transpose=True, positions=1, angles=True, arch=90)
+    assert launch.angle_rows(bwd, seam=False).block_r == 2 * bwd.block_r
+    for cfg, kw in ((half, {"seam": True}), (half, {"seam": False, "norm": True}),
+                    (half, {"seam": False, "interpret": True}), (tables, {"seam": False}),
+                    (launch.choose_gather(torch.float32, FP32, 128, transpose=False, positions=2, angles=True,
+                                          arch=90), {"seam": False}),
+                    (launch.choose_gather(BF16, FP32, 256, transpose=False, positions=2, angles=True, arch=90),
+                     {"seam": False}),
+                    (launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, angles=True, arch=90,
+                                          product="dot"), {"seam": False})):
+        assert launch.angle_rows(cfg, **kw) is cfg, (cfg, kw)
+    monkeypatch.setattr(launch, "ANGLE_FULL_ROWS", False)
+    assert launch.angle_rows(half, seam=False) is half
+
+
 def test_product_switch():
     m = rome.rotation_matrix((16,), "half")
     assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.product == "gather"

@@ -12,7 +12,9 @@ kernels whose name holds "rome", the copy's all). % copy = copy's us / the form'
 moving q's and k's bytes once each way (the tables not credited to the op: the op's worst end).
 Forms' outputs are checked against the tables form (bitwise for at; max |diff| for angles and dot).
 ``python3 forms.py [workloads] [forms] [dtypes]`` -> one JSON object; a line per row on stderr.
-``DEV=cpu SMALL=1 TRITON_INTERPRET=1`` rehearses it on a CPU (small shapes, no timing)."""
+``DEV=cpu SMALL=1 TRITON_INTERPRET=1`` rehearses it on a CPU (small shapes, no timing).
+``ANGLE_FULL_ROWS=0|1`` sets ``rome.launch.ANGLE_FULL_ROWS`` first (the angles' tile, an A/B in two
+processes)."""
 import json
 import os
 import sys
@@ -22,10 +24,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rome  # noqa: E402
+import rome.launch  # noqa: E402
 from ab import kernel_us as _kernel_us  # noqa: E402
 from profiling.variants import VARIANTS, Setup  # noqa: E402
 from profiling.workloads import WORKLOADS, qk, scaled_for_cpu, tables  # noqa: E402
 
+if os.environ.get("ANGLE_FULL_ROWS") is not None:
+    rome.launch.ANGLE_FULL_ROWS = os.environ["ANGLE_FULL_ROWS"] == "1"
 DEV = os.environ.get("DEV", "cuda")
 SMALL = os.environ.get("SMALL")
 FORMS = {"tables": "rome.apply_qk", "dot": "rome.apply_qk (dot)", "at": "rome.apply_qk_at",
@@ -42,7 +47,8 @@ def kernel_us(fn, match=None):
 def main(names, forms, dtypes):
     dev = torch.device(DEV)
     out = {"device": torch.cuda.get_device_name() if DEV == "cuda" else DEV, "torch": torch.__version__,
-           "triton": __import__("triton").__version__, "rome": rome.__file__, "rows": []}
+           "triton": __import__("triton").__version__, "rome": rome.__file__,
+           "angle_full_rows": getattr(rome.launch, "ANGLE_FULL_ROWS", None), "rows": []}
     for name in names:
         for dt_name in dtypes:
             dtype = getattr(torch, dt_name)
