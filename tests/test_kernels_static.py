@@ -71,6 +71,17 @@ def test_configs_cover_the_launcher(compiled):
     # launcher's alternatives to its chosen tile: 120 of them) among the configurations
     seam = {(r["meta"]["x_dtype"], _pass(r["meta"])) for r in rows if r["meta"].get("seam")}
     assert seam == {(x, p) for x in ("bf16", "fp16", "fp32") for p in ("fwd", "bwd")}, seam
+    # the angles' tile as the launcher chose it: twice choose_gather's rows outside the SEAM build
+    # for 16-bit x at D <= 128 (launch.angle_rows), its half rows in the SEAM build
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    angles = [r["meta"] for r in rows if r["meta"]["angles"] and r["meta"]["product"] == "gather"
+              and not r["meta"].get("norm") and not r["meta"].get("tuned_candidate")]
+    assert {bool(m.get("seam")) for m in angles} == {False, True}
+    for m in angles:
+        half = launch.choose_gather(dtypes[m["x_dtype"]], torch.float32, m["head_dim"], transpose=_pass(m) == "bwd",
+                                    positions=m["positions"], angles=True, arch=90).block_r
+        wide = not m.get("seam") and m["x_dtype"] != "fp32" and m["head_dim"] <= 128
+        assert m["block_r"] == (2 * half if wide else half), m
     cands = set()
     for x in (torch.bfloat16, torch.float16, torch.float32):
         for d in launch.HEAD_DIMS:
