@@ -502,6 +502,51 @@ def test_angles_op_against_float64(backend, dtype, name):
         _assert_equal(got, rome.apply_qk(q, k, c32, s32, m, backend="torch"), "torch backend angles")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name,matrix,columns", [
+    ("video-8/12/12-interleave", "layout", "layout"), ("1d-half-32", "layout", "layout"),
+    ("mrope-4/6/6", "layout", "layout"), ("1d-half-32", "random", "layout"),
+    # each column its own frequency and axis (a pair's two differ), so that sin at src is not the
+    # column's own: the move itself is checked
+    ("video-8/12/12-interleave", "layout", "shuffled"), ("mrope-4/6/6", "layout", "shuffled")])
+def test_angles_backward_per_pair_class(dtype, name, matrix, columns):
+    """The angles backward, dx = dy*cos + (dy*sin) @ M^T, against float64 for each way the kernel
+    moves sin to src's columns (567fdec): interleave (swapped pairs), half and mRoPE (tl.gather),
+    a random signed permutation (no pairs, tl.gather), on the triton backend; within the kernel's
+    angle error as the forward's test."""
+    layout = LAYOUTS[name]()
+    freqs, scales = (t.to(DEVICE) for t in angle_frequencies(layout.inv_freq, 0.9))
+    axis = _axis(layout)
+    if columns == "shuffled":
+        cols = torch.randperm(32, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+        freqs, scales = freqs[:, cols].contiguous(), scales[:, cols].contiguous()
+        axis = None if axis is None else axis[cols].contiguous()
+    if matrix == "random":  # any signed permutation of the columns (their frequencies as they are)
+        g = torch.Generator().manual_seed(7)
+        perm = torch.randperm(32, generator=g)
+        sign = torch.where(torch.rand(32, generator=g) < 0.5, -1.0, 1.0)
+        m = torch.zeros(32, 32)
+        m[torch.arange(32), perm] = sign
+        m = m.to(DEVICE, dtype)
+    else:
+        m = layout.matrix(dtype, DEVICE)
+    q = torch.randn(2, 3, 4, 32, device=DEVICE).to(dtype).requires_grad_()
+    k = torch.randn(2, 1, 4, 32, device=DEVICE).to(dtype).requires_grad_()
+    positions = torch.randint(0, 2**20, (2, 1, 4, layout.n_axes), device=DEVICE)
+    out = ops.apply_qk_angles(q, k, freqs, scales, m, positions, axis=axis, backend="triton")
+    dys = [torch.randn_like(o) for o in out]
+    got = torch.autograd.grad(out, (q, k), dys)
+    c64, s64 = angle_rows(freqs, scales, positions, axis, dtype=torch.float64)
+    m64 = m.double()
+    for dy, dx in zip(dys, got):
+        d64 = dy.double()
+        rot = (d64 * s64) @ m64.T
+        exact = d64 * c64 + rot
+        ulp = torch.finfo(dtype).eps * exact.abs().clamp_min(torch.finfo(dtype).tiny)
+        bound = ulp + (d64.abs() + d64.abs() @ m64.abs().T) * ANGLE_ATOL
+        assert ((dx.double() - exact).abs() <= bound).all(), (dx.double() - exact).abs().max()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_angles_module_grads_opcheck(backend):
     layout = LAYOUTS["mrope-4/6/6"]()
