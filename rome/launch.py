@@ -350,21 +350,36 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
 # the gather product, no norm): choose_gather halves the rows for the angle arithmetic's registers,
 # which left a program's bytes in flight at half the tables' form: measured on an H100 under triton
 # 3.6 (profiling/results/h100/forms-f1c73eb) the angles forward at 81-84% of copy where the tables'
-# ran at 92-94%. At full rows the model's idle schedule of default's angles goes 1.00 -> 1.83x copy
-# forward, 1.22 -> 1.73x backward (loaded: 79 -> 95%, 86 -> 94%) at 118-127 registers, no spill
-# (sm_90, triton 3.6 and 3.9: profiling/results/cpu/angles-rows-experiment); a decode step's SEAM
-# launch keeps the half rows (at full rows its programs' latency grew 2.1 -> 3.7 us)
+# ran at 92-94%; at full rows default's 89%, Wan's 93% (profiling/results/h100/angles-rows-81bc720),
+# at 112-128 registers without spill (sm_80/90/100, triton 3.6 and 3.9). A decode step's SEAM
+# launch keeps the half rows (at full rows its programs' latency grew 2.1 -> 3.7 us in the model)
 ANGLE_FULL_ROWS = True
 
 
-def angle_rows(cfg: Config, *, seam: bool, norm: bool = False, interpret: bool = False) -> Config:
-    """The angles launch's tile: ``cfg`` (``choose_gather``'s half rows) for a SEAM build, a norm,
-    fp32 x, D > 128 or the dot (and under the interpreter, whose tile is fixed), else twice its
-    rows (``ANGLE_FULL_ROWS``)."""
-    if not (ANGLE_FULL_ROWS and cfg.angles and not seam and not norm and not interpret
-            and cfg.product == "gather" and cfg.x_dtype != torch.float32 and cfg.block_d <= 128):
+def angle_rows(cfg: Config, *, norm: bool = False, interpret: bool = False) -> Config:
+    """The angles' wide tile: twice ``cfg``'s rows (``choose_gather``'s half rows) for 16-bit x,
+    the gather and D <= 128 (``ANGLE_FULL_ROWS``); ``cfg`` itself otherwise (a norm, fp32 x, the dot,
+    D > 128, the interpreter's fixed tile, not angles)."""
+    if not (ANGLE_FULL_ROWS and cfg.angles and not norm and not interpret and cfg.product == "gather"
+            and cfg.x_dtype != torch.float32 and cfg.block_d <= 128):
         return cfg
     return replace(cfg, block_r=2 * cfg.block_r)
+
+
+def gather_groups(cfg: Config, n_t: int, q_heads: int, k_heads: int, num_sms: int, *, heads: int | None = None,
+                norm: bool = False, interpret: bool = False) -> tuple[Config, int, int, int]:
+    """A gather launch's tile and head groups over ``n_t`` rows: ``(config, heads per program, KG,
+    groups)``, ``head_groups`` for ``cfg``'s rows; angles at ``angle_rows``' wide tile where neither
+    tile makes the launch a SEAM build (KG > 0: the decode step's, which keeps ``cfg``)."""
+    apart = cfg.product == "gather"
+    groups = head_groups(triton.cdiv(n_t, cfg.block_r), q_heads, k_heads, num_sms, heads=heads, apart=apart)
+    wide = angle_rows(cfg, norm=norm, interpret=interpret) if groups[1] == 0 else cfg
+    if wide is not cfg:
+        wide_groups = head_groups(triton.cdiv(n_t, wide.block_r), q_heads, k_heads, num_sms, heads=heads,
+                                  apart=apart)
+        if wide_groups[1] == 0:
+            return (wide, *wide_groups)
+    return (cfg, *groups)
 
 
 HEADS_DOT_MAX_D = 128  # the head-group kernel's dot holds M whole: 32 KB in bf16 at D = 128

@@ -572,20 +572,11 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # heads per program, q's and k's in groups of their own where a group is not all of them
         # (the interpreter walks 3, so groups wrap H1 and, with few heads, cross from q to k
         # inside a program); a norm over heads: all of them (q's and k's heads of its tokens)
-        heads, kg, groups = launch.head_groups(triton.cdiv(n_t, cfg0.block_r), ha, hb, sms,
-                                               heads=ha + hb if over_heads else 3 if INTERPRET else None,
-                                               apart=cfg0.product == "gather")
-        rows_plan = plan
-        if cfg0.angles and kg == 0:  # angles at full rows where the launch is not a SEAM build: its
-            # head groups again for the full rows' T tiles (kept where those would make it one)
-            wide = launch.angle_rows(cfg0, seam=False, norm=norm is not None or norm_grad is not None,
-                                     interpret=INTERPRET)
-            if wide is not cfg0:
-                hw, kw, gw = launch.head_groups(triton.cdiv(n_t, wide.block_r), ha, hb, sms,
-                                                heads=ha + hb if over_heads else None, apart=True)
-                if kw == 0:
-                    heads, kg, groups = hw, kw, gw
-                    rows_plan = replace(plan, config=wide, candidates=(wide,))
+        # (the angles' wide tile outside the SEAM build: launch.gather_groups)
+        tile_cfg, heads, kg, groups = launch.gather_groups(
+            cfg0, n_t, ha, hb, sms, heads=ha + hb if over_heads else 3 if INTERPRET else None,
+            norm=norm is not None or norm_grad is not None, interpret=INTERPRET)
+        rows_plan = plan if tile_cfg is cfg0 else replace(plan, config=tile_cfg, candidates=(tile_cfg,))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0)

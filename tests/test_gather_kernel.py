@@ -211,26 +211,37 @@ def test_head_groups_keep_q_and_k_apart_where_a_group_is_not_every_head():
 
 
 def test_angles_take_full_rows_outside_the_seam_build(monkeypatch):
-    """choose_gather halves the angles' rows (the decode step's SEAM build keeps them); every other
-    16-bit gather launch of angles takes twice that (launch.angle_rows): not fp32 x, D > 128, the
-    dot, a norm, or the interpreter's fixed tile; ANGLE_FULL_ROWS=False keeps the half rows."""
+    """choose_gather halves the angles' rows; launch.gather_groups gives a launch twice that
+    (launch.angle_rows: 16-bit x, the gather, D <= 128, no norm, not the interpreter's fixed tile)
+    where neither tile makes it a SEAM build; the decode step's SEAM build, and a launch that the
+    wide tile would make one, keep the half rows. ANGLE_FULL_ROWS=False keeps them everywhere."""
     half = launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, angles=True, arch=90)
     tables = launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, arch=90)
-    assert half.block_r == tables.block_r // 2
-    assert launch.angle_rows(half, seam=False).block_r == tables.block_r
+    assert half.block_r == tables.block_r // 2 and launch.angle_rows(half).block_r == tables.block_r
     bwd = launch.choose_gather(torch.float16, FP32, 64, transpose=True, positions=1, angles=True, arch=90)
-    assert launch.angle_rows(bwd, seam=False).block_r == 2 * bwd.block_r
-    for cfg, kw in ((half, {"seam": True}), (half, {"seam": False, "norm": True}),
-                    (half, {"seam": False, "interpret": True}), (tables, {"seam": False}),
+    assert launch.angle_rows(bwd).block_r == 2 * bwd.block_r
+    for cfg, kw in ((half, {"norm": True}), (half, {"interpret": True}), (tables, {}),
                     (launch.choose_gather(torch.float32, FP32, 128, transpose=False, positions=2, angles=True,
-                                          arch=90), {"seam": False}),
-                    (launch.choose_gather(BF16, FP32, 256, transpose=False, positions=2, angles=True, arch=90),
-                     {"seam": False}),
+                                          arch=90), {}),
+                    (launch.choose_gather(BF16, FP32, 256, transpose=False, positions=2, angles=True, arch=90), {}),
                     (launch.choose_gather(BF16, FP32, 128, transpose=False, positions=2, angles=True, arch=90,
-                                          product="dot"), {"seam": False})):
+                                          product="dot"), {})):
         assert launch.angle_rows(cfg, **kw) is cfg, (cfg, kw)
+    # default's 28800 tokens, 24 + 24 heads: every head a program at either tile, so the wide one
+    wide = launch.gather_groups(half, 28800, 24, 24, 132)
+    assert wide == (launch.angle_rows(half), 48, 0, 1)
+    # a decode step (64 rows, 32 + 8 heads): SEAM at the half rows, kept
+    assert launch.gather_groups(half, 64, 32, 8, 132) == (half, *launch.head_groups(-(-64 // half.block_r), 32, 8, 132))
+    # llama-1d's 8192 tokens: not SEAM at the half rows, SEAM at the wide ones (fewer T tiles than
+    # 8 programs a SM): the half rows kept
+    n_t = 8192
+    assert launch.head_groups(-(-n_t // half.block_r), 32, 8, 132)[1] == 0
+    assert launch.head_groups(-(-n_t // (2 * half.block_r)), 32, 8, 132)[1] > 0
+    assert launch.gather_groups(half, n_t, 32, 8, 132) == (half, *launch.head_groups(-(-n_t // half.block_r), 32, 8, 132))
+    # tables are never widened
+    assert launch.gather_groups(tables, 28800, 24, 24, 132)[0] is tables
     monkeypatch.setattr(launch, "ANGLE_FULL_ROWS", False)
-    assert launch.angle_rows(half, seam=False) is half
+    assert launch.angle_rows(half) is half and launch.gather_groups(half, 28800, 24, 24, 132)[0] is half
 
 
 def test_product_switch():
