@@ -248,8 +248,9 @@ def bounds(gpu: Gpu, *, l1_bytes_per_dram_byte: float, warp_instructions_per_dra
 # grow with the queues, so a launch with its bytes in flight just enough for copy at 800 ns gets
 # ~2^(-1/K) of it, and one with twice that ~96%. K = 3 fits the 32 launches measured on an H100
 # under triton 3.6 (profiling/results/h100/forms-f1c73eb: tables, cache, angles and dot forms of
-# four workloads, fwd and bwd, against their make gpu schedules): 27 within 4 points, all within 9
-# (the unloaded min(): up to 20 points high). tests/test_bandwidth_model.py holds the model to them.
+# four workloads, fwd and bwd, against the model's schedules of the same launches): 28 within 4
+# points, all within 9 (the unloaded min(): up to 21 points high); tests/test_bandwidth_model.py
+# holds the model to them.
 LOADED_K = 3.0
 
 
