@@ -356,26 +356,39 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
 ANGLE_FULL_ROWS = True
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of ints: triton.cdiv's value without its constexpr handling (~13 µs a call on
+    CI's CPUs, several times a launch)."""
+    return -(-a // b)
+
+
 def angle_rows(cfg: Config, *, norm: bool = False, interpret: bool = False) -> Config:
     """The angles' wide tile: twice ``cfg``'s rows (``choose_gather``'s half rows) for 16-bit x,
     the gather and D <= 128 (``ANGLE_FULL_ROWS``); ``cfg`` itself otherwise (a norm, fp32 x, the dot,
     D > 128, the interpreter's fixed tile, not angles)."""
-    if not (ANGLE_FULL_ROWS and cfg.angles and not norm and not interpret and cfg.product == "gather"
+    return _angle_rows(cfg, norm, interpret, ANGLE_FULL_ROWS)
+
+
+@functools.lru_cache(maxsize=256)  # (a Config's replace costs tens of µs: once per config)
+def _angle_rows(cfg: Config, norm: bool, interpret: bool, full_rows: bool) -> Config:
+    if not (full_rows and cfg.angles and not norm and not interpret and cfg.product == "gather"
             and cfg.x_dtype != torch.float32 and cfg.block_d <= 128):
         return cfg
     return replace(cfg, block_r=2 * cfg.block_r)
 
 
 def gather_groups(cfg: Config, n_t: int, q_heads: int, k_heads: int, num_sms: int, *, heads: int | None = None,
-                norm: bool = False, interpret: bool = False) -> tuple[Config, int, int, int]:
+                  norm: bool = False, interpret: bool = False) -> tuple[Config, int, int, int]:
     """A gather launch's tile and head groups over ``n_t`` rows: ``(config, heads per program, KG,
     groups)``, ``head_groups`` for ``cfg``'s rows; angles at ``angle_rows``' wide tile where neither
     tile makes the launch a SEAM build (KG > 0: the decode step's, which keeps ``cfg``)."""
     apart = cfg.product == "gather"
-    groups = head_groups(triton.cdiv(n_t, cfg.block_r), q_heads, k_heads, num_sms, heads=heads, apart=apart)
-    wide = angle_rows(cfg, norm=norm, interpret=interpret) if groups[1] == 0 else cfg
+    groups = head_groups(cdiv(n_t, cfg.block_r), q_heads, k_heads, num_sms, heads=heads, apart=apart)
+    if not cfg.angles or groups[1]:  # (the tables' and the SEAM build's launches: no second look)
+        return (cfg, *groups)
+    wide = angle_rows(cfg, norm=norm, interpret=interpret)
     if wide is not cfg:
-        wide_groups = head_groups(triton.cdiv(n_t, wide.block_r), q_heads, k_heads, num_sms, heads=heads,
+        wide_groups = head_groups(cdiv(n_t, wide.block_r), q_heads, k_heads, num_sms, heads=heads,
                                   apart=apart)
         if wide_groups[1] == 0:
             return (wide, *wide_groups)

@@ -594,7 +594,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
                 return (programs, tensors)
         else:
             def grid(meta, n_t=n_t, groups=groups):
-                return (triton.cdiv(n_t, meta["BLOCK_R"]), groups)
+                return (launch.cdiv(n_t, meta["BLOCK_R"]), groups)
 
         if tile is not None:  # (not tuned: the tile is the token's heads)
             cfg = replace(plan.config, block_r=1, num_warps=tile[2], maxnreg=tile[3])
@@ -661,7 +661,7 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
         groups.append(((w, swk, swn, plan.src, *pos_args, *a, *b, x0.shape[-1]), a[5], b[5]))
 
     def grid(a_rows, b_rows):  # persistent: at most max_programs programs over the tiles of a and b
-        return lambda meta: (min(max(triton.cdiv(a_rows, meta["BLOCK_R"]), triton.cdiv(b_rows, meta["BLOCK_R"])),
+        return lambda meta: (min(max(launch.cdiv(a_rows, meta["BLOCK_R"]), launch.cdiv(b_rows, meta["BLOCK_R"])),
                                  max_programs),)
 
     cfg0 = plan.config
@@ -673,7 +673,7 @@ def _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, el
     args0, a_rows0, b_rows0 = groups[0]
     cfg = _pick(fn, plan, x0.device, elements, args0, grid(a_rows0, b_rows0), consts, _DOT_OUT)
     for args, a_rows, b_rows in groups:
-        tiles = triton.cdiv(a_rows, cfg.block_r) + triton.cdiv(b_rows, cfg.block_r)
+        tiles = launch.cdiv(a_rows, cfg.block_r) + launch.cdiv(b_rows, cfg.block_r)
         _run(fn, grid(a_rows, b_rows), args, consts, cfg, transpose, elements, tiles)
 
 
