@@ -14,15 +14,17 @@ What it does, in order:
    ``load_loops_walked_once``: its trips are unknown here, and the model marks the launch
    unmodelled rather than give an estimate that leaves them out); any other conditional branch
    goes the way from which the next wanted event (the next tile loop with work, else ``EXIT``) is
-   reachable, the fall-through where both can reach it. A called subroutine's body is walked in
-   place of the ``CALL``.
+   reachable, the fall-through where both can reach it (the tile loops a program reaches, in order,
+   come from a first walk that goes towards any loop not yet entered). A called subroutine's body
+   is walked in place of the ``CALL``.
 2. **What each load reads** (``classify``): registers are tainted forward along the path by the
    program id (``SR_CTAID``), the thread id, the kernel's parameters (constant bank 0, laid out from
    the launch's signature) and global loads. A load whose address does not depend on the program
    id is read by every program: an L2 hit, no DRAM bytes. One whose address depends on loaded data
    (a gather) and reads a tensor that the program also reads directly (x's partner at ``src``) reads
    lines the direct load brings: no DRAM bytes of its own, and it touches every line of the warp's
-   direct load (its L1 wavefronts: at least the direct load's). One that reads again an address an
+   direct load (its L1 wavefronts: at least the direct load's); it completes when the warp's last
+   direct load of that tensor does, an L1 hit after that (``simulate``). One that reads again an address an
    earlier load read (``reread_distance``) is an L1 hit, or an L2 hit where the warp loaded more
    than ``l1_bytes`` in between. Every other load is a DRAM round trip whose bytes are distinct.
 3. **The SM** (``simulate``): an SM's programs (programs i, i + SMs, ...: program kinds in launch
@@ -235,7 +237,8 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
           loop_trips: tuple | None = None, tail_bytes: float = 0.0):
     """The walk behind ``program_path``: ``trips_for(loop)`` the iterations of a tile loop,
     ``wanted_for(entered)`` the next event wanted once the tile loops ``entered`` were (a loop's
-    start, "exit", or None: fall through wherever a branch is not known); ``loop_trips``: the
+    start, "exit", or a set of them: any; None or empty: fall through wherever a branch is not
+    known); ``loop_trips``: the
     iterations the launch gives of the loops (tile loops and loops that load without storing) in
     the order the program first reaches them, None where the walk derives them (a tile loop's
     from its work; a load loop without them runs once and is named in ``load_loops_walked_once``);
@@ -338,11 +341,12 @@ def _walk(kernel: Kernel, trips_for, wanted_for, known_loads: dict, max_steps: i
             n = idx[t] if preds[p] != neg else n + 1
             continue
         want = wanted_for(order)
-        if want is None:
+        if not want:
             n += 1
             continue
+        want = {want} if isinstance(want, str | int) else set(want)
         succ = kernel.successors(n)
-        good = [s for s in succ if want in ({"exit"} if s == "exit" else kernel.first_events(s))]
+        good = [s for s in succ if want & ({"exit"} if s == "exit" else kernel.first_events(s))]
         n = good[0] if good else n + 1
     info = {"tile_loops": [[hex(a), trips[a]] for a in order], "instructions": len(path),
             "truncated": steps >= max_steps, "load_loops_walked_once": [hex(a) for a in once],
@@ -368,7 +372,11 @@ def program_path(kernel: Kernel, work: list[float] | None, *, elements_per_byte:
     the order a program reaches them; the second walk runs each its iterations and, at an unknown
     branch, goes the way that reaches the next loop with work (else an exit)."""
     known_loads = known_loads or {}
-    path, order, info = _walk(kernel, lambda loop: iterations, lambda entered: None, known_loads, max_steps)
+    # at a branch the launch does not decide, the way on towards a tile loop not yet entered (else
+    # the fall-through): a norm's backward whose head loop sits behind "more than one batch left"
+    # was walked past its loop (ptxas put the skip on the fall-through), the program a tenth of its work
+    path, order, info = _walk(kernel, lambda loop: iterations, lambda entered: set(kernel.tile_loops) - set(entered),
+                              known_loads, max_steps)
     if work is None:
         return path, info
 
@@ -495,7 +503,8 @@ def _read_op(ins: Instr) -> _Op:
 
 @dataclasses.dataclass
 class LoadInfo:
-    kind: str  # "dram" (a round trip, its bytes distinct), "hit" (a round trip, lines another load brings),
+    kind: str  # "dram" (a round trip, its bytes distinct), "hit" (lines another load brings: done when
+    # they are in),
     # "l2" (an L2 hit: read by every program, or read again after too much else), "l1" (read again)
     pointers: tuple  # the pointer parameters its address is formed from (not through loaded values)
     gathered: bool  # its address depends on a loaded value
@@ -651,7 +660,9 @@ def known_loads(kernel: Kernel, params: Params | None, uniform: dict | None) -> 
 # --- the SM ----------------------------------------------------------------------------------
 
 # what one dynamic instruction does in the schedule, as a tuple (fast to read in the loop):
-# (stall, wait mask, write sb, read sb, kind, latency class, L1 wavefronts, distinct DRAM bytes, depbar)
+# (stall, wait mask, write sb, read sb, kind, latency class, L1 wavefronts, distinct DRAM bytes, depbar,
+# lines): lines, of a global load that reads DRAM or hits its lines ("hit"), the pointers it reads
+# through (a direct load brings their lines, a "hit" waits for what the warp's last one brings)
 _K_ALU, _K_MEM, _K_STORE, _K_BAR, _K_EXIT, _K_VAR, _K_ASYNC, _K_COMMIT = 0, 1, 2, 3, 4, 5, 6, 7
 
 
@@ -662,16 +673,17 @@ def _steps(path: list[Instr], controls: dict, loads: dict[int, LoadInfo]) -> lis
         stall, wait = max(1, c.get("stall", 1)), c.get("wait", 0)
         wsb, rsb = c.get("write"), c.get("read")
         base = ins.base
-        kind, lat, wf, dram, dep = _K_ALU, 0, 0, 0, None
+        kind, lat, wf, dram, dep, lines = _K_ALU, 0, 0, 0, None, None
         if base == "DEPBAR":
             m = re.search(r"SB(\d)\s*,\s*(0x[0-9a-f]+|\d+)", ins.operands)
             dep = (int(m.group(1)), int(m.group(2), 0)) if m else None
         if base in ("LDG", "LDGSTS"):
             info = loads.get(pos)
             kind = _K_ASYNC if base == "LDGSTS" else _K_MEM
-            lat = info.kind if info is not None and info.kind in ("l2", "l1") else "dram"
+            lat = info.kind if info is not None and info.kind in ("l2", "l1", "hit") else "dram"
             wf = info.wavefronts if info else wavefronts(access_bits(ins))
             dram = info.distinct_bytes if info else access_bits(ins) * 4
+            lines = info.pointers or None if info is not None and info.kind in ("dram", "hit") else None
         elif base == "STG" or base in ("STS", "STSM"):
             kind, wf = _K_STORE, wavefronts(access_bits(ins))
         elif base in ("LDS", "LDSM"):
@@ -686,20 +698,22 @@ def _steps(path: list[Instr], controls: dict, loads: dict[int, LoadInfo]) -> lis
             kind = _K_VAR
             lat = ("const" if base in ("LDC", "ULDC") else "special" if base in ("S2R", "S2UR", "CS2R")
                    else "shfl" if base == "SHFL" else "mufu")
-        out.append((stall, wait, wsb, rsb, kind, lat, wf, dram, dep))
+        out.append((stall, wait, wsb, rsb, kind, lat, wf, dram, dep, lines))
     if not out or out[-1][4] != _K_EXIT:
-        out.append((1, 0, None, None, _K_EXIT, 0, 0, 0, None))
+        out.append((1, 0, None, None, _K_EXIT, 0, 0, 0, None, None))
     return out
 
 
 class _Warp:
-    __slots__ = ("steps", "pc", "ready", "sb", "last", "groups", "open", "slot", "barrier", "program", "sched")
+    __slots__ = ("steps", "pc", "ready", "sb", "last", "groups", "open", "slot", "barrier", "program", "sched",
+                 "brought")
 
     def __init__(self, steps, slot, start, program):
         self.steps, self.pc, self.ready, self.slot, self.program = steps, 0, start, slot, program
         self.sb = [[] for _ in range(6)]  # pending completions a DEPBAR counts (kept where one does)
         self.last = [0.0] * 6  # the last completion on each scoreboard: a wait mask waits for it
         self.groups, self.open, self.barrier = [], [], 0
+        self.brought = {}  # pointer -> when the warp's last direct DRAM load through it completes
 
 
 _BITS = [[k for k in range(6) if m >> k & 1] for m in range(64)]
@@ -775,7 +789,7 @@ def simulate(programs: list[list[tuple]], *, ctas_per_sm: int, num_warps: int, d
         t = e
         sched_free[sc] = t + 1
         issued += 1
-        stall, wait, wsb, rsb, kind, lt, wf, dram, dep = w.steps[w.pc]
+        stall, wait, wsb, rsb, kind, lt, wf, dram, dep, lines = w.steps[w.pc]
         if dep is not None or kind == _K_COMMIT:  # forget what completed, where a DEPBAR counts
             for k in range(6):
                 if w.sb[k]:
@@ -798,8 +812,15 @@ def simulate(programs: list[list[tuple]], *, ctas_per_sm: int, num_warps: int, d
                     if counted[rsb]:
                         w.sb[rsb].append(x)
                 if kind != _K_STORE:
-                    done_at = s0 + lat[lt]
-                    if trace is not None and lt in ("dram", "l2"):
+                    if lt == "hit":  # lines a direct load brings: when they are in, or an L1 hit
+                        came = max((w.brought.get(p, 0.0) for p in lines), default=0.0) if lines else 0.0
+                        done_at = max(s0 + lat["l1"], came) if came else s0 + lat["dram"]
+                    else:
+                        done_at = s0 + lat[lt]
+                        if lines and lt == "dram":
+                            for p in lines:
+                                w.brought[p] = done_at
+                    if trace is not None and lt in ("dram", "l2", "hit"):
                         trace.append((w.program, w.slot, w.pc, t, done_at, lt))
                     if dram:
                         inflight += dram * (done_at - s0)
