@@ -722,7 +722,7 @@ def test_the_model_places_70cea0c_within_5_points_of_the_independent_walk(tag, p
                               dram_bytes_per_element=dram, dram_read_bytes_per_element=read,
                               registers=launch["registers"], shared_bytes=launch["shared_bytes"],
                               grid=launch["grid"], elements=launch["elements"], programs=launch["programs"],
-                              params=launch["params"], x_bytes=2)
+                              params=launch["params"], x_bytes=2, clocks_ghz=(1.755,))  # (the walk's clock)
     slow, fast = WALK[(tag, pass_)]
     # the walk's figures are an idle schedule's (fixed round trips): the model's unloaded ones
     est = m["estimates_h100_unloaded"]
