@@ -276,7 +276,7 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
 
 
 def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
-    """The head groups' gather register cap (without a norm: ``rome.launcher.NORM_MAXNREG``)."""
+    """The head groups' gather register cap (without a norm: ``rome.launcher.norm_registers``)."""
     return 168 if arch == 100 and x_dtype == torch.float16 else 128
 
 

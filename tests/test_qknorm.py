@@ -737,3 +737,27 @@ def test_rope_module_norm_compiles_fullgraph():
     f = torch.compile(lambda q, k, p: rope(q, k, p, norm=spec), fullgraph=True, backend="eager")
     for a, b in zip(f(q, k, pos), eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_the_norm_launches_take_their_register_cap(norm, monkeypatch):
+    """The per-head norm's launches: the RMSNorm prologue at the gather's 128-register cap (two
+    heads a batch compile without spill there: 4 programs an SM where 168 held 3), its backward's
+    epilogue and the LayerNorm's at the norm's 168 (``rome.launcher.norm_registers``)."""
+    from rome import launcher
+
+    seen = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, cfg, transpose, *a, **kw: (
+        seen.append((transpose, cfg.maxnreg)), run(fn, grid, args, consts, cfg, transpose, *a, **kw)))
+    q, k, cos, sin, _ = _half_case(torch.bfloat16, d=32, requires_grad=True)
+    m = _pair_matrix("half", 32)
+    wq, wk = (torch.ones(32, device=DEVICE, requires_grad=True) for _ in range(2))
+    bias = dict(q_bias=torch.zeros(32, device=DEVICE), k_bias=torch.zeros(32, device=DEVICE)) if norm == "layer" else {}
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, norm=norm, backend="triton", **bias)
+    torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+    caps = {("bwd" if transpose else "fwd"): cap for transpose, cap in seen}
+    assert caps == {"fwd": 128 if norm == "rms" else 168, "bwd": 168}, caps
+    assert launcher.norm_registers("rms_heads", backward=False) == launcher.NORM_MAXNREG == 168
+    # by arch: sm_80 and sm_90 (and the interpreter, as sm_90); on sm_100 two heads spilled at 128
+    assert [launcher.norm_registers("rms", backward=False, arch=a) for a in (80, 90, 100, "gfx942")] == [128, 128, 168, 168]
