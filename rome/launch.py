@@ -448,6 +448,17 @@ TOKEN_MAX_BLOCKS = 8
 TOKEN_MAX_ELEMENTS = 8192
 TOKEN_PROGRAMS_PER_SM = 2
 TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller program leaves room for more
+# the forward's tile: at most TOKEN_FWD_WARPS warps where a thread then holds at most
+# TOKEN_FWD_PER_THREAD values (the swapped pairs': interleave's partner is in x's registers) or
+# TOKEN_FWD_PER_THREAD_LOADED (a partner loaded, its offsets held): two programs an SM, each with
+# its next token's loads in flight, where one of 16 warps held the SM (Wan 2.1's 40 x 128,
+# interleave: 20 values a thread over 8 warps, 128 registers without spill; its forward 76.8 ->
+# 88.2% of copy by the model, H100, triton 3.6, not measured: profiling/results/cpu/token-tile-8-warps/;
+# the kept pairs spilled 40 B at 16 values). The backward (dy and x, the dw sums: 128 B spilled at
+# 8 warps) keeps 16
+TOKEN_FWD_WARPS = 8
+TOKEN_FWD_PER_THREAD = 20
+TOKEN_FWD_PER_THREAD_LOADED = 12
 # under TRITON_INTERPRET=1 the token tile interprets one token a loop iteration (5-7x the head
 # groups' time for a small model's q/k on this CPU): there the launcher takes the head groups
 # unless this is set (tests/test_qknorm.py sets it for all its tests; the model tests' tiny
@@ -455,13 +466,17 @@ TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller 
 TOKEN_TILE_INTERPRETED = False
 
 
-def token_tile(heads: int, block_d: int, lanes: int = 32) -> tuple[int, int, int, int] | None:
+def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
+               swapped: bool = False) -> tuple[int, int, int, int] | None:
     """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
     (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
     TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
     ``TOKEN_MAX_ELEMENTS`` values. Warps: about ``TOKEN_PER_THREAD`` values a thread, no more
-    threads than a block has values. The register cap: ``TOKEN_MAX_REGISTERS``, or the register
-    file (64K) over the program's threads where that is less."""
+    threads than a block has values, and in the forward (not ``backward``) at most
+    ``TOKEN_FWD_WARPS`` where a thread then holds at most ``TOKEN_FWD_PER_THREAD`` values for
+    ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else. The register
+    cap: ``TOKEN_MAX_REGISTERS``, or the register file (64K) over the program's threads where that
+    is less."""
     heads = max(heads, 1)
     best = None
     hb = triton.next_power_of_2(heads)
@@ -475,6 +490,9 @@ def token_tile(heads: int, block_d: int, lanes: int = 32) -> tuple[int, int, int
     if per_token > TOKEN_MAX_ELEMENTS:
         return None
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
+    most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
+    if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most:
+        threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
     return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, 65536 // (warps * lanes))
 

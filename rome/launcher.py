@@ -598,7 +598,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
-        tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size()) \
+        tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size(), backward=transpose,
+                                 swapped=plan.pair == launch.PAIRS_SWAPPED) \
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
@@ -758,9 +759,11 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                                                    few=True)[:1]
                         if d == 128 and norm == "rms_heads" and x_dtype == torch.bfloat16:
                             # the token tile at Wan 2.1's 40 heads (5 blocks of 8, 16 warps: the
-                            # registers' worst case of the models'; 4 and 2 heads are one block)
-                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
-                                                   heads=(40, 40))[:1]
+                            # registers' worst case of the models'; 4 and 2 heads are one block),
+                            # and in Wan's interleave (its own build: the forward on 8 warps)
+                            for mode in ("half", "interleave"):
+                                out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False, norm=norm,
+                                                       heads=(40, 40), mode=mode)[:1]
     return out
 
 
@@ -771,19 +774,21 @@ NORM_HEAD_DIMS = (64, 128)
 
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
-                    alone: bool = False, heads: tuple = (4, 2), few: bool = False) -> list[launch.KernelConfig]:
+                    alone: bool = False, heads: tuple = (4, 2), few: bool = False,
+                    mode: str = "half") -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
     standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2);
     ``few``: a decode step's (64 sequences of one token each, tables or positions per sequence,
-    132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build)."""
+    132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build); ``mode``: the
+    rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart)."""
     from .matrices import rotation_matrix
 
     b, s = (64, 1) if few else (1, 1024)
     q = torch.zeros(b, heads[0], s, d, dtype=x_dtype)
     k = torch.zeros(b, heads[1], s, d, dtype=x_dtype)
-    m = rotation_matrix([d], "half")
+    m = rotation_matrix([d], mode)
     axis = None
     if positions == 0:
         cos = sin = torch.zeros(*((b, 1, 1) if few else (s,)), d, dtype=table_dtype)
@@ -810,6 +815,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     alts = launch.candidates(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
+        + (f" {mode}" if mode != "half" else "") \
         + (" decode (SEAM)" if few else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),

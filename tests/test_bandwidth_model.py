@@ -788,7 +788,7 @@ def test_norm_over_heads_launches_give_their_loops_trips():
             {(n, -(-t // 2)) for n, t in ((tokens % progs, tokens // progs + 1),
                                           (progs - tokens % progs, tokens // progs)) if n})
         assert all(k[1][0] % (40 * 128) == 0 for k in kinds)
-        assert launch.token_tile(40, 128)[0] == 8
+        assert launch.token_tile(40, 128, backward=pass_ == "backward")[0] == 8
     rows = {(L["variant"], L["pass"]): L for L in big["launches"]}
     sweep, grad = kernel.SWEEP.value, kernel.SWEEP_GRAD.value
     fwd = rows[("rome.apply_qk_norm", "forward")]["programs"]["kinds"]

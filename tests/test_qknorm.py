@@ -624,16 +624,28 @@ def test_token_tile_choice(monkeypatch):
     register file; None past TOKEN_MAX_ELEMENTS."""
     from rome import launch
     monkeypatch.setattr(launch, "TOKEN_MAX_BLOCKS", TOKEN_MAX_BLOCKS)
-    assert launch.token_tile(40, 128) == (8, 5, 16, 128)  # Wan 2.1 14B
-    assert launch.token_tile(32, 128) == (32, 1, 16, 128)  # OLMo 2 7B
-    assert launch.token_tile(12, 128) == (4, 3, 4, 128)  # Wan 2.1 1.3B: 12 values a thread
-    assert launch.token_tile(5, 16)[:2] == (1, 5)
-    assert launch.token_tile(36, 128)[:2] == (8, 5)  # (4 x 9 is more blocks than the code holds)
-    assert launch.token_tile(80, 128) is None  # 5 x 16 x 128 values: the head groups' sweeps
+    tile = lambda heads, d, backward=True, swapped=True: launch.token_tile(  # noqa: E731
+        heads, d, backward=backward, swapped=swapped)
+    assert tile(40, 128) == (8, 5, 16, 128)  # Wan 2.1 14B
+    assert tile(32, 128) == (32, 1, 16, 128)  # OLMo 2 7B
+    assert tile(12, 128) == (4, 3, 4, 128)  # Wan 2.1 1.3B: 12 values a thread
+    assert tile(5, 16)[:2] == (1, 5)
+    assert tile(36, 128)[:2] == (8, 5)  # (4 x 9 is more blocks than the code holds)
+    assert tile(80, 128) is None  # 5 x 16 x 128 values: the head groups' sweeps
+    # the forward: at most 8 warps where a thread then holds at most 20 values (interleave's swapped
+    # pairs) or 12 (a partner loaded): two programs an SM
+    assert tile(40, 128, False) == (8, 5, 8, 128) and tile(32, 128, False) == (32, 1, 8, 128)
+    assert tile(40, 128, False, False) == (8, 5, 16, 128) and tile(32, 128, False, False)[2] == 16
+    assert tile(24, 128, False, False) == (8, 3, 8, 128)  # 12 values a thread
+    assert tile(12, 128, False) == (4, 3, 4, 128)  # (already fewer)
+    assert tile(48, 128, False) == (16, 3, 16, 128)  # 6144 values: 24 a thread at 8 warps, so 16
     for heads in range(1, 65):
-        hb, blocks, warps, cap = launch.token_tile(heads, 64)
-        assert hb & (hb - 1) == 0 and blocks <= launch.TOKEN_MAX_BLOCKS and (blocks - 1) * hb < heads <= blocks * hb
-        assert warps * 32 <= hb * 64 and cap * warps * 32 <= 65536
+        for backward, swapped in ((False, True), (False, False), (True, True)):
+            hb, blocks, warps, cap = tile(heads, 64, backward, swapped)
+            assert hb & (hb - 1) == 0 and blocks <= launch.TOKEN_MAX_BLOCKS and (blocks - 1) * hb < heads <= blocks * hb
+            assert warps * 32 <= hb * 64 and cap * warps * 32 <= 65536
+            most = launch.TOKEN_FWD_PER_THREAD if swapped else launch.TOKEN_FWD_PER_THREAD_LOADED
+            assert backward or warps <= 8 or hb * blocks * 64 > 8 * 32 * most
 
 
 def _pair_matrix(mode, d):
@@ -681,7 +693,7 @@ def test_over_heads_token_tile_and_head_groups(path, mode, heads, monkeypatch):
             torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
     blocks = {c["HEADS_B"] for c in launches if c.get("NORM") == 3}
     assert len(launches) == 2 and all(c.get("NORM") == 3 for c in launches)
-    assert blocks == ({0} if path == "head_groups" else {launch.token_tile(max(heads), 16)[0]})
+    assert blocks == ({0} if path == "head_groups" else {launch.token_tile(max(heads), 16, backward=False)[0]})
     if path == "token":
         assert {c["PAIRS"] for c in launches} == {{"interleave": 2, "half": 1, "none": 0}[mode]}
 
