@@ -6,8 +6,9 @@ if __name__ == "__main__":
     bad = 0
     for r in rows:
         m = r["meta"]
-        spill = (r.get("stack_bytes") or 0) + (r.get("local_bytes") or 0)
-        print(r["arch"], r["config"][:110], "regs", r.get("registers"), "spill", spill, "ok", r["ok"], "ctas", r.get("ctas_per_sm"))
+        spill = (r.get("stack_bytes") or 0) + (r.get("local_bytes") or 0) + (r.get("vgpr_spill_count") or 0) \
+            + (r.get("scratch_bytes") or 0) + (r.get("sgpr_spill_count") or 0)
+        print(r["arch"], r["config"][:110], "regs", r.get("registers") or r.get("vgpr_count"), "spill", spill, "ok", r["ok"], "ctas", r.get("ctas_per_sm"))
         bad += bool(spill) or not r["ok"]
     print("n", len(rows), "bad", bad)
     json.dump(rows, open(sys.argv[2], "w"), default=str)
