@@ -276,8 +276,27 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
 
 
 def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
-    """The head groups' gather register cap (without a norm: ``rome.launcher.norm_registers``)."""
+    """The head groups' gather register cap (without a norm: ``norm_registers``)."""
     return 168 if arch == 100 and x_dtype == torch.float16 else 128
+
+
+# the norm prologue's register cap: at the gather's 128 its row statistics, weights and biases
+# spill 8-32 B (sm_90/sm_100) with two heads a batch; 168 keeps 3 programs (12 warps) per SM
+NORM_MAXNREG = 168
+# but the per-head RMSNorm's forward on sm_80 and sm_90: two heads a batch fit the gather's 128
+# without spill there (triton 3.6 and 3.9, every x dtype at D = 64 and 128, the SEAM build's too),
+# 4 programs an SM: Qwen3's fused forward 77.6 -> 83.6% of copy by the model (H100, 3.6), Flux's
+# 83.1 -> 83.9% (profiling/results/cpu/norm-cap-128/; not measured on a GPU). On sm_100 it spilled
+# 8-16 B at 128, its backward 40-72 B (sm_90), the LayerNorm's prologue 8-32 B: those keep 168
+NORM_RMS_MAXNREG = 128
+NORM_RMS_ARCHS = (None, 80, 90)  # (None: no GPU, the interpreter, chosen as sm_90)
+
+
+def norm_registers(norm: str, *, backward: bool, arch: int | str | None = None) -> int:
+    """The register cap of a gather launch with the fused norm ``norm`` ("rms", "layer",
+    "rms_heads"): its prologue (forward) or its backward's epilogue, on ``arch``
+    (``current_arch``)."""
+    return NORM_RMS_MAXNREG if norm == "rms" and not backward and arch in NORM_RMS_ARCHS else NORM_MAXNREG
 
 
 # x elements a thread holds per tile in the gather kernel: 8 (bf16 fwd D=128, sm_90: 64 registers

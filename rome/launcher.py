@@ -356,7 +356,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                 raise ValueError(f"norm_grad's inputs must match the gradients' shape, strides and dtype, got "
                                  f"{list(xn.shape)} {xn.stride()} {xn.dtype} and {list(x.shape)} {x.stride()} {x.dtype}")
     if norm is not None or norm_grad is not None:  # the row statistics and weights: a higher register cap
-        cap = norm_registers((norm or norm_grad)[0], backward=norm_grad is not None, arch=plan.arch)
+        cap = launch.norm_registers((norm or norm_grad)[0], backward=norm_grad is not None, arch=plan.arch)
         plan = replace(plan, config=replace(plan.config, maxnreg=cap),
                        candidates=tuple(replace(c, maxnreg=cap) for c in plan.candidates))
     if plan.config.heads:  # (norm_grad's sums: its launches are this kernel's, checked above)
@@ -533,25 +533,6 @@ def norm_fusable(matrix, x_dtype, table_dtype, sin_dtype=None, *, positions: int
 
 
 _NORMS = {None: 0, "rms": 1, "layer": 2, "rms_heads": 3}  # kernel.NORM_NONE, _RMS, _LAYER, _RMS_HEADS
-
-# the norm prologue's register cap: at the gather's 128 its row statistics, weights and biases
-# spill 8-32 B (sm_90/sm_100) with two heads a batch; 168 keeps 3 programs (12 warps) per SM
-NORM_MAXNREG = 168
-# but the per-head RMSNorm's forward on sm_80 and sm_90: two heads a batch fit the gather's 128
-# without spill there (triton 3.6 and 3.9, every x dtype at D = 64 and 128, the SEAM build's too),
-# 4 programs an SM: Qwen3's fused forward 77.6 -> 83.6% of copy by the model (H100, 3.6), Flux's
-# 83.1 -> 83.9% (profiling/results/cpu/norm-cap-128/; not measured on a GPU). On sm_100 it spilled
-# 8-16 B at 128, its backward 40-72 B (sm_90), the LayerNorm's prologue 8-32 B: those keep 168
-NORM_RMS_MAXNREG = 128
-NORM_RMS_ARCHS = (None, 80, 90)  # (None: no GPU, the interpreter, chosen as sm_90)
-
-
-def norm_registers(norm: str, *, backward: bool, arch: int | str | None = None) -> int:
-    """The register cap of a gather launch with the fused norm ``norm`` ("rms", "layer",
-    "rms_heads"): its prologue (forward) or its backward's epilogue, on ``arch``
-    (``rome.launch.current_arch``)."""
-    return NORM_RMS_MAXNREG if norm == "rms" and not backward and arch in NORM_RMS_ARCHS else NORM_MAXNREG
-
 
 # the backward of the norm over heads: its tile (rows, warps). Its two sweeps re-read each of a
 # program's tokens (dy and the forward's x: H·D values each) from L1/L2: the rows resident on an SM

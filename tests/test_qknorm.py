@@ -755,8 +755,8 @@ def test_rope_module_norm_compiles_fullgraph():
 def test_the_norm_launches_take_their_register_cap(norm, monkeypatch):
     """The per-head norm's launches: the RMSNorm prologue at the gather's 128-register cap (two
     heads a batch compile without spill there: 4 programs an SM where 168 held 3), its backward's
-    epilogue and the LayerNorm's at the norm's 168 (``rome.launcher.norm_registers``)."""
-    from rome import launcher
+    epilogue and the LayerNorm's at the norm's 168 (``rome.launch.norm_registers``)."""
+    from rome import launch, launcher
 
     seen = []
     run = launcher._run
@@ -770,6 +770,6 @@ def test_the_norm_launches_take_their_register_cap(norm, monkeypatch):
     torch.autograd.backward(out, [torch.ones_like(o) for o in out])
     caps = {("bwd" if transpose else "fwd"): cap for transpose, cap in seen}
     assert caps == {"fwd": 128 if norm == "rms" else 168, "bwd": 168}, caps
-    assert launcher.norm_registers("rms_heads", backward=False) == launcher.NORM_MAXNREG == 168
+    assert launch.norm_registers("rms_heads", backward=False) == launch.NORM_MAXNREG == 168
     # by arch: sm_80 and sm_90 (and the interpreter, as sm_90); on sm_100 two heads spilled at 128
-    assert [launcher.norm_registers("rms", backward=False, arch=a) for a in (80, 90, 100, "gfx942")] == [128, 128, 168, 168]
+    assert [launch.norm_registers("rms", backward=False, arch=a) for a in (80, 90, 100, "gfx942")] == [128, 128, 168, 168]

@@ -1,7 +1,7 @@
 import os
 def norm128(cc):
-    import rome.launcher as L
-    L.NORM_MAXNREG = int(os.environ.get("EXP_CAP", "128"))
+    import rome.launch as L  # (rome.launcher until the caps moved to rome.launch)
+    L.NORM_MAXNREG = L.NORM_RMS_MAXNREG = int(os.environ.get("EXP_CAP", "128"))
     from rome.launcher import kernel_configs
     out = []
     for c in kernel_configs(cc):

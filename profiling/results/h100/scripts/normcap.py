@@ -1,4 +1,4 @@
-"""A/B on a GPU of the per-head RMSNorm prologue's register cap (rome.launcher.NORM_RMS_MAXNREG:
+"""A/B on a GPU of the per-head RMSNorm prologue's register cap (rome.launch.NORM_RMS_MAXNREG:
 128 since f08b5be, 168 before): rome.apply_qk_norm's forward kernel time on the per-head *-qknorm
 workloads at each cap, in alternating rounds (128, 168, 128, 168, ...) beside a copy of the same
 q/k bytes, and whether the two caps' outputs are the same bits. q, k bf16 [B,S,H,D] projections
@@ -15,7 +15,7 @@ import torch
 
 import rome
 from ab import kernel_us
-from rome import launcher
+from rome import launch
 
 W = {  # B, S, Hq, Hk, D, sections, mode, grid (as qk.py)
     "flux-qknorm": (1, 4608, 24, 24, 128, (16, 56, 56), "interleave", (1, 64, 72)),
@@ -45,10 +45,10 @@ def main():
         for _ in range(rounds):
             row["copy_us"].append(kernel_us(lambda: (qo.copy_(q), ko.copy_(k)))[0])
             for cap in (128, 168):
-                launcher.NORM_RMS_MAXNREG = cap
+                launch.NORM_RMS_MAXNREG = cap
                 outs[cap] = fused()
                 row["cap_us"][cap].append(kernel_us(fused)[0])
-        launcher.NORM_RMS_MAXNREG = 128
+        launch.NORM_RMS_MAXNREG = 128
         row["same_bits"] = all(torch.equal(a, b) for a, b in zip(outs[128], outs[168]))
         copy = statistics.median(row["copy_us"])
         for cap in (128, 168):
