@@ -1158,8 +1158,10 @@ def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, s
                                  stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                  cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64, 1,
                                  BLOCK_D)
+    # (TRANSPOSE: the sign is folded in by _token_tile, behind its gate: folded here, the multiply
+    # waited on the token's loads from inside the previous token's math)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
-                    POSITIONS, False, 1, BLOCK_D, RAW_S)
+                    POSITIONS, TRANSPOSE, 1, BLOCK_D, RAW_S)
     return t0, t1, row_ok, c, s
 
 
@@ -1244,21 +1246,25 @@ def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols,
 
 
 @triton.jit
-def _token_tile(xs, xns, row_ok, t0, t1, c, s, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols, src, nw, nws,
-                nw_ptr, D, n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
+def _token_tile(xs, xns, row_ok, t0, t1, c, s, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols, src,
+                nw, nws, nw_ptr, D, n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
                 BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
     # one token from its loads (_token_x's tuples): the statistics over its blocks, then each
     # block's output; returns the blocks' dw sums (tuples, as ho, nw, nws, dw) and the token's
     # rstd. TRANSPOSE: the loads' first uses wait for ``after`` (the previous token's rstd, true
     # at run time whatever it is, which the compiler cannot know): ptxas otherwise moved them up
     # into the previous token's math, right behind the loads, and waited a round trip on each
-    # of the blocks there (the static model's 42% of copy for Wan 2.1's backward, 3.9)
+    # of the blocks there (the static model's 42% of copy for Wan 2.1's backward, 3.9). The
+    # sign is folded into sin here, behind that gate (sign2: _token_rows leaves it): folded
+    # with the load, its multiply was moved into the previous token's reduction and waited
+    # there on all of the token's loads (one scoreboard; Wan 2.1 backward 78.7 -> 81.5% by the
+    # model, triton 3.6)
     c3 = c[:, None, :]
     s3 = s[:, None, :]
     if TRANSPOSE:
         ok = (after >= 0.0) | (after != after)
         c3 = tl.where(ok, c3, 0.0)
-        s3 = tl.where(ok, s3, 0.0)
+        s3 = tl.where(ok, s3, 0.0) * sign2[:, None, :]
     xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None]
     p = tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32)
     q = p
@@ -1301,15 +1307,6 @@ def _token_weights(nw, nw_ptr, b: tl.constexpr, hm, cols, D, REREAD: tl.constexp
 @triton.jit
 def _sum_pair(a0, a1, b0, b1):
     return a0 + b0, a1 + b1
-
-
-@triton.jit
-def _gated(vs, ok, BLOCKS: tl.constexpr):
-    # the tuple vs, each where ok (else 0): its uses wait for ok
-    out = ()
-    for b in tl.static_range(BLOCKS):
-        out = out + (tl.where(ok, vs[b], 0.0),)
-    return out
 
 
 @triton.jit
@@ -1396,9 +1393,9 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         xb, nb = _token_x(x_ptr, xn_ptr, b0, b1, bok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
         if TRANSPOSE:  # (the loads stay above: ptxas sank them into the math, to just before their use)
             tl.debug_barrier()
-        dw, after = _token_tile(xa, na, aok, a0, a1, ca, sa, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
-                                src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D,
-                                RAW_X, F64)
+        dw, after = _token_tile(xa, na, aok, a0, a1, ca, sa, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho,
+                                hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS,
+                                BLOCK_D, RAW_X, F64)
         # the next token a's loads, then token b's math
         a0, a1, aok, ca, sa = _token_rows(i + 2 * step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
                                           stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
@@ -1407,9 +1404,9 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
         if TRANSPOSE:
             tl.debug_barrier()
-        dw, after = _token_tile(xb, nb, bok, b0, b1, cb, sb, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols,
-                                src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D,
-                                RAW_X, F64)
+        dw, after = _token_tile(xb, nb, bok, b0, b1, cb, sb, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho,
+                                hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS,
+                                BLOCK_D, RAW_X, F64)
     if TRANSPOSE:
         row = tl.program_id(0) * 2 * H * D
         for b in tl.static_range(BLOCKS):
