@@ -478,6 +478,12 @@ TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller 
 TOKEN_FWD_WARPS = 8
 TOKEN_FWD_PER_THREAD = 20
 TOKEN_FWD_PER_THREAD_LOADED = 12
+# the backward's tile: warps rounded up, at most TOKEN_PER_THREAD values a thread where 16 warps
+# hold them (24 heads x 128 on 8 warps, 12 values a thread, spilled 16-88 B under triton 3.6 and
+# 3.9 with a loaded partner or fp32 x; on 16, 6, none); fp32 x with a loaded partner at most
+# TOKEN_BWD_WIDE_LOADED values, else the head groups' sweeps (40 x 128 at 10 values spilled 24 B
+# under 3.6): profiling/results/cpu/token-sign-f0c3bdc/
+TOKEN_BWD_WIDE_LOADED = 8
 # under TRITON_INTERPRET=1 the token tile interprets one token a loop iteration (5-7x the head
 # groups' time for a small model's q/k on this CPU): there the launcher takes the head groups
 # unless this is set (tests/test_qknorm.py sets it for all its tests; the model tests' tiny
@@ -486,16 +492,18 @@ TOKEN_TILE_INTERPRETED = False
 
 
 def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
-               swapped: bool = False) -> tuple[int, int, int, int] | None:
+               swapped: bool = False, wide: bool = False) -> tuple[int, int, int, int] | None:
     """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
     (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
     TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
     ``TOKEN_MAX_ELEMENTS`` values. Warps: about ``TOKEN_PER_THREAD`` values a thread, no more
     threads than a block has values, and in the forward (not ``backward``) at most
     ``TOKEN_FWD_WARPS`` where a thread then holds at most ``TOKEN_FWD_PER_THREAD`` values for
-    ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else. The register
-    cap: ``TOKEN_MAX_REGISTERS``, or the register file (64K) over the program's threads where that
-    is less."""
+    ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else; in the
+    ``backward`` rounded up instead (at most ``TOKEN_PER_THREAD`` values a thread where
+    ``TOKEN_MAX_WARPS`` hold them), and None for ``wide`` x (4 bytes) with a loaded partner past
+    ``TOKEN_BWD_WIDE_LOADED`` values a thread. The register cap: ``TOKEN_MAX_REGISTERS``, or the
+    register file (64K) over the program's threads where that is less."""
     heads = max(heads, 1)
     best = None
     hb = 1 << (heads - 1).bit_length()  # (triton.next_power_of_2's value: ~6 µs a call, every launch)
@@ -513,6 +521,12 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
     if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most:
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
+    if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
+        most_warps = max(1, min(TOKEN_MAX_WARPS * 32, hb * block_d) // lanes)
+        while warps * 2 <= most_warps and per_token > warps * lanes * TOKEN_PER_THREAD:
+            warps *= 2
+        if wide and not swapped and per_token > warps * lanes * TOKEN_BWD_WIDE_LOADED:
+            return None
     return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, 65536 // (warps * lanes))
 
 

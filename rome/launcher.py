@@ -580,7 +580,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
         tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size(), backward=transpose,
-                                 swapped=plan.pair == launch.PAIRS_SWAPPED) \
+                                 swapped=plan.pair == launch.PAIRS_SWAPPED, wide=xs[0].element_size() == 4) \
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair

@@ -624,11 +624,16 @@ def test_token_tile_choice(monkeypatch):
     register file; None past TOKEN_MAX_ELEMENTS."""
     from rome import launch
     monkeypatch.setattr(launch, "TOKEN_MAX_BLOCKS", TOKEN_MAX_BLOCKS)
-    tile = lambda heads, d, backward=True, swapped=True: launch.token_tile(  # noqa: E731
-        heads, d, backward=backward, swapped=swapped)
+    tile = lambda heads, d, backward=True, swapped=True, wide=False: launch.token_tile(  # noqa: E731
+        heads, d, backward=backward, swapped=swapped, wide=wide)
     assert tile(40, 128) == (8, 5, 16, 128)  # Wan 2.1 14B
     assert tile(32, 128) == (32, 1, 16, 128)  # OLMo 2 7B
-    assert tile(12, 128) == (4, 3, 4, 128)  # Wan 2.1 1.3B: 12 values a thread
+    # the backward rounds its warps up: at most 8 values a thread where 16 warps hold them (Wan 2.1
+    # 1.3B's 12 heads: 6 on 8 warps, not 12 on 4; 24 heads: 6 on 16, not 12 on 8, which spilled)
+    assert tile(12, 128) == (4, 3, 8, 128) and tile(24, 128)[2] == 16
+    # fp32 x with a loaded partner: at most 8 values a thread, else the head groups' sweeps
+    assert tile(40, 128, swapped=False, wide=True) is None and tile(40, 128, wide=True) == (8, 5, 16, 128)
+    assert tile(32, 128, swapped=False, wide=True) == (32, 1, 16, 128)
     assert tile(5, 16)[:2] == (1, 5)
     assert tile(36, 128)[:2] == (8, 5)  # (4 x 9 is more blocks than the code holds)
     assert tile(80, 128) is None  # 5 x 16 x 128 values: the head groups' sweeps
@@ -640,12 +645,14 @@ def test_token_tile_choice(monkeypatch):
     assert tile(12, 128, False) == (4, 3, 4, 128)  # (already fewer)
     assert tile(48, 128, False) == (16, 3, 16, 128)  # 6144 values: 24 a thread at 8 warps, so 16
     for heads in range(1, 65):
-        for backward, swapped in ((False, True), (False, False), (True, True)):
+        for backward, swapped in ((False, True), (False, False), (True, True), (True, False)):
             hb, blocks, warps, cap = tile(heads, 64, backward, swapped)
             assert hb & (hb - 1) == 0 and blocks <= launch.TOKEN_MAX_BLOCKS and (blocks - 1) * hb < heads <= blocks * hb
             assert warps * 32 <= hb * 64 and cap * warps * 32 <= 65536
             most = launch.TOKEN_FWD_PER_THREAD if swapped else launch.TOKEN_FWD_PER_THREAD_LOADED
             assert backward or warps <= 8 or hb * blocks * 64 > 8 * 32 * most
+            per_thread = hb * blocks * 64 / (warps * 32)
+            assert not backward or per_thread <= launch.TOKEN_PER_THREAD or warps == 16 or warps * 32 == hb * 64
 
 
 def _pair_matrix(mode, d):
