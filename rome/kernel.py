@@ -187,7 +187,13 @@ def _dot2_short(x, c, r, s, F64: tl.constexpr):
     # second rounding. 6 instructions where _dot2 takes 14, and within 1 ulp of bf16: x*c and r*s
     # have at most 32 significant bits, so a nonzero sum is >= 2**-34 of |q| and the fma's error,
     # <= 2**-24 |y| <= 2**-24 |v| + 2**-48 |q|, is <= 2**-14 of the result: 1/64 of a bf16 ulp.
-    # (Not for fp16's 11 bits: there the bound is 2**-11, a fp16 ulp.) y infinite: the result
+    # (Not for fp16's 11 bits: there the bound is 2**-11, a fp16 ulp.) Also for the normalised
+    # x̂ = x·rstd·w of the norm's forward, any dtype: its error against q + x̂·c is <= 2**-24 |y| +
+    # 2**-48 |q|, and x̂ (as the partner) already carries up to 2**-23 |x̂| from its own two
+    # roundings: where the sum cancels below 2**-24 |q|, x̂·c is about q and that error, ~2**-23
+    # |q|, is 2**25 times the fma's extra term; elsewhere the term is under 2**-24 |y|. _dot2's
+    # 8 instructions more an element bought nothing there (the token tile's forward was
+    # issue-bound on them: Wan 2.1 88.2 -> 95.1% of copy by the model). y infinite: the result
     q = r * s
     if F64:  # an interpreter whose fma rounds twice: the error and the fma through float64
         # (x*c exact there; the sum rounds in float64 before float32 only where the terms are
@@ -699,6 +705,8 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
     elif NORM == NORM_NONE and NORM_GRAD == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 \
             and (RAW_X or x.dtype == tl.bfloat16):
         y = _dot2_short(xw, c, r, s, F64)  # bf16 in and out: x and its partner have 8 bits
+    elif NORM != NORM_NONE and NORM_GRAD == NORM_NONE:
+        y = _dot2_short(xw, c, r, s, F64)  # normalised values (see there)
     else:
         y = _dot2(xw, c, r, s, F64)
     if NORM_GRAD != NORM_NONE:
@@ -1240,7 +1248,7 @@ def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols,
             r = _pair_swap_heads(xw, 1, HEADS_B, BLOCK_D)
         else:  # (the partner: x's lines, L1 hits)
             r = _widen(_fetch(x_ptr, xrow + src[None, None, :], m, RAW_X), RAW_X) * rstd * nws
-        y = _dot2(xw, c3, r, s3, F64)
+        y = _dot2_short(xw, c3, r, s3, F64)  # (normalised values: see _dot2_short)
     _store(o_ptr, orow[:, None, None] + ho + cols[None, None, :], y, m, RAW_X)
     return dw
 
