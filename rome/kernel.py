@@ -188,8 +188,8 @@ def _dot2_short(x, c, r, s, F64: tl.constexpr):
     # have at most 32 significant bits, so a nonzero sum is >= 2**-34 of |q| and the fma's error,
     # <= 2**-24 |y| <= 2**-24 |v| + 2**-48 |q|, is <= 2**-14 of the result: 1/64 of a bf16 ulp.
     # (Not for fp16's 11 bits: there the bound is 2**-11, a fp16 ulp.) Also for the normalised
-    # x̂ = x·rstd·w of the norm's forward, any dtype: its error against q + x̂·c is <= 2**-24 |y| +
-    # 2**-48 |q|, and x̂ (as the partner) already carries up to 2**-23 |x̂| from its own two
+    # x̂ = x·rstd·w of the token tile's forward, any dtype: its error against q + x̂·c is
+    # <= 2**-24 |y| + 2**-48 |q|, and x̂ (as the partner) already carries up to 2**-23 |x̂| from its two
     # roundings: where the sum cancels below 2**-24 |q|, x̂·c is about q and that error, ~2**-23
     # |q|, is 2**25 times the fma's extra term; elsewhere the term is under 2**-24 |y|. _dot2's
     # 8 instructions more an element bought nothing there (the token tile's forward was
@@ -705,9 +705,8 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
     elif NORM == NORM_NONE and NORM_GRAD == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 \
             and (RAW_X or x.dtype == tl.bfloat16):
         y = _dot2_short(xw, c, r, s, F64)  # bf16 in and out: x and its partner have 8 bits
-    elif NORM != NORM_NONE and NORM_GRAD == NORM_NONE:
-        y = _dot2_short(xw, c, r, s, F64)  # normalised values (see there)
-    else:
+    else:  # (the normalised values could take _dot2_short too: there it spilled 40-56 B at the
+        # per-head prologue's 128 registers, triton 3.6, sm_90)
         y = _dot2(xw, c, r, s, F64)
     if NORM_GRAD != NORM_NONE:
         y, dw, db = _norm_grad(y, _widen(xn, RAW_X), m, nw, eps, D, NORM_GRAD)
