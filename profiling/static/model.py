@@ -275,6 +275,20 @@ def limit_of(end: dict, copy_gbps: float) -> str:
     return "latency"
 
 
+def launch_programs(programs: dict) -> Programs:
+    """``launches.launch_programs``' dict as the schedule's ``Programs``: each kind (count, work[,
+    loop trips[, tail]]) as hashable tuples."""
+    def kind(n, w, *rest):
+        out = [int(n), None if w is None else tuple(float(x) for x in w)]
+        if rest:
+            out.append(None if rest[0] is None else tuple(None if t is None else int(t) for t in rest[0]))
+        if len(rest) > 1:
+            out.append(None if rest[1] is None else float(rest[1]))
+        return tuple(out)
+    return Programs(tuple(kind(*k) for k in programs["kinds"]), int(programs["grid"]),
+                    tuple(sorted((programs.get("uniform") or {}).items())))
+
+
 def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram_bytes_per_element: float,
                     dram_read_bytes_per_element: float | None = None, registers: int, shared_bytes: int,
                     arch: Arch = ARCHS[90], grid: int | None = None, units: int | None = None,
@@ -317,15 +331,7 @@ def bandwidth_model(sass: str, *, num_warps: int, elements_per_tile: float, dram
     sms = gpus[0].sms
     layout = Params.layout(params, PARAM_BASE[arch.cc]) if params and arch.cc in PARAM_BASE else None
     if programs is not None:
-        def kind(n, w, *rest):  # (count, work[, loop trips[, tail]]) as hashable tuples
-            out = [int(n), None if w is None else tuple(float(x) for x in w)]
-            if rest:
-                out.append(None if rest[0] is None else tuple(None if t is None else int(t) for t in rest[0]))
-            if len(rest) > 1:
-                out.append(None if rest[1] is None else float(rest[1]))
-            return tuple(out)
-        progs = Programs(tuple(kind(*k) for k in programs["kinds"]), int(programs["grid"]),
-                         tuple(sorted((programs.get("uniform") or {}).items())))
+        progs = launch_programs(programs)
         ends_ns, clocks = latencies_ns, clocks_ghz
     else:
         n = sms * occ["ctas_per_sm"]
