@@ -1121,10 +1121,11 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
 
 @triton.jit
 def _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask,
-                PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr, DOT: tl.constexpr,
+                PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr, SIGN: tl.constexpr,
                 BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_S: tl.constexpr):
     # sin as the rotation multiplies the partner by: the transpose's sin at src (SIN_AT_SRC: read
-    # here, where PAIR makes it cheap) and the sign folded in (not for DOT: the matrix holds it)
+    # here, where PAIR makes it cheap) and, SIGN, the sign folded in (not for the dot: the matrix
+    # holds it; not for the token tile's backward: _token_tile folds it behind its gate)
     if SIN_AT_SRC:  # (PAIRS_SWAPPED: read at the columns themselves, then pairs swapped)
         scols = cols2 if PAIR == PAIRS_SWAPPED else src2
         if POSITIONS == 0:
@@ -1133,7 +1134,7 @@ def _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, 
             s = _table(s_ptr, sp * stride_ps + scols, mask, s_ok, RAW_S, POSITIONS)
         if PAIR == PAIRS_SWAPPED:
             s = _pair_swap(s, BLOCK_R, BLOCK_D)
-    if not DOT:
+    if SIGN:
         s = s * sign2  # the sign folded into sin (exact): y = x*c + x[:, src]*s
     return s
 
@@ -1168,7 +1169,7 @@ def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, s
     # (TRANSPOSE: the sign is folded in by _token_tile, behind its gate: folded here, the multiply
     # waited on the token's loads from inside the previous token's math)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
-                    POSITIONS, TRANSPOSE, 1, BLOCK_D, RAW_S)
+                    POSITIONS, not TRANSPOSE, 1, BLOCK_D, RAW_S)
     return t0, t1, row_ok, c, s
 
 
@@ -1456,7 +1457,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
                                      BLOCK_R, BLOCK_D)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
-                    POSITIONS, DOT, BLOCK_R, BLOCK_D, RAW_S)
+                    POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
     if NORM_GRAD == NORM_RMS_HEADS:  # (the backward of the norm over heads: its own two sweeps)
         _heads_norm_grad(a_x, a_o, a_xn, a_dw, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
