@@ -774,9 +774,10 @@ def test_norm_over_heads_launches_give_their_loops_trips():
     the model runs them instead of naming the launch unmodelled. RoPE alone gives none."""
     from rome import kernel, launch
 
+    only = {"cc": 90, "variants": ("rome.apply_qk_norm", "rome.apply_qk"), "liger": False}
     with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
-        tok = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 40, "kv_heads": 40}, cc=90).result()
-        big = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 80, "kv_heads": 80}, cc=90).result()
+        tok = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 40, "kv_heads": 40}, **only).result()
+        big = pool.submit(launches.workload_launches, "wan-qknorm", {"q_heads": 80, "kv_heads": 80}, **only).result()
     rows = {(L["variant"], L["pass"]): L for L in tok["launches"]}
     for pass_ in ("forward", "backward"):
         L = rows[("rome.apply_qk_norm", pass_)]
@@ -798,6 +799,11 @@ def test_norm_over_heads_launches_give_their_loops_trips():
     assert all(len(k) == 2 for k in rows[("rome.apply_qk", "forward")]["programs"]["kinds"])
 
 
+def test_workload_launches_refuses_a_variant_it_does_not_have():
+    with pytest.raises(ValueError, match=r"variants: \['rome.nope'\] are not rome variants \(rome.apply"):
+        launches.workload_launches("wan-qknorm", variants=("rome.apply_qk", "rome.nope"))
+
+
 def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     """Liger-Kernel's rope kernel (the installed one, compiled for sm_90 as ``liger_rotary_pos_emb``
     launches it on the default workload's shape): 0.95-1.00 of copy at every end (the independent
@@ -805,7 +811,7 @@ def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     pytest.importorskip("liger_kernel", reason="liger-kernel is not installed (the report/test extra)")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     with aot.compiler_pool(2) as pool:  # (this process interprets: Liger's kernel is planned in a worker)
-        got = pool.submit(launches.workload_launches, "default", None, cc=90).result()["liger"]
+        got = pool.submit(launches.workload_launches, "default", None, cc=90, variants=()).result()["liger"]
         assert got["status"] == "ok", got
         results = aot.compile_all(pool, [L["job"] for L in got["launches"]])
     for L in got["launches"]:

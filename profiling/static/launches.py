@@ -248,18 +248,23 @@ class _LigerConfig:
 
 
 def workload_launches(name: str, overrides: dict | None = None, *, cc: int = WORKLOAD_ARCH,
-                      num_sms: int = 132) -> dict:
-    """In a worker (no TRITON_INTERPRET=1): every launch the workload's rome variants make, forward
-    and backward, as picklable dicts with their compile jobs; Liger-Kernel's beside them where
-    importable. ``rome.launcher.capture`` records them (the launch's own specialisation, grid and
-    work units, with the bytes an element must move in its meta)."""
+                      num_sms: int = 132, variants: tuple[str, ...] | None = None, liger: bool = True) -> dict:
+    """In a worker (no TRITON_INTERPRET=1): every launch the workload's rome variants make (or
+    those of ``variants``), forward and backward, as picklable dicts with their compile jobs;
+    Liger-Kernel's beside them where importable (and ``liger``). ``rome.launcher.capture`` records
+    them (the launch's own specialisation, grid and work units, with the bytes an element must
+    move in its meta)."""
     from ..variants import Unavailable, Unsupported
 
+    known = rome_variants()
+    unknown = [v for v in variants or () if v not in known]
+    if unknown:
+        raise ValueError(f"variants: {unknown} are not rome variants ({', '.join(known)})")
     w = _workload(name, overrides)
     setup = _setup(w)
     how = "rome.launcher.capture"
     launches, skipped = [], []
-    for variant in rome_variants():
+    for variant in known if variants is None else variants:
         try:
             launches += _captured(w, setup, variant, cc, num_sms)
         except (Unsupported, Unavailable) as e:
@@ -269,7 +274,7 @@ def workload_launches(name: str, overrides: dict | None = None, *, cc: int = WOR
     workload = {"name": w.name, "q_shape": list(w.shape(w.q_heads)), "k_shape": list(w.shape(w.kv_heads)),
                 "dtype": str(w.dtype).removeprefix("torch."), "sections": list(w.sections), "mode": w.mode}
     return {"workload": workload, "capture": how, "num_sms": num_sms, "launches": launches, "skipped": skipped,
-            "liger": _liger(w, cc)}
+            "liger": _liger(w, cc) if liger else {"status": "not asked for"}}
 
 
 def launch_row(launch: dict, arch: Arch, res: dict) -> dict:
