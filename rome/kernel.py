@@ -1140,6 +1140,30 @@ def _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, 
 
 
 @triton.jit
+def _opaque(v, OPAQUE: tl.constexpr):
+    # OPAQUE (NVIDIA): the int32 v through a move the compiler cannot see through, so that what
+    # is formed from it is formed where used: not strength-reduced into a register a tensor and a
+    # block, nor hoisted out of the token loop (Wan 2.1's token tile held ~25 such offsets a
+    # thread: its forward 128 -> 108 registers with it, triton 3.6). ptxas folds a move of a
+    # constant back (LLVM's strength reduction was the cost, not the constant)
+    if OPAQUE:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
+    return v
+
+
+@triton.jit
+def _block_heads(b: tl.constexpr, HEADS_B: tl.constexpr, t, OPAQUE: tl.constexpr):
+    # block b's first head (b * HEADS_B) [1], OPAQUE: for the compiler a value of the token t, so
+    # a block's offsets (this times a head stride, plus the thread's own, one register for all
+    # blocks) are formed in the loop where used
+    first = tl.zeros([1], tl.int32) + b * HEADS_B
+    if OPAQUE:
+        return tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [first, t.to(tl.int32)], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    return first
+
+
+@triton.jit
 def _pair_swap_heads(v, BLOCK_R: tl.constexpr, HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
     # _pair_swap of a block of heads [BLOCK_R, HEADS, BLOCK_D] (register renames, no instruction)
     a, b = tl.split(tl.reshape(v, [BLOCK_R, HEADS, BLOCK_D // 2, 2]))
@@ -1151,11 +1175,14 @@ def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, s
                 n_pos, axis_ptr, stride_ax, src_ptr, cols, cmask, cols2, src2, sign2, n_t, T1, D,
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 BLOCK_D: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
-                F64: tl.constexpr):
-    # token ``tile``'s row (t0, t1, whether it exists) and its cos and signed sin [1, BLOCK_D]
+                F64: tl.constexpr, OPAQUE: tl.constexpr):
+    # token ``tile``'s row (t0, t1) and its cos and signed sin [1, BLOCK_D]. A token past the last
+    # is read as the last (clamped: every token's loads are in range and unmasked; the caller
+    # never uses such a token's results). OPAQUE: the offsets formed from the token are not
+    # strength-reduced (_opaque)
     SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
-    t = tile + tl.arange(0, 1)
-    row_ok = t < n_t
+    t = _opaque(tl.minimum(tile + tl.arange(0, 1), n_t - 1), OPAQUE)
+    row_ok = tl.full([1], True, tl.int1)
     t0 = t // T1
     t1 = t % T1
     if I64:
@@ -1170,25 +1197,32 @@ def _token_rows(tile, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, s
     # waited on the token's loads from inside the previous token's math)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not TRANSPOSE, 1, BLOCK_D, RAW_S)
-    return t0, t1, row_ok, c, s
+    return t0, t1, c, s
 
 
 @triton.jit
-def _token_x(x_ptr, xn_ptr, t0, t1, row_ok, sxt0, sxt1, hx, hm, cols, BLOCKS: tl.constexpr,
-             TRANSPOSE: tl.constexpr, RAW_X: tl.constexpr):
-    # a token's x by blocks of heads (hx: each block's head offsets [1, HEADS_B, 1], hm: its mask
-    # [HEADS_B, BLOCK_D]; tuples), with TRANSPOSE also the forward's input xn (no load past the
-    # last token nor the last head): tuples of BLOCKS (x's offsets and the masks are formed again
-    # where used, from the token's row: held through the loop they cost registers a block)
+def _token_offsets(t0, t1, st0, st1, sh, hl, b: tl.constexpr, HEADS_B: tl.constexpr, OPAQUE: tl.constexpr):
+    # block b's offsets of the token's row (t0, t1) in a tensor of token strides st0, st1 and head
+    # stride sh [1, HEADS_B, 1]: the block's first head (_block_heads: formed here, where used)
+    # plus the thread's heads hl [HEADS_B]
+    return (t0 * st0 + t1 * st1 + _block_heads(b, HEADS_B, t0, OPAQUE) * sh)[:, None, None] + (hl * sh)[None, :, None]
+
+
+@triton.jit
+def _token_x(x_ptr, xn_ptr, t0, t1, sxt0, sxt1, sxh, hl, hm, cols, BLOCKS: tl.constexpr,
+             HEADS_B: tl.constexpr, TRANSPOSE: tl.constexpr, RAW_X: tl.constexpr, OPAQUE: tl.constexpr):
+    # a token's x by blocks of heads (hm: the blocks' masks [HEADS_B, BLOCK_D], constant where the
+    # heads fill them: FULL), with TRANSPOSE also the forward's input xn: tuples of BLOCKS (x's
+    # offsets are formed again where used, from the token's row: held through the loop they
+    # cost registers a block)
     xs = ()
     xns = ()
     for b in tl.static_range(BLOCKS):
-        xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None] + hx[b]
-        m = row_ok[:, None, None] & hm[b][None, :, :]
-        x = _fetch(x_ptr, xrow + cols[None, None, :], m, RAW_X)
+        off = _token_offsets(t0, t1, sxt0, sxt1, sxh, hl, b, HEADS_B, OPAQUE) + cols[None, None, :]
+        x = _fetch(x_ptr, off, hm[b][None, :, :], RAW_X)
         xn = x
         if TRANSPOSE:
-            xn = _fetch(xn_ptr, xrow + cols[None, None, :], m, RAW_X)
+            xn = _fetch(xn_ptr, off, hm[b][None, :, :], RAW_X)
         xs = xs + (x,)
         xns = xns + (xn,)
     return xs, xns
@@ -1233,13 +1267,19 @@ def _token_terms(x, xn, xrow, m, c3, s3, x_ptr, src, nw, p, q, FIRST: tl.constex
 
 
 @triton.jit
-def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols, src, nw, nws, dw,
+def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, cols, src, nw, nws, dw,
                  PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr, BLOCK_D: tl.constexpr,
-                 RAW_X: tl.constexpr, F64: tl.constexpr):
+                 RAW_X: tl.constexpr, F64: tl.constexpr, OPAQUE: tl.constexpr):
     # a block of heads' output from its _token_terms value g (forward: x as loaded) and the token's
-    # rstd (and TRANSPOSE: k3 = rstd³·Σ(g·w·xn)/N), stored; returns dw with its terms added
+    # rstd (and TRANSPOSE: k3 = rstd³·Σ(g·w·xn)/N), stored at orow (the block's out offsets
+    # [1, HEADS_B, 1]); returns dw with its terms added. OPAQUE, bf16: xn widened here from its
+    # bits, an operation other than the statistics' widening, so the two are not merged into one
+    # fp32 copy held through the reduction (twice the registers of the packed bf16)
     if TRANSPOSE:
-        xi = _widen(xn, RAW_X)
+        if OPAQUE and xn.dtype == tl.bfloat16:
+            xi = (xn.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+        else:
+            xi = _widen(xn, RAW_X)
         y = tl.fma(xi, k3 * -1.0, rstd * (g * nw))
         dw = tl.fma(g * xi, rstd, dw)
     else:
@@ -1249,16 +1289,17 @@ def _token_apply(g, xn, xrow, m, c3, s3, rstd, k3, orow, x_ptr, o_ptr, ho, cols,
         else:  # (the partner: x's lines, L1 hits)
             r = _widen(_fetch(x_ptr, xrow + src[None, None, :], m, RAW_X), RAW_X) * rstd * nws
         y = _dot2_short(xw, c3, r, s3, F64)  # (normalised values: see _dot2_short)
-    _store(o_ptr, orow[:, None, None] + ho + cols[None, None, :], y, m, RAW_X)
+    _store(o_ptr, orow + cols[None, None, :], y, m, RAW_X)
     return dw
 
 
 @triton.jit
-def _token_tile(xs, xns, row_ok, t0, t1, c, s, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho, hm, cols, src,
-                nw, nws, nw_ptr, D, n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr, HEADS_B: tl.constexpr,
-                BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+def _token_tile(xs, xns, t0, t1, c, s, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh, soh, hl, hm,
+                cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR: tl.constexpr, TRANSPOSE: tl.constexpr,
+                HEADS_B: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
+                F64: tl.constexpr, OPAQUE: tl.constexpr):
     # one token from its loads (_token_x's tuples): the statistics over its blocks, then each
-    # block's output; returns the blocks' dw sums (tuples, as ho, nw, nws, dw) and the token's
+    # block's output; returns the blocks' dw sums (tuples, as nw, nws, dw) and the token's
     # rstd. TRANSPOSE: the loads' first uses wait for ``after`` (the previous token's rstd, true
     # at run time whatever it is, which the compiler cannot know): ptxas otherwise moved them up
     # into the previous token's math, right behind the loads, and waited a round trip on each
@@ -1273,13 +1314,13 @@ def _token_tile(xs, xns, row_ok, t0, t1, c, s, sign2, x_ptr, o_ptr, sxt0, sxt1, 
         ok = (after >= 0.0) | (after != after)
         c3 = tl.where(ok, c3, 0.0)
         s3 = tl.where(ok, s3, 0.0) * sign2[:, None, :]
-    xrow = (t0 * sxt0 + t1 * sxt1)[:, None, None]
     p = tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32)
     q = p
     gs = ()
     for b in tl.static_range(BLOCKS):
-        g, p, q = _token_terms(xs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
-                               x_ptr, src, _token_weights(nw, nw_ptr, b, hm, cols, D, TRANSPOSE, HEADS_B), p, q,
+        g, p, q = _token_terms(xs[b], xns[b], _token_offsets(t0, t1, sxt0, sxt1, sxh, hl, b, HEADS_B, OPAQUE),
+                               hm[b][None, :, :], c3, s3, x_ptr, src,
+                               _token_weights(nw, nw_ptr, b, hl, hm, cols, D, t0, TRANSPOSE, HEADS_B, OPAQUE), p, q,
                                b == 0, PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64)
         gs = gs + (g,)
     if TRANSPOSE:  # both sums in one reduction (one pass through shared memory, one barrier pair)
@@ -1290,23 +1331,25 @@ def _token_tile(xs, xns, row_ok, t0, t1, c, s, sign2, x_ptr, o_ptr, sxt0, sxt1, 
     else:
         rstd = _rstd(tl.sum(p) / n, eps)
         k3 = rstd  # (unused)
-    orow = t0 * sot0 + t1 * sot1
     out = ()
     for b in tl.static_range(BLOCKS):
-        out = out + (_token_apply(gs[b], xns[b], xrow + hx[b], row_ok[:, None, None] & hm[b][None, :, :], c3, s3,
-                                  rstd, k3, orow, x_ptr, o_ptr, ho[b], cols, src,
-                                  _token_weights(nw, nw_ptr, b, hm, cols, D, TRANSPOSE, HEADS_B), nws[b], dw[b], PAIR,
-                                  TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64),)
+        out = out + (_token_apply(gs[b], xns[b], _token_offsets(t0, t1, sxt0, sxt1, sxh, hl, b, HEADS_B, OPAQUE),
+                                  hm[b][None, :, :], c3, s3, rstd, k3,
+                                  _token_offsets(t0, t1, sot0, sot1, soh, hl, b, HEADS_B, OPAQUE), x_ptr, o_ptr,
+                                  cols, src, _token_weights(nw, nw_ptr, b, hl, hm, cols, D, t0, TRANSPOSE, HEADS_B,
+                                                            OPAQUE),
+                                  nws[b], dw[b], PAIR, TRANSPOSE, HEADS_B, BLOCK_D, RAW_X, F64, OPAQUE),)
     return out, rstd
 
 
 @triton.jit
-def _token_weights(nw, nw_ptr, b: tl.constexpr, hm, cols, D, REREAD: tl.constexpr, HEADS_B: tl.constexpr):
-    # block b's weights [1, HEADS_B, BLOCK_D]: held (nw[b]) or, REREAD, read again where used
-    # (L1 hits after the program's first token: registers freed for the token in flight)
+def _token_weights(nw, nw_ptr, b: tl.constexpr, hl, hm, cols, D, t, REREAD: tl.constexpr, HEADS_B: tl.constexpr,
+                   OPAQUE: tl.constexpr):
+    # block b's weights [1, HEADS_B, BLOCK_D]: held (nw[b]) or, REREAD, read again where used, for
+    # token t (L1 hits after the program's first token: registers freed for the token in flight)
     if REREAD:
-        h = b * HEADS_B + tl.arange(0, HEADS_B)
-        w = tl.load(nw_ptr + (h[:, None] * D + cols[None, :])[None, :, :], mask=hm[b][None, :, :], other=0.0)
+        w = tl.load(nw_ptr + _block_heads(b, HEADS_B, t, OPAQUE) * D + (hl[:, None] * D + cols[None, :])[None, :, :],
+                    mask=hm[b][None, :, :], other=0.0)
     else:
         w = nw[b]
     return w
@@ -1320,17 +1363,19 @@ def _sum_pair(a0, a1, b0, b1):
 @triton.jit
 def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
                  axis_ptr, stride_ax, src_ptr, sign_ptr, n_t, T1,
-                 x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, sxh1, soh0, soh1, H, H1, D, nw_ptr, eps, xn_ptr, dw_ptr,
+                 x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, soh0, H, D, nw_ptr, eps, xn_ptr, dw_ptr,
                  PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                  HEADS_B: tl.constexpr, BLOCKS: tl.constexpr, BLOCK_D: tl.constexpr, I64: tl.constexpr,
-                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr):
+                 RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
+                 OPAQUE: tl.constexpr, FULL: tl.constexpr):
     # RMSNorm over all H heads of a token, then the rotation (forward), or the transposed
     # rotation then the norm's backward (TRANSPOSE, x = dy): the token tile. A token's H x D values
     # are held in registers as BLOCKS blocks of HEADS_B heads (a power of two; blocks past H
     # masked): one shape, so one register layout for all and the token's cos/sin row held once
-    # for them (Wan 2.1's 40 heads: 5 x 8, 10 values a thread over 16 warps, nothing masked; one
+    # for them (Wan 2.1's 40 heads: 5 x 8, 20 values a thread over 8 warps, nothing masked; one
     # tile of 64 heads idled 37% of the lanes and spilled). The token's statistics are one
     # reduction over the blocks, so x is read once (the head-group walk reads each token twice).
+    # The heads are one dimension (H1 == 1: the launcher's token tile), of stride sxh0 / soh0.
     # N = H*D values per token, w the weights [H*D] head-major:
     #   forward  x̂ = x * rstd * w, rstd = 1/sqrt(Σx²/N + eps);  y = x̂*c + x̂[..., src]*s
     #   backward g = dy*c + (dy*s)@Mᵀ;  dx = rstd*g*w − x*rstd³*Σ(g*w*x)/N;  dw += Σ_tokens g*x*rstd
@@ -1339,14 +1384,23 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
     # H*D]), two tokens an iteration as a ping-pong: token b's loads (x, xn, its tables) issued
     # before token a's math, then the next a's before b's, so one token is in flight through each
     # token's math and no register is copied at the back edge (a copy of a loaded register waits
-    # for its load: a next token taken over at the iteration's end cost a round trip a token). A
-    # token past the last (an odd count) is masked: no memory touched. Per element: x read and y
-    # written once (the backward: dy and x read, dx written); the tables per token (8 B a column,
-    # shared by the H heads). Bound by DRAM bandwidth where a token in flight per SM (10 KB at Wan
-    # 2.1's 40 x 128 bf16) covers the latency, else by instruction issue (~25 an element).
+    # for its load: a next token taken over at the iteration's end cost a round trip a token).
+    # The loop takes whole pairs; an odd count's last token is the tail after it (its loads
+    # issued by the last iteration). No load or store in the loop is masked: every token's row
+    # is clamped into range (_token_rows; the tail's look-ahead reads the last token again) and,
+    # FULL (the heads fill the blocks, D == BLOCK_D), nothing is masked at all. The masks of a
+    # token past the end cost ~2 instructions an element (zeroing each load's registers, the
+    # predicates) and ~10 registers a thread (predicates moved to registers): with them the
+    # backward at 8 warps spilled 40-88 B (profiling/results/cpu/token-unmasked/). Per element:
+    # x read and y written once (the backward: dy and x read, dx written); the tables per token
+    # (8 B a column, shared by the H heads). Bound by DRAM bandwidth where the tokens in flight
+    # per SM (two programs, 20 KB each at Wan 2.1's 40 x 128 bf16 backward) cover the latency,
+    # else by instruction issue (~25 an element).
     step = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
+    if FULL:
+        cmask = tl.full([BLOCK_D], True, tl.int1)
     src = tl.where(cmask, tl.load(src_ptr + cols, mask=cmask, other=0), cols)  # (past D: j itself)
     if PAIR == PAIRS_KEPT:  # (src in 2-element runs from even columns: one load per pair)
         src = tl.max_contiguous(tl.multiple_of(((src >> 1) << 1) | (cols & 1), [2]), [2])
@@ -1354,11 +1408,12 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
     cols2 = tl.zeros([1, BLOCK_D], dtype=tl.int32) + cols[None, :]
     src2 = tl.zeros([1, BLOCK_D], dtype=tl.int32) + src[None, :]
     sign2 = tl.load(sign_ptr + cols2, mask=cols2 < D, other=0.0)
-    # per block: x's and out's head offsets [1, HEADS_B, 1], the mask [HEADS_B, BLOCK_D], the
-    # weights at the columns and at src ([1, HEADS_B, BLOCK_D] fp32, read once per program; the
-    # partner's at src: swapped, in registers), the dw sums
-    hx = ()
-    ho = ()
+    # the thread's heads in a block, hl [HEADS_B] (a block's offsets: _token_offsets); per block
+    # the mask [HEADS_B, BLOCK_D], the weights at the columns and at src ([1, HEADS_B, BLOCK_D]
+    # fp32, read once per program; the partner's at src: swapped, in registers), the dw sums
+    hl = tl.arange(0, HEADS_B)
+    if I64:
+        hl = hl.to(tl.int64)
     hm = ()
     nw = ()
     nws = ()
@@ -1366,13 +1421,8 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
     for b in tl.static_range(BLOCKS):
         h = b * HEADS_B + tl.arange(0, HEADS_B)
         m = (h < H)[:, None] & cmask[None, :]
-        ha = h // H1
-        hb = h % H1
-        if I64:
-            ha = ha.to(tl.int64)
-            hb = hb.to(tl.int64)
-        hx = hx + ((ha * sxh0 + hb * sxh1)[None, :, None],)
-        ho = ho + ((ha * soh0 + hb * soh1)[None, :, None],)
+        if FULL:
+            m = tl.full([HEADS_B, BLOCK_D], True, tl.int1)
         hm = hm + (m,)
         if TRANSPOSE:  # (the backward reads them where used: _token_weights; the tuples unused)
             nw = nw + (m,)
@@ -1386,40 +1436,58 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
         dw = dw + (tl.zeros([1, HEADS_B, BLOCK_D], dtype=tl.float32),)
     n = (H * D).to(tl.float32)
     after = tl.sum(tl.zeros([1], dtype=tl.float32))  # (the first token waits for nothing)
-    # token a: the program's first
-    a0, a1, aok, ca, sa = _token_rows(tl.program_id(0), c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
-                                      stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
-                                      cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
-                                      BLOCK_D, I64, RAW_C, RAW_S, F64)
-    xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
-    for i in range(tl.program_id(0), n_t, 2 * step):
+    # token a: the program's first (the launcher's programs are at most the tokens: in range)
+    a0, a1, ca, sa = _token_rows(tl.program_id(0), c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                 stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols, cmask,
+                                 cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, BLOCK_D, I64,
+                                 RAW_C, RAW_S, F64, OPAQUE)
+    xa, na = _token_x(x_ptr, xn_ptr, a0, a1, sxt0, sxt1, sxh0, hl, hm, cols, BLOCKS, HEADS_B, TRANSPOSE, RAW_X,
+                      OPAQUE)
+    for i in range(tl.program_id(0), n_t - step, 2 * step):  # (token i + step exists)
         # token b's loads, then token a's math
-        b0, b1, bok, cb, sb = _token_rows(i + step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
-                                          stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
-                                          cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
-                                          BLOCK_D, I64, RAW_C, RAW_S, F64)
-        xb, nb = _token_x(x_ptr, xn_ptr, b0, b1, bok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
+        b0, b1, cb, sb = _token_rows(i + step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                     stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
+                                     cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
+                                     BLOCK_D, I64, RAW_C, RAW_S, F64, OPAQUE)
+        xb, nb = _token_x(x_ptr, xn_ptr, b0, b1, sxt0, sxt1, sxh0, hl, hm, cols, BLOCKS, HEADS_B, TRANSPOSE,
+                          RAW_X, OPAQUE)
         if TRANSPOSE:  # (the loads stay above: ptxas sank them into the math, to just before their use)
             tl.debug_barrier()
-        dw, after = _token_tile(xa, na, aok, a0, a1, ca, sa, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho,
-                                hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS,
-                                BLOCK_D, RAW_X, F64)
-        # the next token a's loads, then token b's math
-        a0, a1, aok, ca, sa = _token_rows(i + 2 * step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
-                                          stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
-                                          cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
-                                          BLOCK_D, I64, RAW_C, RAW_S, F64)
-        xa, na = _token_x(x_ptr, xn_ptr, a0, a1, aok, sxt0, sxt1, hx, hm, cols, BLOCKS, TRANSPOSE, RAW_X)
+        dw, after = _token_tile(xa, na, a0, a1, ca, sa, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, soh0,
+                                hl, hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B,
+                                BLOCKS, BLOCK_D, RAW_X, F64, OPAQUE)
+        # the next token a's loads (past the last: the last again, for the tail), then token b's math
+        a0, a1, ca, sa = _token_rows(i + 2 * step, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1,
+                                     stride_pa, stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols,
+                                     cmask, cols2, src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE,
+                                     BLOCK_D, I64, RAW_C, RAW_S, F64, OPAQUE)
+        xa, na = _token_x(x_ptr, xn_ptr, a0, a1, sxt0, sxt1, sxh0, hl, hm, cols, BLOCKS, HEADS_B, TRANSPOSE,
+                          RAW_X, OPAQUE)
         if TRANSPOSE:
             tl.debug_barrier()
-        dw, after = _token_tile(xb, nb, bok, b0, b1, cb, sb, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, hx, ho,
-                                hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B, BLOCKS,
-                                BLOCK_D, RAW_X, F64)
+        dw, after = _token_tile(xb, nb, b0, b1, cb, sb, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, soh0,
+                                hl, hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B,
+                                BLOCKS, BLOCK_D, RAW_X, F64, OPAQUE)
+    # the tail: the program's last token where its count is odd, loaded and rotated here (the
+    # loop's look-ahead of it is not used: taken over, its registers were held through the
+    # loop's exit and ptxas spilled 32 B in Wan 2.1's backward)
+    last = tl.program_id(0) + 2 * step * (tl.maximum(n_t - step - tl.program_id(0) + 2 * step - 1, 0) // (2 * step))
+    if last < n_t:
+        a0, a1, ca, sa = _token_rows(last, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa,
+                                     stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, cols, cmask, cols2,
+                                     src2, sign2, n_t, T1, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, BLOCK_D, I64,
+                                     RAW_C, RAW_S, F64, OPAQUE)
+        xa, na = _token_x(x_ptr, xn_ptr, a0, a1, sxt0, sxt1, sxh0, hl, hm, cols, BLOCKS, HEADS_B, TRANSPOSE,
+                          RAW_X, OPAQUE)
+        dw, after = _token_tile(xa, na, a0, a1, ca, sa, sign2, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1, sxh0, soh0,
+                                hl, hm, cols, src, nw, nws, nw_ptr, D, n, eps, dw, after, PAIR, TRANSPOSE, HEADS_B,
+                                BLOCKS, BLOCK_D, RAW_X, F64, OPAQUE)
     if TRANSPOSE:
         row = tl.program_id(0) * 2 * H * D
-        for b in tl.static_range(BLOCKS):
-            h = b * HEADS_B + tl.arange(0, HEADS_B)
-            tl.store(dw_ptr + row + (h[:, None] * D + cols[None, :])[None, :, :], dw[b], mask=hm[b][None, :, :])
+        for b in tl.static_range(BLOCKS):  # (offsets formed here, after the loop: not held through it)
+            first = _block_heads(b, HEADS_B, after.to(tl.int32, bitcast=True), OPAQUE)
+            tl.store(dw_ptr + row + first * D + (hl[:, None] * D + cols[None, :])[None, :, :], dw[b],
+                     mask=hm[b][None, :, :])
 
 
 @triton.jit
@@ -1544,6 +1612,9 @@ def _rome_gather_kernel(
     # by x's dtype, the fused norm and the GPU compiled for; the dot and PAIRS_NONE take one)
     SEAM: tl.constexpr = False,  # KG > 0: q's head groups and k's apart (a build of its own, so the
     # one-group launches' code keeps H1 == 1 a constant)
+    OPAQUE: tl.constexpr = False,  # the token tile compiled for an NVIDIA GPU: its offsets formed
+    # where used through an inline-PTX move (_opaque; not on AMD, not in the interpreter)
+    FULL: tl.constexpr = False,  # the token tile: its heads fill its blocks and D == BLOCK_D (no mask)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1575,20 +1646,15 @@ def _rome_gather_kernel(
         sot0 = tl.where(on_b, b_sot0, a_sot0)
         sot1 = tl.where(on_b, b_sot1, a_sot1)
         sxh0 = tl.where(on_b, b_sxh0, a_sxh0)
-        sxh1 = tl.where(on_b, b_sxh1, a_sxh1)
         soh0 = tl.where(on_b, b_soh0, a_soh0)
-        soh1 = tl.where(on_b, b_soh1, a_soh1)
         h = tl.where(on_b, b_H, a_H)
-        h1 = tl.where(on_b, b_H1, a_H1)
         if I64:
             sxh0 = sxh0.to(tl.int64)
-            sxh1 = sxh1.to(tl.int64)
             soh0 = soh0.to(tl.int64)
-            soh1 = soh1.to(tl.int64)
         _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps,
                      n_pos, axis_ptr, stride_ax, src_ptr, sign_ptr, n_t, T1, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1,
-                     sxh0, sxh1, soh0, soh1, h, h1, D, nw_ptr, eps, xn_ptr, dw_ptr, PAIRS, POSITIONS,
-                     ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64)
+                     sxh0, soh0, h, D, nw_ptr, eps, xn_ptr, dw_ptr, PAIRS, POSITIONS,
+                     ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64, OPAQUE, FULL)
         return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)

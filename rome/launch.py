@@ -474,16 +474,23 @@ TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller 
 # interleave: 20 values a thread over 8 warps, 128 registers without spill; its forward 76.8 ->
 # 88.2% of copy by the model, H100, triton 3.6, not measured: profiling/results/cpu/token-tile-8-warps/;
 # the kept pairs spilled 40 B at 16 values). The backward (dy and x, the dw sums: 128 B spilled at
-# 8 warps) keeps 16
+# 8 warps while the token loop's loads were masked) takes 8 only as below
 TOKEN_FWD_WARPS = 8
 TOKEN_FWD_PER_THREAD = 20
 TOKEN_FWD_PER_THREAD_LOADED = 12
-# the backward's tile: warps rounded up, at most TOKEN_PER_THREAD values a thread where 16 warps
-# hold them (24 heads x 128 on 8 warps, 12 values a thread, spilled 16-88 B under triton 3.6 and
-# 3.9 with a loaded partner or fp32 x; on 16, 6, none); fp32 x with a loaded partner at most
-# TOKEN_BWD_WIDE_LOADED values, else the head groups' sweeps (40 x 128 at 10 values spilled 24 B
-# under 3.6): profiling/results/cpu/token-sign-f0c3bdc/
+# the backward's tile: on TOKEN_BWD_ARCHS at most TOKEN_FWD_WARPS warps where x is 2-byte, its
+# pairs swapped and a thread then holds at most TOKEN_BWD_PER_THREAD values (Wan 2.1's 40 x 128:
+# 20 over 8 warps, two programs an SM: 81.5 -> 94.8% of copy by the model, H100, triton 3.6, not
+# measured, once no load in the token loop is masked and the offsets are formed where used:
+# kernel._token_heads; 128 registers without spill, profiling/results/cpu/token-unmasked/); else
+# warps rounded up, at most TOKEN_PER_THREAD values a thread where 16 warps hold them (24 heads x
+# 128 on 8 warps, 12 values a thread, spilled 16-88 B under triton 3.6 and 3.9 with a loaded
+# partner or fp32 x; on 16, 6, none); fp32 x with a loaded partner at most TOKEN_BWD_WIDE_LOADED
+# values, else the head groups' sweeps (40 x 128 at 10 values spilled 24 B under 3.6):
+# profiling/results/cpu/token-sign-f0c3bdc/
 TOKEN_BWD_WIDE_LOADED = 8
+TOKEN_BWD_PER_THREAD = 20
+TOKEN_BWD_ARCHS = (90,)  # (sm_80 and sm_100 spilled 16 / 8 B there under triton 3.6: 16 warps)
 # under TRITON_INTERPRET=1 the token tile interprets one token a loop iteration (5-7x the head
 # groups' time for a small model's q/k on this CPU): there the launcher takes the head groups
 # unless this is set (tests/test_qknorm.py sets it for all its tests; the model tests' tiny
@@ -491,8 +498,8 @@ TOKEN_BWD_WIDE_LOADED = 8
 TOKEN_TILE_INTERPRETED = False
 
 
-def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
-               swapped: bool = False, wide: bool = False) -> tuple[int, int, int, int] | None:
+def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swapped: bool = False,
+               wide: bool = False, arch: int | str | None = None) -> tuple[int, int, int, int] | None:
     """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
     (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
     TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
@@ -500,7 +507,9 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
     threads than a block has values, and in the forward (not ``backward``) at most
     ``TOKEN_FWD_WARPS`` where a thread then holds at most ``TOKEN_FWD_PER_THREAD`` values for
     ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else; in the
-    ``backward`` rounded up instead (at most ``TOKEN_PER_THREAD`` values a thread where
+    ``backward`` the same on ``TOKEN_BWD_ARCHS`` (``arch``; None: no GPU, as sm_90) for swapped
+    pairs of 2-byte x (not ``wide``) where a thread then holds at most ``TOKEN_BWD_PER_THREAD``
+    values, else rounded up (at most ``TOKEN_PER_THREAD`` values a thread where
     ``TOKEN_MAX_WARPS`` hold them), and None for ``wide`` x (4 bytes) with a loaded partner past
     ``TOKEN_BWD_WIDE_LOADED`` values a thread. The register cap: ``TOKEN_MAX_REGISTERS``, or the
     register file (64K) over the program's threads where that is less."""
@@ -518,10 +527,12 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool,
         return None
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
     most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
-    if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most:
+    bwd8 = backward and (arch is None or arch in TOKEN_BWD_ARCHS) and swapped and not wide \
+        and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD
+    if (not backward and per_token <= TOKEN_FWD_WARPS * 32 * most) or bwd8:
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
-    if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
+    if backward and not bwd8:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
         most_warps = max(1, min(TOKEN_MAX_WARPS * 32, hb * block_d) // lanes)
         while warps * 2 <= most_warps and per_token > warps * lanes * TOKEN_PER_THREAD:
             warps *= 2

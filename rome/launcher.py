@@ -552,7 +552,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     consts = dict(POSITIONS=cfg0.positions, ANGLES=cfg0.angles, TRANSPOSE=transpose, BLOCK_D=cfg0.block_d,
                   DOT=cfg0.product == "dot", SPLIT=cfg0.split, OP_DTYPE=cfg0.op_dtype, FP32_DOT=cfg0.fp32_dot,
                   RAW_X=cfg0.raw_x, RAW_C=cfg0.raw_t, RAW_S=cfg0.raw_s, F64=kernel.F64,
-                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0)
+                  NORM=_NORMS[kind], NATIVE=native, HEADS_B=0, BLOCKS=1, PAIRS=0, OPAQUE=False, FULL=False)
     d = xs[0].shape[-1]
     width = [d * (x.shape[1] if kind == "rms_heads" else 1) for x in xs]  # the weights' lengths
     sums = [torch.zeros(2, n, dtype=torch.float32, device=xs[0].device) for n in width] if norm_grad else None
@@ -580,10 +580,14 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
         tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size(), backward=transpose,
-                                 swapped=plan.pair == launch.PAIRS_SWAPPED, wide=xs[0].element_size() == 4) \
+                                 swapped=plan.pair == launch.PAIRS_SWAPPED, wide=xs[0].element_size() == 4,
+                                 arch=arch) \
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
+            c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
+            c["FULL"] = xs[0].shape[-1] == cfg0.block_d and all(n in (0, tile[0] * tile[1]) for n in (ha, hb)) \
+                and ha > 0
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM
                            * max(1, launch.TOKEN_MAX_WARPS * 32 // (tile[2] * launch.warp_size())))
 

@@ -767,11 +767,12 @@ def test_the_loaded_model_reproduces_the_h100_measurement():
 
 def test_norm_over_heads_launches_give_their_loops_trips():
     """wan-qknorm's fused launches (the norm over a token's heads). With 40 q and k heads, the
-    token tile: programs (p, 0) walk q's tokens, (p, 1) k's, two tokens a loop iteration, so the
-    captured programs give each kind's one loop ceil(tokens / 2) trips and the x elements it
-    stores; with 80 (a token past rome.launch.TOKEN_MAX_ELEMENTS), the head groups: the first
-    sweeps' trips (kernel.SWEEP heads an iteration forward, SWEEP_GRAD both sweeps backward), so
-    the model runs them instead of naming the launch unmodelled. RoPE alone gives none."""
+    token tile: programs (p, 0) walk q's tokens, (p, 1) k's, two tokens a loop iteration and an
+    odd count's last after the loop, so the captured programs give each kind's one loop
+    floor(tokens / 2) trips (at least one) and the x elements it stores; with 80 (a token past
+    rome.launch.TOKEN_MAX_ELEMENTS), the head groups: the first sweeps' trips (kernel.SWEEP heads
+    an iteration forward, SWEEP_GRAD both sweeps backward), so the model runs them instead of
+    naming the launch unmodelled. RoPE alone gives none."""
     from rome import kernel, launch
 
     only = {"cc": 90, "variants": ("rome.apply_qk_norm", "rome.apply_qk"), "liger": False}
@@ -786,7 +787,7 @@ def test_norm_over_heads_launches_give_their_loops_trips():
         tokens = L["elements"] // 2 // (40 * 128)
         progs = grid // 2
         assert sorted({(k[0], k[2][0]) for k in kinds}) == sorted(
-            {(n, -(-t // 2)) for n, t in ((tokens % progs, tokens // progs + 1),
+            {(n, max(1, t // 2)) for n, t in ((tokens % progs, tokens // progs + 1),
                                           (progs - tokens % progs, tokens // progs)) if n})
         assert all(k[1][0] % (40 * 128) == 0 for k in kinds)
         assert launch.token_tile(40, 128, backward=pass_ == "backward")[0] == 8

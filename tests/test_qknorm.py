@@ -705,6 +705,41 @@ def test_over_heads_token_tile_and_head_groups(path, mode, heads, monkeypatch):
         assert {c["PAIRS"] for c in launches} == {{"interleave": 2, "half": 1, "none": 0}[mode]}
 
 
+@pytest.mark.parametrize("mode, hq, hk, d", [("interleave", 4, 4, 16), ("interleave", 4, 3, 16), ("half", 4, 4, 12)])
+def test_token_tile_loop_tail_and_full_blocks(mode, hq, hk, d, monkeypatch):
+    """The token tile's walk: programs of 4 and 5 tokens (TOKEN_PROGRAMS_PER_SM 1: 16 programs a
+    tensor over 70 tokens), so two pairs through the loop and, for the first six, the tail after
+    it; its loads clamped into range, none masked where the heads fill the blocks and D is a power
+    of two (FULL), masked heads (k's 3 of 4) or columns (D = 12) else. Forward and gradients
+    against the float64 oracle (dq, dk within 1 bf16 ulp, dw 1e-5)."""
+    from rome import launch, launcher
+    monkeypatch.setattr(launch, "TOKEN_PROGRAMS_PER_SM", 1)
+    launches = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *a, **kw: (
+        launches.append((grid(consts) if callable(grid) else grid, consts)), run(fn, grid, args, consts, *a, **kw)))
+    q, k, cos, sin, _ = _half_case(torch.bfloat16, mode="half", hq=hq, hk=hk, s=35, d=d, requires_grad=True)
+    m = _pair_matrix(mode, d)
+    gen = torch.Generator().manual_seed(37)
+    wq = torch.rand(hq * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    wk = torch.rand(hk * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
+    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
+    for got, w64 in zip(out, want):
+        assert _ulps(got, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
+    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
+    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
+    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
+        if name in ("dq", "dk"):
+            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    assert [c.get("NORM") for _, c in launches] == [3, 3]
+    assert [g[0] for g, _ in launches] == [16, 16]  # (70 tokens: programs of 5 and of 4)
+    assert {c["FULL"] for _, c in launches} == {hq == hk and d == 16}
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("over", ["head", "heads"])
 def test_tables_in_q_dtype(backend, over):

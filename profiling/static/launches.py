@@ -103,12 +103,14 @@ def launch_programs(L) -> dict:
         if src is not None and hasattr(src, "numel") and src.numel() > d:
             uniform["src_ptr"] = int(src.reshape(-1)[d])
         if consts.get("HEADS_B"):  # the token tile: programs (p, 0) walk q's tiles p, p + P, ..., (p, 1)
-            # k's, two tiles an iteration (the second past the last masked); each tile BLOCK_R tokens x
-            # the tensor's heads; one tile loop, its trips given
+            # k's, two tiles an iteration, an odd count's last after the loop (the tail: on the
+            # walk's fall-through, so walked whatever the count: an even count's program is
+            # modelled one token longer, the pessimistic side); each tile BLOCK_R tokens x the
+            # tensor's heads; one tile loop, its trips given
             tensors = 1 + (kb > 0)
             progs = L.grid // tensors
             few, extra = divmod(tiles, progs)  # (a program's tiles: few, or few + 1 for the first extra)
-            kinds = [[count, [n * block_r * heads * d], [max(1, -(-n // 2))]]
+            kinds = [[count, [n * block_r * heads * d], [max(1, n // 2)]]
                      for heads in (qa, kb)[:tensors] for count, n in ((extra, few + 1), (progs - extra, few)) if count]
             return {"kinds": kinds, "grid": L.grid, "uniform": uniform}
         heads_norm = consts.get("NORM") == 3  # kernel.NORM_RMS_HEADS: the norm over a token's heads
