@@ -664,6 +664,27 @@ def _pair_matrix(mode, d):
     return rome.rotation_matrix([d], mode, dtype=torch.float32, device=DEVICE)
 
 
+def _over_heads_against_oracle(q, k, cos, sin, m, *, seed):
+    """apply_qk_norm over heads (triton, random weights [H·D]) against the float64 oracle: the
+    forward within 1 bf16 ulp, dq and dk too, the weights' gradients 1e-5."""
+    gen = torch.Generator().manual_seed(seed)
+    hq, hk, d = q.shape[1], k.shape[1], q.shape[-1]
+    wq = torch.rand(hq * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    wk = torch.rand(hk * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
+    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
+    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
+    for got, w64 in zip(out, want):
+        assert _ulps(got, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
+    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
+    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
+    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
+    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
+        if name in ("dq", "dk"):
+            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
+        else:
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 @pytest.mark.parametrize("path, mode, heads", [
     ("token", "interleave", (5, 2)), ("token", "half", (5, 2)), ("token", "none", (5, 2)),
     ("token", "interleave", (12, 3)), ("head_groups", "interleave", (5, 2)), ("head_groups", "half", (12, 3))])
@@ -683,21 +704,7 @@ def test_over_heads_token_tile_and_head_groups(path, mode, heads, monkeypatch):
     hq, hk = heads
     q, k, cos, sin, _ = _half_case(torch.bfloat16, mode="half", hq=hq, hk=hk, s=3, d=16, requires_grad=True)
     m = _pair_matrix(mode, 16)
-    gen = torch.Generator().manual_seed(29)
-    wq = torch.rand(hq * 16, generator=gen).add(0.5).to(DEVICE).requires_grad_()
-    wk = torch.rand(hk * 16, generator=gen).add(0.5).to(DEVICE).requires_grad_()
-    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
-    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
-    for got, w64 in zip(out, want):
-        assert _ulps(got, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
-    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
-    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
-    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
-    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
-        if name in ("dq", "dk"):
-            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
-        else:
-            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    _over_heads_against_oracle(q, k, cos, sin, m, seed=29)
     blocks = {c["HEADS_B"] for c in launches if c.get("NORM") == 3}
     assert len(launches) == 2 and all(c.get("NORM") == 3 for c in launches)
     assert blocks == ({0} if path == "head_groups" else {launch.token_tile(max(heads), 16, backward=False)[0]})
@@ -720,21 +727,7 @@ def test_token_tile_loop_tail_and_full_blocks(mode, hq, hk, d, monkeypatch):
         launches.append((grid(consts) if callable(grid) else grid, consts)), run(fn, grid, args, consts, *a, **kw)))
     q, k, cos, sin, _ = _half_case(torch.bfloat16, mode="half", hq=hq, hk=hk, s=35, d=d, requires_grad=True)
     m = _pair_matrix(mode, d)
-    gen = torch.Generator().manual_seed(37)
-    wq = torch.rand(hq * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
-    wk = torch.rand(hk * d, generator=gen).add(0.5).to(DEVICE).requires_grad_()
-    out = rome.apply_qk_norm(q, k, cos, sin, m, wq, wk, over="heads", eps=1e-5, backend="triton")
-    want = [_oracle_heads(x, w, cos, sin, m, 1e-5) for x, w in ((q, wq), (k, wk))]
-    for got, w64 in zip(out, want):
-        assert _ulps(got, w64.detach(), torch.bfloat16) <= 1.0 + 1e-6
-    gq, gk = (torch.randn(x.shape, generator=gen).to(torch.bfloat16).to(DEVICE) for x in (q, k))
-    got = torch.autograd.grad(out, [q, k, wq, wk], (gq, gk))
-    ref = torch.autograd.grad(want, [q, k, wq, wk], (gq.double(), gk.double()))
-    for name, a, b in zip(("dq", "dk", "dwq", "dwk"), got, ref):
-        if name in ("dq", "dk"):
-            assert _ulps(a, b.double(), torch.bfloat16) <= 1.0, name
-        else:
-            torch.testing.assert_close(a.double(), b.double(), rtol=1e-5, atol=1e-5 * b.abs().max().item())
+    _over_heads_against_oracle(q, k, cos, sin, m, seed=37)
     assert [c.get("NORM") for _, c in launches] == [3, 3]
     assert [g[0] for g, _ in launches] == [16, 16]  # (70 tokens: programs of 5 and of 4)
     assert {c["FULL"] for _, c in launches} == {hq == hk and d == 16}
