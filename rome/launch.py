@@ -479,7 +479,8 @@ TOKEN_FWD_WARPS = 8
 TOKEN_FWD_PER_THREAD = 20
 TOKEN_FWD_PER_THREAD_LOADED = 12
 # the backward's tile: on TOKEN_BWD_ARCHS at most TOKEN_FWD_WARPS warps where x is 2-byte, its
-# pairs swapped and a thread then holds at most TOKEN_BWD_PER_THREAD values (Wan 2.1's 40 x 128:
+# pairs swapped, nothing masked (the heads fill the blocks, D a power of two: the kernel's FULL;
+# masked, 8 warps spilled 40-88 B) and a thread then holds at most TOKEN_BWD_PER_THREAD values (Wan 2.1's 40 x 128:
 # 20 over 8 warps, two programs an SM: 81.5 -> 94.8% of copy by the model, H100, triton 3.6, not
 # measured, once no load in the token loop is masked and the offsets are formed where used:
 # kernel._token_heads; 128 registers without spill, profiling/results/cpu/token-unmasked/); else
@@ -499,7 +500,8 @@ TOKEN_TILE_INTERPRETED = False
 
 
 def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swapped: bool = False,
-               wide: bool = False, arch: int | str | None = None) -> tuple[int, int, int, int] | None:
+               wide: bool = False, full: bool = False,
+               arch: int | str | None = None) -> tuple[int, int, int, int] | None:
     """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
     (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
     TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
@@ -507,9 +509,10 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
     threads than a block has values, and in the forward (not ``backward``) at most
     ``TOKEN_FWD_WARPS`` where a thread then holds at most ``TOKEN_FWD_PER_THREAD`` values for
     ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else; in the
-    ``backward`` the same on ``TOKEN_BWD_ARCHS`` (``arch``; None: no GPU, as sm_90) for swapped
-    pairs of 2-byte x (not ``wide``) where a thread then holds at most ``TOKEN_BWD_PER_THREAD``
-    values, else rounded up (at most ``TOKEN_PER_THREAD`` values a thread where
+    ``backward`` rounded up, then at most ``TOKEN_FWD_WARPS`` on ``TOKEN_BWD_ARCHS`` (``arch``;
+    None: no GPU, as sm_90) for swapped pairs of 2-byte x (not ``wide``) whose tile is ``full``
+    (both tensors' heads fill the blocks, D a power of two: nothing masked) where a thread then
+    holds at most ``TOKEN_BWD_PER_THREAD`` values; the rounding up (at most ``TOKEN_PER_THREAD`` values a thread where
     ``TOKEN_MAX_WARPS`` hold them), and None for ``wide`` x (4 bytes) with a loaded partner past
     ``TOKEN_BWD_WIDE_LOADED`` values a thread. The register cap: ``TOKEN_MAX_REGISTERS``, or the
     register file (64K) over the program's threads where that is less."""
@@ -527,17 +530,18 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
         return None
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
     most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
-    bwd8 = backward and (arch is None or arch in TOKEN_BWD_ARCHS) and swapped and not wide \
-        and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD
-    if (not backward and per_token <= TOKEN_FWD_WARPS * 32 * most) or bwd8:
+    if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most:
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
-    if backward and not bwd8:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
+    if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
         most_warps = max(1, min(TOKEN_MAX_WARPS * 32, hb * block_d) // lanes)
         while warps * 2 <= most_warps and per_token > warps * lanes * TOKEN_PER_THREAD:
             warps *= 2
         if wide and not swapped and per_token > warps * lanes * TOKEN_BWD_WIDE_LOADED:
             return None
+        if (arch is None or arch in TOKEN_BWD_ARCHS) and swapped and not wide and full and blocks * hb == heads \
+                and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD:
+            warps = min(warps, max(1, TOKEN_FWD_WARPS * 32 // lanes))
     return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, 65536 // (warps * lanes))
 
 

@@ -581,11 +581,12 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
         tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size(), backward=transpose,
                                  swapped=plan.pair == launch.PAIRS_SWAPPED, wide=xs[0].element_size() == 4,
-                                 arch=arch) \
+                                 full=xs[0].shape[-1] == cfg0.block_d and hb in (0, ha), arch=arch) \
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
+            # (nothing masked: both tensors' heads fill the blocks, D their width)
             c["FULL"] = xs[0].shape[-1] == cfg0.block_d and all(n in (0, tile[0] * tile[1]) for n in (ha, hb)) \
                 and ha > 0
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM

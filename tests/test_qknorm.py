@@ -644,6 +644,16 @@ def test_token_tile_choice(monkeypatch):
     assert tile(24, 128, False, False) == (8, 3, 8, 128)  # 12 values a thread
     assert tile(12, 128, False) == (4, 3, 4, 128)  # (already fewer)
     assert tile(48, 128, False) == (16, 3, 16, 128)  # 6144 values: 24 a thread at 8 warps, so 16
+    # the backward of a full tile (nothing masked) on sm_90: at most 8 warps where a thread then
+    # holds at most 20 values of swapped 2-byte pairs (Wan 2.1 14B: two programs an SM); 16 where
+    # masked (36 heads pad 4), wide, a loaded partner, or on sm_80/sm_100
+    full = lambda heads, d=128, **kw: launch.token_tile(heads, d, backward=True, full=True, **{  # noqa: E731
+        "swapped": True, **kw})
+    assert full(40) == (8, 5, 8, 128) and full(40, arch=90) == full(40)
+    assert full(32) == (32, 1, 8, 128) and full(24)[2] == 8 and full(12) == tile(12, 128)
+    assert full(36) == tile(36, 128) and full(36)[2] == 16 and full(48)[2] == 16  # (48: 24 a thread)
+    assert full(40, wide=True)[2] == full(40, swapped=False)[2] == full(40, arch=80)[2] == full(40, arch=100)[2] == 16
+    assert full(40, lanes=64, arch="gfx942") == launch.token_tile(40, 128, 64, backward=True, swapped=True)
     for heads in range(1, 65):
         for backward, swapped in ((False, True), (False, False), (True, True), (True, False)):
             hb, blocks, warps, cap = tile(heads, 64, backward, swapped)
