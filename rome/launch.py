@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 from dataclasses import dataclass, replace
 
 import torch
@@ -292,10 +293,21 @@ NORM_RMS_MAXNREG = 128
 NORM_RMS_ARCHS = (None, 80, 90)  # (None: no GPU, the interpreter, chosen as sm_90)
 
 
-def norm_registers(norm: str, *, backward: bool, arch: int | str | None = None) -> int:
+# and the LayerNorm's backward of fp16 x at D <= 64 on sm_80 under triton before 3.9: at 168 it
+# spilled 8 B of stack there under 3.6 (the only norm configuration that did, 3.9 none), at 176
+# none (2 programs an SM where 168 held 3): profiling/results/cpu/token-unmasked/
+NORM_LAYER_FP16_SM80_MAXNREG = 176
+_TRITON_BEFORE_3_9 = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) < (3, 9)
+
+
+def norm_registers(norm: str, *, backward: bool, arch: int | str | None = None, x_dtype=None,
+                   head_dim: int | None = None) -> int:
     """The register cap of a gather launch with the fused norm ``norm`` ("rms", "layer",
     "rms_heads"): its prologue (forward) or its backward's epilogue, on ``arch``
-    (``current_arch``)."""
+    (``current_arch``), for x of ``x_dtype`` and ``head_dim`` (the LayerNorm backward's case)."""
+    if norm == "layer" and backward and arch == 80 and x_dtype == torch.float16 and head_dim is not None \
+            and head_dim <= 64 and _TRITON_BEFORE_3_9:
+        return NORM_LAYER_FP16_SM80_MAXNREG
     return NORM_RMS_MAXNREG if norm == "rms" and not backward and arch in NORM_RMS_ARCHS else NORM_MAXNREG
 
 

@@ -356,7 +356,8 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                 raise ValueError(f"norm_grad's inputs must match the gradients' shape, strides and dtype, got "
                                  f"{list(xn.shape)} {xn.stride()} {xn.dtype} and {list(x.shape)} {x.stride()} {x.dtype}")
     if norm is not None or norm_grad is not None:  # the row statistics and weights: a higher register cap
-        cap = launch.norm_registers((norm or norm_grad)[0], backward=norm_grad is not None, arch=plan.arch)
+        cap = launch.norm_registers((norm or norm_grad)[0], backward=norm_grad is not None, arch=plan.arch,
+                                    x_dtype=xs[0].dtype, head_dim=xs[0].shape[-1])
         plan = replace(plan, config=replace(plan.config, maxnreg=cap),
                        candidates=tuple(replace(c, maxnreg=cap) for c in plan.candidates))
     if plan.config.heads:  # (norm_grad's sums: its launches are this kernel's, checked above)

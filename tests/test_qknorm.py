@@ -818,3 +818,10 @@ def test_the_norm_launches_take_their_register_cap(norm, monkeypatch):
     assert launch.norm_registers("rms_heads", backward=False) == launch.NORM_MAXNREG == 168
     # by arch: sm_80 and sm_90 (and the interpreter, as sm_90); on sm_100 two heads spilled at 128
     assert [launch.norm_registers("rms", backward=False, arch=a) for a in (80, 90, 100, "gfx942")] == [128, 128, 168, 168]
+    # the fp16 LayerNorm's backward at D <= 64 on sm_80 under triton before 3.9 (8 B spilled at 168
+    # under 3.6): 176
+    fp16 = [launch.norm_registers("layer", backward=True, arch=a, x_dtype=torch.float16, head_dim=d)
+            for a, d in ((80, 64), (80, 128), (90, 64), (100, 64))]
+    assert fp16 == [176 if launch._TRITON_BEFORE_3_9 else 168, 168, 168, 168]
+    assert launch.norm_registers("layer", backward=True, arch=80, x_dtype=torch.bfloat16, head_dim=64) == 168
+    assert launch.norm_registers("layer", backward=False, arch=80, x_dtype=torch.float16, head_dim=64) == 168
