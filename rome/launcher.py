@@ -580,16 +580,16 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
+        # (nothing masked where the blocks hold exactly the heads: q's and k's alike, D their width)
+        unmasked = xs[0].shape[-1] == cfg0.block_d and hb in (0, ha)
         tile = launch.token_tile(max(ha, hb), cfg0.block_d, launch.warp_size(), backward=transpose,
                                  swapped=plan.pair == launch.PAIRS_SWAPPED, wide=xs[0].element_size() == 4,
-                                 full=xs[0].shape[-1] == cfg0.block_d and hb in (0, ha), arch=arch) \
+                                 full=unmasked, arch=arch) \
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
-            # (nothing masked: both tensors' heads fill the blocks, D their width)
-            c["FULL"] = xs[0].shape[-1] == cfg0.block_d and all(n in (0, tile[0] * tile[1]) for n in (ha, hb)) \
-                and ha > 0
+            c["FULL"] = unmasked and tile[0] * tile[1] == ha
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM
                            * max(1, launch.TOKEN_MAX_WARPS * 32 // (tile[2] * launch.warp_size())))
 
