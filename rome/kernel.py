@@ -741,14 +741,14 @@ def _head_weights(nw_ptr, h, cols, src, cm, D, PAIR: tl.constexpr):
 
 
 @triton.jit
-def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
+def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
            c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba,
            PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
            FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
            F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr, K: tl.constexpr):
     # one batch of _rotate_heads: heads h .. h + K - 1 (those below h_hi stored; (hac, hbc) the
-    # first one's head indices, returned past the batch) from their loaded x (x0..x2), partners
-    # (g0..g2) and the forward's input (xn0, xn1: NORM_GRAD); dwa, dba: the norm backward's sums
+    # first one's head indices, returned past the batch) from their loaded x (x0..x3), partners
+    # (g0..g3) and the forward's input (xn0, xn1: NORM_GRAD); dwa, dba: the norm backward's sums
     # (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
     dwa, dba = _batch_head(o_ptr, x0, g0, xn0, h - h_lo, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws,
                            nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE,
@@ -763,6 +763,12 @@ def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc
         hac, hbc = _next_head(hac, hbc, H1)
         dwa, dba = _batch_head(o_ptr, x2, g2, xn2, h + 2 - h_lo, hac * soh0 + hbc * soh1, o_off,
                                _while(mask, h + 2, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
+                               F64, NORM, NATIVE, NORM_GRAD)
+    if K >= 4:
+        hac, hbc = _next_head(hac, hbc, H1)
+        dwa, dba = _batch_head(o_ptr, x3, g3, xn2, h + 3 - h_lo, hac * soh0 + hbc * soh1, o_off,
+                               _while(mask, h + 3, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
                                src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
                                F64, NORM, NATIVE, NORM_GRAD)
     hac, hbc = _next_head(hac, hbc, H1)
@@ -788,11 +794,11 @@ def _batch_head(o_ptr, x, g, xn, hl, o_head, o_off, mask, c, s, w, nw, nws, nb, 
 
 
 @triton.jit
-def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, x0, x1, x2, LOADED: tl.constexpr,
+def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, x0, x1, x2, x3, LOADED: tl.constexpr,
                  PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr, K: tl.constexpr, DEPTH: tl.constexpr,
                  XN: tl.constexpr):
     # the loads of _rotate_heads' first batch: heads h_lo .. h_lo + K - 1 (those below h_hi), x
-    # (LOADED 1: x0 issued by the caller; 3: x0, x1, x2, DEPTH heads), the partner, and with XN the
+    # (LOADED 1: x0 issued by the caller; 3: x0 .. x3, DEPTH heads), the partner, and with XN the
     # forward's input xn; returns (ha, hb) of the last head loaded and the batch's tiles
     ha = h_lo // H1  # (once per program: a division)
     hb = h_lo % H1
@@ -824,7 +830,16 @@ def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, 
         g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
     else:
         x2 = x0
-    return ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1
+    g3 = g0
+    if K >= 4:
+        ha, hb = _next_head(ha, hb, H1)
+        hx3 = ha * sxh0 + hb * sxh1
+        if LOADED < 3 or K != DEPTH:
+            x3 = _fetch(x_ptr + hx3, x_off, _while(mask, h_lo + 3, h_hi), RAW_X)
+        g3 = _partner(x_ptr + hx3, g_off, _while(mask, h_lo + 3, h_hi), x3, PAIR, DOT, RAW_X)
+    else:
+        x3 = x0
+    return ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1
 
 
 @triton.jit
@@ -912,10 +927,11 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     hac = h_lo // H1  # the head stored next (its offset formed at the store: fewer registers held)
     hbc = h_lo % H1
     if APART:  # (the first batch's loads issued by the caller: ha, hb its last head)
-        ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1 = pre
+        ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1 = pre
     else:
-        ha, hb, x0, x1, x2, g0, g1, g2, xn0, xn1 = _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo,
-                                                                h_hi, mask, x0, x0, x0, 1 if LOADED else 0, PAIR,
+        ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1 = _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1,
+                                                                        h_lo, h_hi, mask, x0, x0, x0, x0,
+                                                                        1 if LOADED else 0, PAIR,
                                                                 DOT, RAW_X, K, DEPTH, XN)
     xn2 = xn0
     for h in range(h_lo, h_hi - K if APART else h_hi, K):
@@ -945,14 +961,23 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
             nx2 = ha * sxh0 + hb * sxh1
             n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
             m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
+        n3 = n0
+        m3 = m0
+        if K >= 4:
+            ha, hb = _next_head(ha, hb, H1)
+            nx3 = ha * sxh0 + hb * sxh1
+            n3 = _fetch(x_ptr + nx3, x_off, _while(mask, h + K + 3, h_hi), RAW_X)
+            m3 = _partner(x_ptr + nx3, g_off, _while(mask, h + K + 3, h_hi), n3, PAIR, DOT, RAW_X)
         # this batch
-        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1,
+        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, hac, hbc, H1,
                                     soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
                                     src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
                                     RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
         x0 = n0
         x1 = n1
         x2 = n2
+        x3 = n3
+        g3 = m3
         g0 = m0
         g1 = m1
         g2 = m2
@@ -961,7 +986,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         xn2 = p2
     if APART:  # the last batch, loaded by the last trip (or the prologue)
         h = h_lo + K * tl.maximum(tl.cdiv(h_hi - h_lo, K) - 1, 0)
-        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, h, h_lo, h_hi, hac, hbc, H1,
+        dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, hac, hbc, H1,
                                     soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
                                     src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
                                     RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
@@ -1493,7 +1518,7 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
 @triton.jit
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                 h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables,
+                 h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables,
                  s_ptr, sst0, sst1, stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D,
                  a_xn, a_dw, b_xn, b_dw,
                  PAIR: tl.constexpr, SIN_AT_SRC: tl.constexpr, POSITIONS: tl.constexpr,
@@ -1516,7 +1541,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH
         XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER
         pre = _first_batch(a_x, a_xn, ax_off, ag_off, a_sxh0, a_sxh1, a_H1, tl.minimum(h_lo, a_H),
-                           tl.minimum(h_hi, a_H), mask, x0, x1, x2, 3, PAIR, DOT, RAW_X, K, DEPTH, XN)
+                           tl.minimum(h_hi, a_H), mask, x0, x1, x2, x3, 3, PAIR, DOT, RAW_X, K, DEPTH, XN)
     if LATE_TABLES:
         (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
          axis_ptr, stride_ax, row_ok, cmask) = tables
@@ -1628,8 +1653,9 @@ def _rome_gather_kernel(
     # register layout, so no shared memory and no layout conversion in the loop (triton 3.6's
     # and 3.9's). Per element: x read and y written once (4 B in bf16) and ~20 instructions
     # (error-free products and TwoSum in fp32). Bound by DRAM bandwidth when enough bytes are in
-    # flight (DEPTH heads, 2 KB each in bf16 D=128, per program; 4 programs per SM), else by
-    # instruction issue (~0.7 warp-instructions per element: the next bound on an H200).
+    # flight (DEPTH heads, 1-4, 2 KB each in bf16 D=128, per program; 4 programs per SM: 32 KB/SM
+    # at 4, where 95% of an H200 at 800 ns wants ~47 by the model's loaded law), else by instruction
+    # issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
     # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
@@ -1718,6 +1744,7 @@ def _rome_gather_kernel(
     x0 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo, q_hi), RAW_X)
     x1 = x0
     x2 = x0
+    x3 = x0
     if SEAM and not DOT:  # (a program's few heads) its first batch's next heads' too
         if DEPTH >= 2:
             ha, hb = _next_head(ha, hb, a_H1)
@@ -1725,6 +1752,9 @@ def _rome_gather_kernel(
         if DEPTH >= 3:
             ha, hb = _next_head(ha, hb, a_H1)
             x2 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 2, q_hi), RAW_X)
+        if DEPTH >= 4:
+            ha, hb = _next_head(ha, hb, a_H1)
+            x3 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 3, q_hi), RAW_X)
 
     # the permutation in x's register layout ([BLOCK_R, BLOCK_D], every row the same: no layout
     # conversion), and how it moves pairs (src[D])
@@ -1770,7 +1800,7 @@ def _rome_gather_kernel(
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
                      LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
@@ -1778,7 +1808,7 @@ def _rome_gather_kernel(
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
                      LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
@@ -1786,7 +1816,7 @@ def _rome_gather_kernel(
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
                      LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
@@ -1794,7 +1824,7 @@ def _rome_gather_kernel(
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
                      b_sxh1, b_soh0, b_soh1, b_H1, h_lo, h_hi,
-                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, tables, s_ptr, sst0, sst1,
+                     xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
                      LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)

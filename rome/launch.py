@@ -252,20 +252,31 @@ def current_arch(device: torch.device | None = None) -> int | str | None:
 # for fp32 x (3 spilled 8-16 B), under the per-head norm prologue (3 spilled 8 B at its cap) and in
 # the norm's backward (3 spilled 16 B), one there for fp32 x (2 spilled 16-56 B) and for the
 # LayerNorm's on sm_100 (2 spilled 8 B at 168). The bytes in flight are modelled for H100/H200 only.
-# ROME_GATHER_DEPTH (1-3, read at import) overrides the depth, for timing it on a GPU
+# On sm_90 (the H100/H200), bf16 x without a norm (the SEAM build's of 4+ heads a program too,
+# a prefill whose T tiles are few: Llama's q/k of 8k tokens): 4 (8 KB a program in
+# flight at D = 128, as fp32's 2; with 3 the model put every bf16 launch of default, llama-1d, wan
+# and hunyuan-video at 88-94% of an H200's copy, latency-bound at 800 ns: 20-25 KB/SM in flight;
+# with 4, 89-97%: profiling/results/cpu/depth4/), where every such build of the static table
+# compiles without spill under triton 3.6 and 3.9. fp16 at 4 spilled 8-16 B (20 of its 100 sm_90
+# builds: positions on several axes, angles), fp32 x at 3 spilled 8-176 B.
+# ROME_GATHER_DEPTH (1-4, read at import) overrides the depth, for timing it on a GPU
 # (profiling/bench_kernel.py --sweep); the static tables hold the defaults only
 DEPTH3_ARCHS = (90, *HIP_ARCHS)
+DEPTH4_ARCHS = (90,)
+DEPTH4_DTYPES = (torch.bfloat16,)
 GATHER_DEPTH_OVERRIDE = int(os.environ.get("ROME_GATHER_DEPTH", "0"))
 
 
 def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None = None,
-                 backward: bool = False, apart: bool = False) -> int:
+                 backward: bool = False, apart: bool = False, heads: int | None = None) -> int:
     """Heads a batch of the head groups' gather loop (kernel DEPTH; the dot and a permutation that
     breaks pairs take one whatever this says) for ``x_dtype`` on ``arch`` (None: no GPU, the
     interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
     ``backward`` (the transpose's epilogue) or the forward's prologue; ``apart``: the ``SEAM``
     build (``head_groups``), whose prologue holds the first batch's loads with the tables: fp16
-    takes two there (three spilled 8 B on sm_90, triton 3.9)."""
+    takes two there (three spilled 8 B on sm_90, triton 3.9), and where a program has fewer than
+    four ``heads`` (a decode step's three) the SEAM build keeps three, not four: its one batch
+    would hold a fourth head masked off (the model: decode 1.39 -> 1.51 us forward on an H100)."""
     if GATHER_DEPTH_OVERRIDE:
         return GATHER_DEPTH_OVERRIDE
     half = x_dtype != torch.float32
@@ -273,6 +284,9 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
         return 1 if not half or (norm == "layer" and arch == 100) else 2
     if not half or norm in ("rms", "layer") or (apart and x_dtype == torch.float16):
         return 2
+    if norm is None and x_dtype in DEPTH4_DTYPES and (arch is None or arch in DEPTH4_ARCHS) \
+            and not (apart and heads is not None and heads < 4):
+        return 4
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
 
 

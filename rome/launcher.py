@@ -576,7 +576,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         rows_plan = plan if tile_cfg is cfg0 else replace(plan, config=tile_cfg, candidates=(tile_cfg,))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
-        c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0)
+        c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -727,11 +727,16 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
                     # a decode step's few heads a program (the gather's SEAM build): fp32 tables and the
-                    # positions
+                    # positions; and a prefill's SEAM build where its batch depth is not the decode
+                    # step's (launch.gather_depth: four heads a batch with four or more a program)
+                    arch = launch.current_arch()
+                    prefill = launch.gather_depth(arch, x_dtype, apart=True, heads=4) != \
+                        launch.gather_depth(arch, x_dtype, apart=True, heads=3)
                     for positions, angles in ((0, False), (1, False), (2, False), (1, True), (2, True)):
                         if product == "gather":
-                            out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles,
-                                                   product, few=True)
+                            for few in (True, "prefill") if prefill else (True,):
+                                out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles,
+                                                       product, few=few)
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
@@ -761,24 +766,27 @@ NORM_HEAD_DIMS = (64, 128)
 
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
-                    alone: bool = False, heads: tuple = (4, 2), few: bool = False,
+                    alone: bool = False, heads: tuple = (4, 2), few: bool | str = False,
                     mode: str = "half") -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
     standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2);
     ``few``: a decode step's (64 sequences of one token each, tables or positions per sequence,
-    132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build); ``mode``: the
+    132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build; ``"prefill"``: a
+    prefill's SEAM build, q/k [1, 32 | 8, 2048, D] on 132 SMs: 5-14 heads a program); ``mode``: the
     rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart)."""
     from .matrices import rotation_matrix
 
-    b, s = (64, 1) if few else (1, 1024)
+    if few == "prefill":
+        heads = (32, 8)
+    b, s = (64, 1) if few is True else (1, 2048) if few else (1, 1024)
     q = torch.zeros(b, heads[0], s, d, dtype=x_dtype)
     k = torch.zeros(b, heads[1], s, d, dtype=x_dtype)
     m = rotation_matrix([d], mode)
     axis = None
     if positions == 0:
-        cos = sin = torch.zeros(*((b, 1, 1) if few else (s,)), d, dtype=table_dtype)
+        cos = sin = torch.zeros(*((b, 1, 1) if few is True else (s,)), d, dtype=table_dtype)
         pos = None
     else:
         a = 1 if positions == 1 else 3
@@ -803,7 +811,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \
-        + (" decode (SEAM)" if few else "")
+        + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,

@@ -457,18 +457,18 @@ def test_bf16_within_one_ulp_where_the_terms_cancel(mode, transpose):
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype, monkeypatch):
-    """16-bit x: three heads a batch on sm_90, the AMD archs and for bf16 on sm_80, else two (where
-    three spilled at the register cap: ``launch.gather_depth``; fp16 on sm_100 at a cap of 168); the
-    launch passes it as DEPTH and both depths give the same bits (each head's arithmetic is the
-    same), within 1 ulp of float64's."""
+    """bf16 x: four heads a batch on sm_90; three for fp16 there, on the AMD archs and for bf16 on
+    sm_80, else two (where three spilled at the register cap: ``launch.gather_depth``; fp16 on
+    sm_100 at a cap of 168); the launch passes it as DEPTH and the depths give the same bits (each head's arithmetic
+    is the same), within 1 ulp of float64's: 9 heads of q, 4 of k (a partial last batch of each)."""
     from rome import launcher
     from rome.precision import ulp_error
 
     m = rome.rotation_matrix((32,), "half", device=DEVICE)
-    q = torch.randn(2, 5, 7, 32, device=DEVICE).to(dtype)
-    k = torch.randn(2, 2, 7, 32, device=DEVICE).to(dtype)
+    q = torch.randn(2, 9, 7, 32, device=DEVICE).to(dtype)
+    k = torch.randn(2, 4, 7, 32, device=DEVICE).to(dtype)
     cos, sin = random_tables((7, 32))
-    want = {90: 3, 80: 3 if dtype == BF16 else 2, 100: 2, "gfx942": 3}
+    want = {90: 4 if dtype == BF16 else 3, 80: 3 if dtype == BF16 else 2, 100: 2, "gfx942": 3}
     assert {a: launch.gather_depth(a, dtype) for a in want} == want
     caps = {}
     for arch in want:
@@ -487,25 +487,42 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
         seen.clear()
         with launch.target_arch(arch):
             outs[arch] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
-        # (7 heads in groups of 3 under the interpreter: the SEAM build, where fp16 takes two)
-        assert seen == [(launch.gather_depth(arch, dtype, apart=True), True)]
-        assert seen[0][0] == (want[arch] if dtype == BF16 else 2)
-    for a, b, x in zip(outs[90], outs[100], (q, k)):
-        assert torch.equal(a, b)
+        # (13 heads in groups of 3 under the interpreter: the SEAM build, where fp16 takes two, and
+        # bf16 three on sm_90 too: a batch of 4 would hold a masked-off fourth head)
+        assert seen == [(launch.gather_depth(arch, dtype, apart=True, heads=3), True)]
+        assert seen[0][0] == (min(want[arch], 3) if dtype == BF16 else 2)
+    # one group of all 13 heads (a long sequence's launch: no SEAM): q's 9 heads as 4 + 4 + 1 of a
+    # batch of 4 (three prefetched past the group: masked), then k's 4 as one batch
+    groups = launch.gather_groups
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    for arch in want:
+        seen.clear()
+        with launch.target_arch(arch):
+            outs[arch, "all"] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        assert seen == [(want[arch], False)]
+    for a, b, c, x in zip(outs[90], outs[100], outs[90, "all"], (q, k)):
+        assert torch.equal(a, b) and torch.equal(a, c)
+        for arch in want:
+            assert torch.equal(a, outs[arch, "all"][0 if x is q else 1])
         assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
 
 
 def test_the_gather_depth_by_dtype_norm_and_pass():
     """Fewer heads a batch where more spilled (launch.gather_depth's comment): fp32 x and the
     per-head norm prologue two, the norm's backward two (16-bit) or one (fp32 x; the LayerNorm's on
-    sm_100); the norm over a token's heads as the plain loop."""
+    sm_100); the norm over a token's heads as the plain loop, at most three."""
     g = launch.gather_depth
     for arch in (80, 90, 100, "gfx942", None):
         assert g(arch, FP32) == 2 and g(arch, BF16, "rms") == g(arch, FP16, "layer") == 2
-        assert g(arch, BF16, "rms_heads") == g(arch, BF16)
+        assert g(arch, BF16, "rms_heads") == min(g(arch, BF16), 3)  # (4 on sm_90 without a norm)
         assert g(arch, FP32, "rms", backward=True) == 1
         assert g(arch, BF16, "rms", backward=True) == g(arch, FP16, "rms_heads", backward=True) == 2
         assert g(arch, BF16, "layer", backward=True) == (1 if arch == 100 else 2)
-    assert g(None, BF16) == g(90, FP16) == 3
+    assert g(None, BF16) == g(90, BF16) == 4 and g(None, FP16) == g(90, FP16) == g(80, BF16) == g("gfx942", BF16) == 3
     # the SEAM build (a decode step's few heads a program): fp16 two (three spilled 8 B on sm_90)
-    assert g(90, FP16, apart=True) == 2 and g(90, BF16, apart=True) == 3 and g(90, FP32, apart=True) == 2
+    assert g(90, FP16, apart=True) == 2 and g(90, BF16, apart=True) == 4 and g(90, FP32, apart=True) == 2
+    # (a program of fewer than four heads, a decode step's three, keeps three on sm_90)
+    assert g(90, BF16, apart=True, heads=3) == 3 and g(90, BF16, apart=True, heads=4) == 4
+    assert g(90, BF16, heads=3) == 4 and g(90, FP16, apart=True, heads=8) == 2
+    assert g(80, BF16, apart=True) == g("gfx942", BF16, apart=True) == 3
