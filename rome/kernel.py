@@ -750,39 +750,43 @@ def _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, 
     # first one's head indices, returned past the batch) from their loaded x (x0..x3), partners
     # (g0..g3) and the forward's input (xn0, xn1: NORM_GRAD); dwa, dba: the norm backward's sums
     # (NORM_RMS_HEADS: each head's own weights, [H*D] head-major, h local to the tensor)
-    dwa, dba = _batch_head(o_ptr, x0, g0, xn0, h - h_lo, hac * soh0 + hbc * soh1, o_off, mask, c, s, w, nw, nws,
-                           nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE,
-                           FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD)
+    dwa, dba, hac, hbc = _batch_head(o_ptr, x0, g0, xn0, h, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask, c, s,
+                                     w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR, DOT,
+                                     SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD,
+                                     False)
     if K >= 2:
-        hac, hbc = _next_head(hac, hbc, H1)
-        dwa, dba = _batch_head(o_ptr, x1, g1, xn1, h + 1 - h_lo, hac * soh0 + hbc * soh1, o_off,
-                               _while(mask, h + 1, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
-                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                               F64, NORM, NATIVE, NORM_GRAD)
+        dwa, dba, hac, hbc = _batch_head(o_ptr, x1, g1, xn1, h + 1, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
+                                         c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR,
+                                         DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE,
+                                         NORM_GRAD, True)
     if K >= 3:
-        hac, hbc = _next_head(hac, hbc, H1)
-        dwa, dba = _batch_head(o_ptr, x2, g2, xn2, h + 2 - h_lo, hac * soh0 + hbc * soh1, o_off,
-                               _while(mask, h + 2, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
-                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                               F64, NORM, NATIVE, NORM_GRAD)
+        dwa, dba, hac, hbc = _batch_head(o_ptr, x2, g2, xn2, h + 2, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
+                                         c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR,
+                                         DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE,
+                                         NORM_GRAD, True)
     if K >= 4:
-        hac, hbc = _next_head(hac, hbc, H1)
-        dwa, dba = _batch_head(o_ptr, x3, g3, xn2, h + 3 - h_lo, hac * soh0 + hbc * soh1, o_off,
-                               _while(mask, h + 3, h_hi), c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
-                               src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X,
-                               F64, NORM, NATIVE, NORM_GRAD)
+        dwa, dba, hac, hbc = _batch_head(o_ptr, x3, g3, xn2, h + 3, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask,
+                                         c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR,
+                                         DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE,
+                                         NORM_GRAD, True)
     hac, hbc = _next_head(hac, hbc, H1)
     return dwa, dba, hac, hbc
 
 
 @triton.jit
-def _batch_head(o_ptr, x, g, xn, hl, o_head, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
-                src, cm, dwa, dba, PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
+def _batch_head(o_ptr, x, g, xn, h, h_lo, h_hi, hac, hbc, H1, soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps,
+                D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
                 OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                 RAW_X: tl.constexpr, F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr,
-                NORM_GRAD: tl.constexpr):
-    # one head of a _batch: local head hl (its own weights under NORM_RMS_HEADS), stored at o_head
-    # (+ o_off); its norm-backward sums added to dwa, dba
+                NORM_GRAD: tl.constexpr, NEXT: tl.constexpr):
+    # one head of a _batch: head h (local h - h_lo: its own weights under NORM_RMS_HEADS) at head
+    # indices (hac, hbc), or with NEXT the one after them (stored where h < h_hi; the batch's first
+    # head always is); its norm-backward sums added to dwa, dba; returns them and its indices
+    hl = h - h_lo
+    if NEXT:
+        hac, hbc = _next_head(hac, hbc, H1)
+        mask = _while(mask, h, h_hi)
+    o_head = hac * soh0 + hbc * soh1
     if NORM == NORM_RMS_HEADS:
         nw, nws = _head_weights(nw_ptr, hl, cols, src, cm, D, PAIR)
     dw, db = _head(o_ptr, x, g, o_head, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, xn, PAIR, DOT, SPLIT,
@@ -790,7 +794,19 @@ def _batch_head(o_ptr, x, g, xn, hl, o_head, o_off, mask, c, s, w, nw, nws, nb, 
     dwa += dw
     if NORM_GRAD == NORM_LAYER:
         dba += db
-    return dwa, dba
+    return dwa, dba, hac, hbc
+
+
+@triton.jit
+def _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h, h_hi, mask, x, LOAD: tl.constexpr,
+               PAIR: tl.constexpr, DOT: tl.constexpr, RAW_X: tl.constexpr):
+    # the head after (ha, hb), local index h: its indices, offset, x (LOAD: issued here, else the
+    # caller's x) and partner, none past h_hi
+    ha, hb = _next_head(ha, hb, H1)
+    hx = ha * sxh0 + hb * sxh1
+    if LOAD:
+        x = _fetch(x_ptr + hx, x_off, _while(mask, h, h_hi), RAW_X)
+    return ha, hb, hx, x, _partner(x_ptr + hx, g_off, _while(mask, h, h_hi), x, PAIR, DOT, RAW_X)
 
 
 @triton.jit
@@ -811,32 +827,24 @@ def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, 
         xn0 = _fetch(xn_ptr + hx0, x_off, _while(mask, h_lo, h_hi), RAW_X)
     g1 = g0
     g2 = g0
+    g3 = g0
     xn1 = xn0
+    LOAD: tl.constexpr = LOADED < 3 or K != DEPTH  # (else the caller issued x1 .. x3)
     if K >= 2:
-        ha, hb = _next_head(ha, hb, H1)
-        hx1 = ha * sxh0 + hb * sxh1
-        if LOADED < 3 or K != DEPTH:
-            x1 = _fetch(x_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
-        g1 = _partner(x_ptr + hx1, g_off, _while(mask, h_lo + 1, h_hi), x1, PAIR, DOT, RAW_X)
+        ha, hb, hx1, x1, g1 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h_lo + 1, h_hi, mask, x1,
+                                         LOAD, PAIR, DOT, RAW_X)
         if XN:
             xn1 = _fetch(xn_ptr + hx1, x_off, _while(mask, h_lo + 1, h_hi), RAW_X)
     else:
         x1 = x0
     if K >= 3:
-        ha, hb = _next_head(ha, hb, H1)
-        hx2 = ha * sxh0 + hb * sxh1
-        if LOADED < 3 or K != DEPTH:
-            x2 = _fetch(x_ptr + hx2, x_off, _while(mask, h_lo + 2, h_hi), RAW_X)
-        g2 = _partner(x_ptr + hx2, g_off, _while(mask, h_lo + 2, h_hi), x2, PAIR, DOT, RAW_X)
+        ha, hb, _, x2, g2 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h_lo + 2, h_hi, mask, x2, LOAD,
+                                       PAIR, DOT, RAW_X)
     else:
         x2 = x0
-    g3 = g0
     if K >= 4:
-        ha, hb = _next_head(ha, hb, H1)
-        hx3 = ha * sxh0 + hb * sxh1
-        if LOADED < 3 or K != DEPTH:
-            x3 = _fetch(x_ptr + hx3, x_off, _while(mask, h_lo + 3, h_hi), RAW_X)
-        g3 = _partner(x_ptr + hx3, g_off, _while(mask, h_lo + 3, h_hi), x3, PAIR, DOT, RAW_X)
+        ha, hb, _, x3, g3 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h_lo + 3, h_hi, mask, x3, LOAD,
+                                       PAIR, DOT, RAW_X)
     else:
         x3 = x0
     return ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1
@@ -947,27 +955,21 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         m1 = m0
         n2 = n0
         m2 = m0
+        n3 = n0
+        m3 = m0
         p1 = p0
         p2 = p0
         if K >= 2:
-            ha, hb = _next_head(ha, hb, H1)
-            nx1 = ha * sxh0 + hb * sxh1
-            n1 = _fetch(x_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
-            m1 = _partner(x_ptr + nx1, g_off, _while(mask, h + K + 1, h_hi), n1, PAIR, DOT, RAW_X)
+            ha, hb, nx1, n1, m1 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h + K + 1, h_hi, mask, n1,
+                                             True, PAIR, DOT, RAW_X)
             if XN:
                 p1 = _fetch(xn_ptr + nx1, x_off, _while(mask, h + K + 1, h_hi), RAW_X)
         if K >= 3:
-            ha, hb = _next_head(ha, hb, H1)
-            nx2 = ha * sxh0 + hb * sxh1
-            n2 = _fetch(x_ptr + nx2, x_off, _while(mask, h + K + 2, h_hi), RAW_X)
-            m2 = _partner(x_ptr + nx2, g_off, _while(mask, h + K + 2, h_hi), n2, PAIR, DOT, RAW_X)
-        n3 = n0
-        m3 = m0
+            ha, hb, _, n2, m2 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h + K + 2, h_hi, mask, n2,
+                                           True, PAIR, DOT, RAW_X)
         if K >= 4:
-            ha, hb = _next_head(ha, hb, H1)
-            nx3 = ha * sxh0 + hb * sxh1
-            n3 = _fetch(x_ptr + nx3, x_off, _while(mask, h + K + 3, h_hi), RAW_X)
-            m3 = _partner(x_ptr + nx3, g_off, _while(mask, h + K + 3, h_hi), n3, PAIR, DOT, RAW_X)
+            ha, hb, _, n3, m3 = _next_load(x_ptr, x_off, g_off, sxh0, sxh1, H1, ha, hb, h + K + 3, h_hi, mask, n3,
+                                           True, PAIR, DOT, RAW_X)
         # this batch
         dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, hac, hbc, H1,
                                     soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
