@@ -382,8 +382,9 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         raw_x=interpret and x_dtype == torch.bfloat16, raw_t=interpret and table_dtype == torch.bfloat16,
         raw_s=interpret and (sin_dtype or table_dtype) == torch.bfloat16, sin_dtype=sin_dtype,
         # the register cap (gather_registers; the dot's above): 128 keeps 4 programs (16 warps) per
-        # SM; the loop's batch of three heads (two for fp32 x; gather_depth) takes 118-128 registers
-        # without spill on triton 3.6 and 3.9 (bf16 D=128, sm_90). (With one head a batch, ptxas left
+        # SM; the loop's batch of three heads (four for bf16 on sm_90, two for fp32 x; gather_depth)
+        # takes 118-128 registers without spill on triton 3.6 and 3.9 (bf16 D=128, sm_90).
+        # (With one head a batch, ptxas left
         # to itself took 64 registers by issuing the next head's loads after the arithmetic; 72
         # spilled 32-88 B under triton 3.6)
         num_warps=num_warps, positions=positions, angles=angles, maxnreg=maxnreg, permutation=True,
@@ -445,7 +446,8 @@ HEADS_DOT_MAX_D = 128  # the head-group kernel's dot holds M whole: 32 KB in bf1
 
 PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last wave is short
 # the fewest heads a gather program walks (where the launch has them): the loop's first batch
-# (gather_depth, 3 for 16-bit x on sm_90) is then loads of real heads, issued together and sharing
+# (gather_depth: 3 for 16-bit x; 4 for bf16 on sm_90 with 4+ heads a program) is then loads of
+# real heads, issued together and sharing
 # the program's table (or cache) rows. The static model of the decode workload (bf16, sm_90,
 # triton 3.9, 800 ns, estimates): apply_qk forward 4.1 -> 2.9 us and apply_qk_at 4.9 -> 3.7 us
 # against one head per program (320 programs); backward 4.0 -> 3.8 and 5.0 -> 4.5 us

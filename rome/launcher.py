@@ -774,7 +774,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     standing in, no heads); ``heads``: q's and k's head counts (the name says where not 4 and 2);
     ``few``: a decode step's (64 sequences of one token each, tables or positions per sequence,
     132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build; ``"prefill"``: a
-    prefill's SEAM build, q/k [1, 32 | 8, 2048, D] on 132 SMs: 5-14 heads a program); ``mode``: the
+    prefill's SEAM build, q/k [1, 32 | 8, 2048, D] on 132 SMs: 5-20 heads a program); ``mode``: the
     rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart)."""
     from .matrices import rotation_matrix
 
@@ -806,7 +806,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
     if few and not first.consts.get("SEAM"):
-        raise AssertionError(f"a decode step's launch did not take the SEAM build: {first.consts}")
+        raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
+                             f"build: {first.consts}")
     alts = launch.candidates(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \

@@ -460,7 +460,8 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
     """bf16 x: four heads a batch on sm_90; three for fp16 there, on the AMD archs and for bf16 on
     sm_80, else two (where three spilled at the register cap: ``launch.gather_depth``; fp16 on
     sm_100 at a cap of 168); the launch passes it as DEPTH and the depths give the same bits (each head's arithmetic
-    is the same), within 1 ulp of float64's: 9 heads of q, 4 of k (a partial last batch of each)."""
+    is the same), within 1 ulp of float64's: 9 heads of q and 4 of k in groups of 3 (a decode step's
+    SEAM build), of 5 (a prefill's SEAM build: four heads a batch in bf16 on sm_90) and of all 13."""
     from rome import launcher
     from rome.precision import ulp_error
 
@@ -492,7 +493,7 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
         assert seen == [(launch.gather_depth(arch, dtype, apart=True, heads=3), True)]
         assert seen[0][0] == (min(want[arch], 3) if dtype == BF16 else 2)
     # one group of all 13 heads (a long sequence's launch: no SEAM): q's 9 heads as 4 + 4 + 1 of a
-    # batch of 4 (three prefetched past the group: masked), then k's 4 as one batch
+    # batch of 4 (prefetches past the group masked), then k's 4 as one batch
     groups = launch.gather_groups
     monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
                         groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
@@ -501,10 +502,20 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
         with launch.target_arch(arch):
             outs[arch, "all"] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
         assert seen == [(want[arch], False)]
+    # the SEAM build of a prefill (five heads a program): q's groups 5 + 4, k's 4, each one batch
+    # of four (the first batch's loads at the kernel's top) and, for q's first, a peeled last batch
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=5, **kw))
+    for arch in (90, 100):
+        seen.clear()
+        with launch.target_arch(arch):
+            outs[arch, "seam5"] = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        assert seen == [({90: 4 if dtype == BF16 else 2, 100: 2}[arch], True)]
     for a, b, c, x in zip(outs[90], outs[100], outs[90, "all"], (q, k)):
         assert torch.equal(a, b) and torch.equal(a, c)
-        for arch in want:
-            assert torch.equal(a, outs[arch, "all"][0 if x is q else 1])
+        for key in [*want, (90, "seam5"), (100, "seam5")]:
+            got = outs[key, "all"] if key in want else outs[key]
+            assert torch.equal(a, got[0 if x is q else 1])
         assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
 
 
