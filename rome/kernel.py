@@ -20,7 +20,8 @@ Two kernels evaluate ``x @ M``:
   partners are issued before the tables (caches at positions after them) are waited on, and the
   last batch is peeled so that nothing is prefetched past the group.
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
-  interleave's pairs swapped in registers, kept pairs one load per pair, else one per element).
+  interleave's pairs swapped in registers, kept pairs one load per run of ``KEPT_RUN`` columns
+  (a whole head's half rotation: 16 bytes), else one per element).
   Memory-bound: x read and out written once, the tables read about once per launch.
   The q/k norm over all of a token's heads (``NORM_RMS_HEADS``) takes the same kernel's token
   tile instead of the head groups (``_token_heads``, ``HEADS_B`` > 0): a token's heads held in
@@ -557,7 +558,7 @@ def _widen(v, RAW_BF16: tl.constexpr):
 # src[D] of the gather kernel's index (``rome.launch.gather_index``): how the permutation moves
 # column pairs (2i, 2i + 1), which decides how the partner x[:, src] is read
 PAIRS_NONE = tl.constexpr(0)  # any permutation: one 2- or 4-byte load per element (L1 hits)
-PAIRS_KEPT = tl.constexpr(1)  # src[2i] even, src[2i+1] = src[2i] + 1: one load per pair
+PAIRS_KEPT = tl.constexpr(1)  # src[2i] even, src[2i+1] = src[2i] + 1: one load per pair (per KEPT_RUN)
 PAIRS_SWAPPED = tl.constexpr(2)  # src[j] = j ^ 1 (interleave): the partner is in x's own registers
 
 # the gather kernel's QK-norm prologue (forward only): none, RMSNorm, LayerNorm over each head's D
@@ -1528,15 +1529,18 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
-                 TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr):
+                 TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
     # in q's places; k's dw rows written as zeros)
-    if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in 2-element runs from even columns, which
-        # the compiler is told (on an op of this branch: the same values, src2[j] = even + j % 2)
-        # so that the partner's loads are one per pair (4 B in bf16, 8 B in fp32)
-        src2 = tl.max_contiguous(tl.multiple_of(((src2 >> 1) << 1) | (cols2 & 1), [1, 2]), [1, 2])
+    if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in KEPT_RUN-element runs from multiples of
+        # KEPT_RUN (2: pairs from even columns), which the compiler is told (on an op of this
+        # branch: the same values, src2[j] = src2[j - j % KEPT_RUN] + j % KEPT_RUN) so that the
+        # partner's loads are one per run (runs of 2: 4 B in bf16, 8 B in fp32; the launch's
+        # widest, 16 B)
+        src2 = tl.max_contiguous(tl.multiple_of((src2 & -KEPT_RUN) | (cols2 & (KEPT_RUN - 1)), [1, KEPT_RUN]),
+                                 [1, KEPT_RUN])
     ag_off = xrow_a + src2
     pre = x0
     if APART:  # the first batch's partners (and the norm backward's xn) issued, then the tables read
@@ -1642,6 +1646,10 @@ def _rome_gather_kernel(
     OPAQUE: tl.constexpr = False,  # the token tile compiled for an NVIDIA GPU: its offsets formed
     # where used through an inline-PTX move (_opaque; not on AMD, not in the interpreter)
     FULL: tl.constexpr = False,  # the token tile: its heads fill its blocks and D == BLOCK_D (no mask)
+    KEPT_RUN: tl.constexpr = 2,  # PAIRS_KEPT: src moves whole runs of KEPT_RUN columns (2, 4 or 8)
+    # from multiples of it (``rome.launch.kept_run``: the launch knows it), so the partner's loads
+    # are KEPT_RUN elements wide (a half rotation of the whole head in bf16: one 16-byte load per
+    # 8 elements where runs of 2 took four 4-byte ones)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1651,7 +1659,8 @@ def _rome_gather_kernel(
     # precedes its store, so out may be x (in place).
     # The partner x[:, src] is read as the permutation allows (src[D], ``PAIRS_*``, a uniform
     # branch per program): interleave's pairs swapped in registers (no second load), pairs kept
-    # as one 4-byte (bf16) / 8-byte (fp32) load per pair, else one load per element; all in x's
+    # as one load per run of KEPT_RUN columns (pairs: 4 B in bf16, 8 B in fp32; a whole head's
+    # half rotation: 16 B), else one load per element; all in x's
     # register layout, so no shared memory and no layout conversion in the loop (triton 3.6's
     # and 3.9's). Per element: x read and y written once (4 B in bf16) and ~20 instructions
     # (error-free products and TwoSum in fp32). Bound by DRAM bandwidth when enough bytes are in
@@ -1805,7 +1814,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1813,7 +1822,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1821,7 +1830,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1829,7 +1838,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -672,6 +672,7 @@ class Plan:
     sign: torch.Tensor | None = None  # the gather kernel: fp32 [D], the sign of each gathered column
     pair: int = 0  # the gather kernel: src's pair class (PAIRS_*, also at src[D]), known on the host
     arch: int | str | None = None  # current_arch() when planned: the GPU the launch is chosen for
+    run: int = 1  # the gather kernel: src's kept_run (the runs of columns it moves whole)
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -750,16 +751,16 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
                  sin_dtype=sin_dtype, lanes=warp_size(),
                  arch=arch)
     if cfg.product == "gather":
-        src, sign, pair = _signed_gather(info, transpose)
+        src, sign, pair, run = _signed_gather(info, transpose)
         fixed = None if interpret else _overridden(cfg)
         if fixed is not None:  # gather_tile(): this tile, not tuned
-            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch)
-        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch)
+            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch, run)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch, run)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
-        src, sign, pair = _signed_gather(info, transpose)
+        src, sign, pair, run = _signed_gather(info, transpose)
         op = operand_dtype(cfg)
         operand = matrix if matrix.dtype == op else _converted(info, matrix, op)
-        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign, pair, arch)
+        return Plan(cfg, candidates(cfg, interpret=interpret), operand, 0, src, sign, pair, arch, run)
     nz = _nonzero_blocks(info, matrix, transpose, cfg.block_n, cfg.block_d)
     src = _gather_src(info) if cfg.gather_sin else _dummy(matrix.device)
     op = operand_dtype(cfg)
@@ -788,6 +789,37 @@ def pair_class(src: torch.Tensor) -> int:
     return PAIRS_NONE
 
 
+KEPT_RUNS = (2, 4, 8)  # the runs kept_run looks for (8 bf16 / fp16 or 4 fp32 columns: 16 B, one load)
+
+
+def kept_run(src: torch.Tensor) -> int:
+    """The longest run n of ``KEPT_RUNS`` in which the gather index ``src`` ([D] ints) moves
+    columns whole: every n columns from a multiple of n are read from n consecutive columns from a
+    multiple of n (``src[j] % n == 0`` and ``src[j + i] == src[j] + i`` for ``j % n == 0``, D a
+    multiple of n); 1 where pairs are not kept (n = 2 holds exactly where ``pair_class`` is
+    PAIRS_KEPT). A half rotation of the whole head (llama: src[j] = j ^ D/2), or of a rotary part
+    of 16 or more columns, gives 8; sections whose halves are not even (44/44/40: 22-column
+    halves) give 2. The gather kernel's PAIRS_KEPT partner loads are ``launch_kept_run`` elements
+    wide: the kernel rebuilds src from its runs' first columns, so a wrong run gives wrong values
+    under the interpreter too (and the compiler is told it: a GPU's vector loads)."""
+    s = [int(v) for v in src.tolist()]
+    d, best = len(s), 1
+    for n in KEPT_RUNS:  # (runs of 2n from multiples of 2n are runs of n from multiples of n)
+        if d % n or any(s[j] % n or s[j:j + n] != list(range(s[j], s[j] + n)) for j in range(0, d, n)):
+            break
+        best = n
+    return best
+
+
+def launch_kept_run(plan: Plan, x_dtype) -> int:
+    """The gather kernel's ``KEPT_RUN`` for ``plan``'s src and x's dtype: its kept_run up to 16
+    bytes of x (one vector load) where the gather reads a PAIRS_KEPT partner, else 2 (unused
+    there: the same build for every such matrix)."""
+    if plan.pair != PAIRS_KEPT or plan.config.product == "dot":
+        return 2
+    return max(2, min(plan.run, 16 // x_dtype.itemsize))
+
+
 def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:
     """The gather kernel's ``src``: int32 ``[D + 1]``, ``take`` then its ``pair_class`` at [D]
     (``cls``: that class where the caller has it)."""
@@ -799,10 +831,11 @@ def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:
 def _signed_gather(info, transpose: bool):
     """int32 src ``[D + 1]`` (``gather_index``: the gather then how it moves pairs), fp32 sign [D]
     of ``x @ M`` (or ``y @ Mᵀ``) as a signed column gather, on the matrix's device (output column j
-    is ``sign[j] * x[src[j]]``; a zero column: sign 0, src j), and the pair class (an int)."""
+    is ``sign[j] * x[src[j]]``; a zero column: sign 0, src j), the pair class and the kept run
+    (ints)."""
     take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
     cls = pair_class(take.cpu())
-    return gather_index(take, cls), sign.to(torch.float32).contiguous(), cls
+    return gather_index(take, cls), sign.to(torch.float32).contiguous(), cls, kept_run(take.cpu())
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:

@@ -578,6 +578,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0,
                                          heads=heads)
+        c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype)  # (the partner's load width)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -589,6 +590,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             if over_heads and (not INTERPRET or launch.TOKEN_TILE_INTERPRETED) else None
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
+            c["KEPT_RUN"] = 2  # (the token tile reads no partner at src: one build)
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
             c["FULL"] = unmasked and tile[0] * tile[1] == ha
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM
@@ -765,6 +767,14 @@ def _kernel_configs() -> list[launch.KernelConfig]:
 NORM_HEAD_DIMS = (64, 128)
 
 
+def _axis_sections(d: int) -> tuple:
+    """Three sections of a head of ``d`` columns for three position axes, the first two of
+    ``8 * (d // 24) + 4`` columns (44/44/40 at 128, the default layout's): halves of 2 mod 4
+    columns, so the kept pairs' runs are 2."""
+    a = 8 * (d // 24) + 4
+    return (a, a, d - 2 * a)
+
+
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
                     alone: bool = False, heads: tuple = (4, 2), few: bool | str = False,
@@ -784,7 +794,10 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     b, s = (64, 1) if few is True else (1, 2048) if few else (1, 1024)
     q = torch.zeros(b, heads[0], s, d, dtype=x_dtype)
     k = torch.zeros(b, heads[1], s, d, dtype=x_dtype)
-    m = rotation_matrix([d], mode)
+    # positions on several axes rotate sections of the head, each axis its own (a video's three:
+    # 44/44/40 at D = 128, whose 22-column halves move pairs, KEPT_RUN 2); else the whole head (a
+    # half rotation's partner in runs of 16 bytes)
+    m = rotation_matrix(_axis_sections(d) if positions == 2 and mode == "half" else [d], mode)
     axis = None
     if positions == 0:
         cos = sin = torch.zeros(*((b, 1, 1) if few is True else (s,)), d, dtype=table_dtype)
@@ -820,5 +833,5 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                                         elements_per_tile=c.block_r * c.head_dim,
                                         tuned_candidate=c is not first.config, matrix="rotation",
                                         norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
-                                        seam=bool(first.consts.get("SEAM"))))
+                                        kept_run=first.consts["KEPT_RUN"], seam=bool(first.consts.get("SEAM"))))
             for c in (first.config, *alts)]

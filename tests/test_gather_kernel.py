@@ -351,17 +351,89 @@ def test_rotation_matrices_classes(mode, sections, want):
         assert int(src[-1]) == getattr(launch, f"PAIRS_{want}")
 
 
+def _matrix_families():
+    """Signed permutations of every family the gather reads: rotations (half and interleave, whole
+    heads and sections, 1-4 axes), partial rotary (pass-through columns), sections whose halves
+    are odd, pairs moved as built permutations, and the identity."""
+    from rome.matrices import rotation_matrix
+
+    out = [("identity", torch.eye(64))]
+    for mode in ("half", "interleave"):
+        for sections in ((128,), (64,), (80,), (96,), (256,), (44, 44, 40), (16, 56, 56), (12, 12, 24),
+                         (8, 8, 32), (24, 52, 52), (32, 48, 48), (20, 20, 24), (4, 4, 8, 16), (42,), (14, 14, 20)):
+            out.append((f"{mode} {sections}", rotation_matrix(sections, mode)))
+    for rot, d in ((32, 128), (64, 128), (16, 64), (8, 64), (12, 48), (96, 128)):
+        out.append((f"partial {rot}/{d}", torch.block_diag(rotation_matrix((rot,), "half"), torch.eye(d - rot))))
+    g = torch.Generator().manual_seed(0)
+    for d in (16, 48, 128):
+        for _ in range(3):
+            pairs = torch.randperm(d // 2, generator=g).tolist()
+            out.append((f"pairs {d}", _signed_pair_permutation(pairs, [False] * (d // 2), d)))
+        quads = torch.randperm(d // 8, generator=g).tolist()  # runs of 8 moved whole
+        pairs = [4 * q + i for q in quads for i in range(4)]
+        out.append((f"runs of 8, {d}", _signed_pair_permutation(pairs, [False] * (d // 2), d)))
+    return out
+
+
+@pytest.mark.parametrize("name, m", _matrix_families(), ids=lambda v: v if isinstance(v, str) else "")
+def test_kept_run_is_what_the_kernel_rebuilds_src_from(name, m):
+    """The kept-pairs loads are KEPT_RUN elements wide because the kernel rebuilds src from each
+    run's first column, ``(src & -n) | (j & (n - 1))``, and tells the compiler so: that must give
+    src back for the run ``kept_run`` names (forward's and transpose's index), and not for twice
+    it (the longest run found), and 2 must hold exactly where the class is PAIRS_KEPT."""
+    from rome.structure import describe
+
+    for transpose in (False, True):
+        src, _, cls, run = launch._signed_gather(describe(m), transpose)
+        d = src.shape[0] - 1
+        take = src[:d].long()
+        j = torch.arange(d)
+
+        def rebuilt(n):
+            return (take & -n) | (j & (n - 1))
+
+        assert (run >= 2) == (cls == launch.PAIRS_KEPT), (name, run, cls)
+        if run >= 2:
+            assert torch.equal(rebuilt(run), take), (name, run)
+        if run in (2, 4) and d % (2 * run) == 0:
+            assert not torch.equal(rebuilt(2 * run), take), (name, run)
+    half = launch.kept_run(launch._signed_gather(describe(m), False)[0][:-1])
+    want = {"half (128,)": 8, "half (44, 44, 40)": 2, "half (12, 12, 24)": 2, "half (8, 8, 32)": 4,
+            "half (16, 56, 56)": 4, "partial 32/128": 8, "partial 8/64": 4, "partial 12/48": 2,
+            "interleave (128,)": 1, "half (42,)": 1, "identity": 8}.get(name)
+    assert want is None or half == want, (name, half)
+
+
+@pytest.mark.parametrize("x_dtype, sections, mode, product, want", [
+    (BF16, (128,), "half", "gather", 8), (FP16, (64,), "half", "gather", 8), (FP32, (128,), "half", "gather", 4),
+    (BF16, (44, 44, 40), "half", "gather", 2), (BF16, (8, 8, 48), "half", "gather", 4),
+    (FP32, (8, 8, 48), "half", "gather", 4), (BF16, (128,), "interleave", "gather", 2),
+    (BF16, (42, 42, 44), "half", "gather", 2), (BF16, (128,), "half", "dot", 2)])
+def test_the_launch_tells_the_kernel_its_kept_run(x_dtype, sections, mode, product, want):
+    """KEPT_RUN as a launch's plan gives it, forward and backward: the matrix's kept run up to 16
+    bytes of x (one vector load); 2 where the partner is not read as kept pairs (swapped, no
+    class, the dot), so those launches share one build. (The launcher passes it: the static
+    table's rows, tests/test_kernels_static.py.)"""
+    m = rome.rotation_matrix(sections, mode)
+    for transpose in (False, True):
+        with launch.product(product):
+            p = launch.plan(m, x_dtype, FP32, transpose=transpose, interpret=True)
+        assert launch.launch_kept_run(p, x_dtype) == want, (transpose, p.pair, p.run)
+
+
 @pytest.mark.parametrize("x_dtype", [BF16, FP32])
-@pytest.mark.parametrize("how", ["kept", "swapped", "none", "partial"])
+@pytest.mark.parametrize("how", ["kept", "kept4", "kept2", "swapped", "none", "partial"])
 def test_each_pair_class_bitwise_the_torch_backend(how, x_dtype):
-    """Each way the kernel reads the partner (a program's branch on src[D]), q and k of other head
-    counts (3 heads a program under the interpreter: batches of two heads cut at q's and k's last),
-    forward, backward and in place, bitwise the torch backend's float64 formula."""
+    """Each way the kernel reads the partner (a program's branch on src[D]; kept pairs in runs of
+    8 (fp32: 4), 4 and 2, ``KEPT_RUN``), q and k of other head counts (3 heads a program under the
+    interpreter: batches of two heads cut at q's and k's last), forward, backward and in place,
+    bitwise the torch backend's float64 formula."""
     d = 48
     if how == "partial":  # pass-through columns (sign 0, src j) beside a half rotation: kept pairs
         m = torch.block_diag(rome.rotation_matrix((32,), "half"), torch.eye(16))
     else:
-        m = rome.rotation_matrix({"kept": (16, 16, 16), "swapped": (16, 16, 16), "none": (14, 14, 20)}[how],
+        m = rome.rotation_matrix({"kept": (16, 16, 16), "kept4": (8, 8, 32), "kept2": (12, 12, 24),
+                                  "swapped": (16, 16, 16), "none": (14, 14, 20)}[how],
                                  "interleave" if how == "swapped" else "half")
     m = m.to(DEVICE)
     q = torch.randn(2, 5, 7, d, device=DEVICE).to(x_dtype)
