@@ -1535,10 +1535,10 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
     # in q's places; k's dw rows written as zeros)
     if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in KEPT_RUN-element runs from multiples of
-        # KEPT_RUN (2: pairs from even columns), which the compiler is told (on an op of this
-        # branch: the same values, src2[j] = src2[j - j % KEPT_RUN] + j % KEPT_RUN) so that the
-        # partner's loads are one per run (runs of 2: 4 B in bf16, 8 B in fp32; the launch's
-        # widest, 16 B)
+        # KEPT_RUN (2: pairs from even columns; the host's src is built from each run's first
+        # column), which the compiler is told on an op of this branch (the same values where the
+        # run holds) so that the partner's loads are one per run (runs of 2: 4 B in bf16, 8 B in
+        # fp32; the launch's widest, 16 B)
         src2 = tl.max_contiguous(tl.multiple_of((src2 & -KEPT_RUN) | (cols2 & (KEPT_RUN - 1)), [1, KEPT_RUN]),
                                  [1, KEPT_RUN])
     ag_off = xrow_a + src2

@@ -776,7 +776,8 @@ def pair_class(src: torch.Tensor) -> int:
     how the gather kernel reads the partner ``x[:, src]``: ``PAIRS_SWAPPED`` where src[j] == j ^ 1
     for every j (interleave: the partner is in x's own registers), ``PAIRS_KEPT`` where every pair
     lands on a pair in order (src[2i] even, src[2i+1] == src[2i] + 1: the half rotation of sections
-    of a multiple of 4 columns, pass-through columns; one 4- or 8-byte load per pair), else
+    of a multiple of 4 columns, pass-through columns; one load per run of ``kept_run`` columns,
+    a pair's 4 or 8 bytes at least), else
     ``PAIRS_NONE`` (one load per element)."""
     s = [int(v) for v in src.tolist()]
     d = len(s)
@@ -797,11 +798,13 @@ def kept_run(src: torch.Tensor) -> int:
     columns whole: every n columns from a multiple of n are read from n consecutive columns from a
     multiple of n (``src[j] % n == 0`` and ``src[j + i] == src[j] + i`` for ``j % n == 0``, D a
     multiple of n); 1 where pairs are not kept (n = 2 holds exactly where ``pair_class`` is
-    PAIRS_KEPT). A half rotation of the whole head (llama: src[j] = j ^ D/2), or of a rotary part
-    of 16 or more columns, gives 8; sections whose halves are not even (44/44/40: 22-column
-    halves) give 2. The gather kernel's PAIRS_KEPT partner loads are ``launch_kept_run`` elements
-    wide: the kernel rebuilds src from its runs' first columns, so a wrong run gives wrong values
-    under the interpreter too (and the compiler is told it: a GPU's vector loads)."""
+    PAIRS_KEPT). A half rotation whose halves are multiples of 8 columns gives 8 (llama's whole
+    head: src[j] = (j + D/2) % D; a rotary part of 16, 32, 64 columns); halves of 4 mod 8 give 4
+    (D = 40, a rotary part of 24); sections whose halves are not multiples of 4 give 2 (default's
+    44/44/40: 22-column halves). The gather kernel's PAIRS_KEPT partner loads are
+    ``launch_kept_run`` elements wide, which the compiler is told: a wrong run would read wrong
+    columns on a GPU. ``_signed_gather`` builds src from each run's first column, so a wrong run
+    gives wrong values everywhere, the interpreter's tests too."""
     s = [int(v) for v in src.tolist()]
     d, best = len(s), 1
     for n in KEPT_RUNS:  # (runs of 2n from multiples of 2n are runs of n from multiples of n)
@@ -811,13 +814,17 @@ def kept_run(src: torch.Tensor) -> int:
     return best
 
 
-def launch_kept_run(plan: Plan, x_dtype) -> int:
-    """The gather kernel's ``KEPT_RUN`` for ``plan``'s src and x's dtype: its kept_run up to 16
-    bytes of x (one vector load) where the gather reads a PAIRS_KEPT partner, else 2 (unused
-    there: the same build for every such matrix)."""
-    if plan.pair != PAIRS_KEPT or plan.config.product == "dot":
+def launch_kept_run(plan: Plan, x_dtype, norm_grad: bool = False) -> int:
+    """The gather kernel's ``KEPT_RUN`` for ``plan``'s src and x's dtype: 16 bytes of x (one
+    vector load) where its kept_run reaches that and the gather reads a PAIRS_KEPT partner, else 2 (unused
+    there: the same build for every such matrix). ``norm_grad`` (the transpose with the norm's
+    backward as its epilogue, at up to 168 registers): 2, the pairs as before (with runs of 8
+    ptxas put fp16's LayerNorm backward into 8 B of stack on sm_90 under triton 3.6)."""
+    if plan.pair != PAIRS_KEPT or plan.config.product == "dot" or norm_grad:
         return 2
-    return max(2, min(plan.run, 16 // x_dtype.itemsize))
+    wide = 16 // x_dtype.itemsize  # (a run narrower than 16 bytes: pairs, one build fewer; runs of
+    # 4 in fp16 put its forward into 8 B of stack on sm_90 under triton 3.9)
+    return wide if plan.run >= wide else 2
 
 
 def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:
@@ -835,7 +842,12 @@ def _signed_gather(info, transpose: bool):
     (ints)."""
     take, sign = (info.take_t, info.sign_t) if transpose else (info.take, info.sign)
     cls = pair_class(take.cpu())
-    return gather_index(take, cls), sign.to(torch.float32).contiguous(), cls, kept_run(take.cpu())
+    run = kept_run(take.cpu())
+    if run >= 2:  # src as the kernel's runs read it (each run's first column + j % run): the same
+        # values where the run holds; where it did not, the result is wrong on every backend
+        j = torch.arange(take.shape[0], device=take.device)
+        take = take[j - j % run] + j % run
+    return gather_index(take, cls), sign.to(torch.float32).contiguous(), cls, run
 
 
 def operand_dtype(cfg: Config) -> torch.dtype:

@@ -578,7 +578,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0,
                                          heads=heads)
-        c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype)  # (the partner's load width)
+        c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -740,6 +740,10 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                             for few in (True, "prefill") if prefill else (True,):
                                 out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles,
                                                        product, few=few)
+            if d == 128 and x_dtype != torch.float32:  # the kept pairs' runs of 8 at positions on
+                # several axes (32/48/48 sections; launch.kept_run), forward and backward
+                for transpose in (False, True):
+                    out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(32, 48, 48))[:1]
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
@@ -778,7 +782,7 @@ def _axis_sections(d: int) -> tuple:
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
                     alone: bool = False, heads: tuple = (4, 2), few: bool | str = False,
-                    mode: str = "half") -> list[launch.KernelConfig]:
+                    mode: str = "half", sections: tuple | None = None) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
@@ -786,7 +790,9 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     ``few``: a decode step's (64 sequences of one token each, tables or positions per sequence,
     132 SMs: 3 heads a program, q's groups and k's apart, the ``SEAM`` build; ``"prefill"``: a
     prefill's SEAM build, q/k [1, 32 | 8, 2048, D] on 132 SMs: 5-20 heads a program); ``mode``: the
-    rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart)."""
+    rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart);
+    ``sections``: the rotation's sections (else the whole head, or ``_axis_sections`` at positions
+    on several axes)."""
     from .matrices import rotation_matrix
 
     if few == "prefill":
@@ -797,7 +803,10 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     # positions on several axes rotate sections of the head, each axis its own (a video's three:
     # 44/44/40 at D = 128, whose 22-column halves move pairs, KEPT_RUN 2); else the whole head (a
     # half rotation's partner in runs of 16 bytes)
-    m = rotation_matrix(_axis_sections(d) if positions == 2 and mode == "half" else [d], mode)
+    named = sections is not None  # (the name says the sections given)
+    if sections is None:
+        sections = _axis_sections(d) if positions == 2 and mode == "half" else (d,)
+    m = rotation_matrix(sections, mode)
     axis = None
     if positions == 0:
         cos = sin = torch.zeros(*((b, 1, 1) if few is True else (s,)), d, dtype=table_dtype)
@@ -826,6 +835,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \
+        + (f" sections={'/'.join(map(str, sections))}" if named else "") \
         + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
@@ -833,5 +843,6 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                                         elements_per_tile=c.block_r * c.head_dim,
                                         tuned_candidate=c is not first.config, matrix="rotation",
                                         norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
-                                        kept_run=first.consts["KEPT_RUN"], seam=bool(first.consts.get("SEAM"))))
+                                        kept_run=first.consts["KEPT_RUN"], sections=tuple(sections), mode=mode,
+                                        seam=bool(first.consts.get("SEAM"))))
             for c in (first.config, *alts)]

@@ -359,10 +359,10 @@ def _matrix_families():
 
     out = [("identity", torch.eye(64))]
     for mode in ("half", "interleave"):
-        for sections in ((128,), (64,), (80,), (96,), (256,), (44, 44, 40), (16, 56, 56), (12, 12, 24),
+        for sections in ((128,), (64,), (80,), (96,), (256,), (40,), (72,), (44, 44, 40), (16, 56, 56), (12, 12, 24),
                          (8, 8, 32), (24, 52, 52), (32, 48, 48), (20, 20, 24), (4, 4, 8, 16), (42,), (14, 14, 20)):
             out.append((f"{mode} {sections}", rotation_matrix(sections, mode)))
-    for rot, d in ((32, 128), (64, 128), (16, 64), (8, 64), (12, 48), (96, 128)):
+    for rot, d in ((32, 128), (64, 128), (16, 64), (8, 64), (12, 48), (96, 128), (24, 64)):
         out.append((f"partial {rot}/{d}", torch.block_diag(rotation_matrix((rot,), "half"), torch.eye(d - rot))))
     g = torch.Generator().manual_seed(0)
     for d in (16, 48, 128):
@@ -372,41 +372,87 @@ def _matrix_families():
         quads = torch.randperm(d // 8, generator=g).tolist()  # runs of 8 moved whole
         pairs = [4 * q + i for q in quads for i in range(4)]
         out.append((f"runs of 8, {d}", _signed_pair_permutation(pairs, [False] * (d // 2), d)))
+    # the residues of src mod 8 are j's, but the runs are pairs: column pairs 0 and 4 exchanged
+    out.append(("pairs 0 and 4 exchanged", _signed_pair_permutation([4, 1, 2, 3, 0, 5, 6, 7], [False] * 8, 16)))
     return out
 
 
+def _runs_hold(take, n):
+    """Whether ``take`` ([D] ints) moves whole runs of n columns from multiples of n: the
+    definition, column by column."""
+    d = take.shape[0]
+    if d % n:
+        return False
+    t = take.view(-1, n)
+    return bool((t[:, 0] % n == 0).all() and (t == t[:, :1] + torch.arange(n)).all())
+
+
 @pytest.mark.parametrize("name, m", _matrix_families(), ids=lambda v: v if isinstance(v, str) else "")
-def test_kept_run_is_what_the_kernel_rebuilds_src_from(name, m):
-    """The kept-pairs loads are KEPT_RUN elements wide because the kernel rebuilds src from each
-    run's first column, ``(src & -n) | (j & (n - 1))``, and tells the compiler so: that must give
-    src back for the run ``kept_run`` names (forward's and transpose's index), and not for twice
-    it (the longest run found), and 2 must hold exactly where the class is PAIRS_KEPT."""
+def test_kept_run_is_the_longest_run_src_moves_whole(name, m):
+    """The kept-pairs loads are KEPT_RUN elements wide and the compiler is told so: the run
+    ``kept_run`` names must hold for the matrix's gather (forward's and transpose's), twice it
+    must not (the longest run), 2 must hold exactly where the class is PAIRS_KEPT, and the src
+    handed to the kernel (built from each run's first column) must be the gather itself."""
     from rome.structure import describe
 
+    info = describe(m)
     for transpose in (False, True):
-        src, _, cls, run = launch._signed_gather(describe(m), transpose)
-        d = src.shape[0] - 1
-        take = src[:d].long()
-        j = torch.arange(d)
-
-        def rebuilt(n):
-            return (take & -n) | (j & (n - 1))
-
-        assert (run >= 2) == (cls == launch.PAIRS_KEPT), (name, run, cls)
+        src, _, cls, run = launch._signed_gather(info, transpose)
+        take = (info.take_t if transpose else info.take).long()
+        d = take.shape[0]
+        assert torch.equal(src[:d].long(), take)
+        assert (run >= 2) == (cls == launch.PAIRS_KEPT) == _runs_hold(take, 2), (name, run, cls)
         if run >= 2:
-            assert torch.equal(rebuilt(run), take), (name, run)
-        if run in (2, 4) and d % (2 * run) == 0:
-            assert not torch.equal(rebuilt(2 * run), take), (name, run)
-    half = launch.kept_run(launch._signed_gather(describe(m), False)[0][:-1])
+            assert _runs_hold(take, run), (name, run)
+        if run in (2, 4):
+            assert not _runs_hold(take, 2 * run), (name, run)
+    half = launch.kept_run(launch._signed_gather(info, False)[0][:-1])
     want = {"half (128,)": 8, "half (44, 44, 40)": 2, "half (12, 12, 24)": 2, "half (8, 8, 32)": 4,
             "half (16, 56, 56)": 4, "partial 32/128": 8, "partial 8/64": 4, "partial 12/48": 2,
+            "half (40,)": 4, "half (80,)": 8, "partial 24/64": 4, "pairs 0 and 4 exchanged": 2,
             "interleave (128,)": 1, "half (42,)": 1, "identity": 8}.get(name)
     assert want is None or half == want, (name, half)
 
 
+def test_the_launcher_gives_the_kernel_the_plans_kept_run(monkeypatch):
+    """The constants a gather launch runs with carry ``launch_kept_run`` of its plan: a whole
+    head's half rotation 8 in bf16, 4 in fp32; sections with 10-column halves 2 (the
+    interpreter's launches)."""
+    from rome import launcher
+
+    seen = []
+    run = launcher._run
+
+    def spy(fn, grid, args, consts, *rest, **kw):
+        seen.append(consts["KEPT_RUN"])
+        return run(fn, grid, args, consts, *rest, **kw)
+
+    monkeypatch.setattr(launcher, "_run", spy)
+    for x_dtype, sections, want in ((BF16, (64,), 8), (FP32, (64,), 4), (BF16, (20, 20, 24), 2)):
+        m = rome.rotation_matrix(sections, "half")
+        q = torch.randn(1, 2, 5, 64, device=DEVICE).to(x_dtype)
+        k = torch.randn(1, 1, 5, 64, device=DEVICE).to(x_dtype)
+        cos, sin = random_tables((5, 64))
+        seen.clear()
+        rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        assert seen and set(seen) == {want}, (x_dtype, sections, seen)
+    # the norm's prologue reads the runs; its backward epilogue keeps pairs (launch_kept_run)
+    m = rome.rotation_matrix((64,), "half")
+    q = torch.randn(1, 2, 5, 64, device=DEVICE).to(BF16).requires_grad_()
+    k = torch.randn(1, 1, 5, 64, device=DEVICE).to(BF16).requires_grad_()
+    w = torch.ones(64, device=DEVICE)
+    cos, sin = random_tables((5, 64))
+    seen.clear()
+    out = rome.apply_qk_norm(q, k, cos, sin, m, w, w, norm="layer", backend="triton")
+    assert seen and set(seen) == {8}, seen
+    seen.clear()
+    torch.autograd.backward(out, [torch.randn_like(o) for o in out])
+    assert seen and set(seen) == {2}, seen
+
+
 @pytest.mark.parametrize("x_dtype, sections, mode, product, want", [
     (BF16, (128,), "half", "gather", 8), (FP16, (64,), "half", "gather", 8), (FP32, (128,), "half", "gather", 4),
-    (BF16, (44, 44, 40), "half", "gather", 2), (BF16, (8, 8, 48), "half", "gather", 4),
+    (BF16, (44, 44, 40), "half", "gather", 2), (BF16, (8, 8, 48), "half", "gather", 2),
     (FP32, (8, 8, 48), "half", "gather", 4), (BF16, (128,), "interleave", "gather", 2),
     (BF16, (42, 42, 44), "half", "gather", 2), (BF16, (128,), "half", "dot", 2)])
 def test_the_launch_tells_the_kernel_its_kept_run(x_dtype, sections, mode, product, want):
@@ -419,13 +465,14 @@ def test_the_launch_tells_the_kernel_its_kept_run(x_dtype, sections, mode, produ
         with launch.product(product):
             p = launch.plan(m, x_dtype, FP32, transpose=transpose, interpret=True)
         assert launch.launch_kept_run(p, x_dtype) == want, (transpose, p.pair, p.run)
+        assert launch.launch_kept_run(p, x_dtype, norm_grad=True) == 2
 
 
 @pytest.mark.parametrize("x_dtype", [BF16, FP32])
 @pytest.mark.parametrize("how", ["kept", "kept4", "kept2", "swapped", "none", "partial"])
 def test_each_pair_class_bitwise_the_torch_backend(how, x_dtype):
     """Each way the kernel reads the partner (a program's branch on src[D]; kept pairs in runs of
-    8 (fp32: 4), 4 and 2, ``KEPT_RUN``), q and k of other head counts (3 heads a program under the
+    8 (fp32: 4) and 2, ``KEPT_RUN``: 8/8/32 sections 4 in fp32, pairs in bf16), q and k of other head counts (3 heads a program under the
     interpreter: batches of two heads cut at q's and k's last), forward, backward and in place,
     bitwise the torch backend's float64 formula."""
     d = 48

@@ -71,21 +71,27 @@ def test_configs_cover_the_launcher(compiled):
     # launcher's alternatives to its chosen tile: 120 of them) among the configurations
     seam = {(r["meta"]["x_dtype"], _pass(r["meta"])) for r in rows if r["meta"].get("seam")}
     assert seam == {(x, p) for x in ("bf16", "fp16", "fp32") for p in ("fwd", "bwd")}, seam
-    # the kept pairs' partner loads at each width the launcher gives (launch.launch_kept_run): the
-    # whole head's half rotation in 16 bytes (8 columns of 16-bit x, 4 of fp32), the sections of
-    # positions on several axes in pairs (44/44/40: 22-column halves), 2 where no partner is
-    # read as kept pairs (the dot, interleave, the token tile)
-    wide = {"bf16": 8, "fp16": 8, "fp32": 4}
+    # the kept pairs' partner loads at each width the launcher gives (launch.launch_kept_run: the
+    # rotation's kept run up to 16 bytes of x): a whole head's half rotation 8 columns of 16-bit
+    # x, 4 of fp32 (a narrower run: pairs); positions on several axes 44/44/40 (runs of 2) and
+    # 32/48/48 (8); 2 where no partner is read as kept pairs (the dot, interleave, the token tile)
+    # and with the norm's backward
+    from rome import rotation_matrix
+    from rome.structure import describe
+
     for r in rows:
         m = r["meta"]
         if "kept_run" not in m:  # (the row-tile kernel: no gather)
             assert "heads" not in m, r["config"]
             continue
-        kept = m["product"] == "gather" and "interleave" not in r["config"] and m.get("norm") != "rms_heads"
-        want = 2 if not kept or m["positions"] == 2 else wide[m["x_dtype"]]
+        kept = m["product"] == "gather" and m["mode"] == "half" and m.get("norm") != "rms_heads" \
+            and not (m.get("norm") and _pass(m) == "bwd")  # (the norm's backward: pairs, launch_kept_run)
+        run = launch.kept_run(describe(rotation_matrix(tuple(m["sections"]), "half")).take)
+        wide = 16 // {"bf16": 2, "fp16": 2, "fp32": 4}[m["x_dtype"]]
+        want = wide if kept and run >= wide else 2
         assert m["kept_run"] == want, (r["config"], m["kept_run"], want)
     assert {(r["meta"]["x_dtype"], r["meta"]["kept_run"]) for r in rows if "kept_run" in r["meta"]} == \
-        {(x, n) for x in wide for n in (2, wide[x])}
+        {("bf16", 2), ("bf16", 8), ("fp16", 2), ("fp16", 8), ("fp32", 2), ("fp32", 4)}
     # the angles' tile as the launcher chose it: twice choose_gather's rows outside the SEAM build
     # for 16-bit x at D <= 128 (launch.angle_rows), its half rows in the SEAM build
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

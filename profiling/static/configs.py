@@ -97,7 +97,8 @@ def config_factors(meta: dict, num_warps: int) -> dict:
             "gather_sin": bool(meta["gather_sin"]), "positions": f"{meta['positions']} angles={bool(meta['angles'])}",
             "norm": meta.get("norm"), "seam": bool(meta.get("seam")),
             "heads": tuple(heads) if heads is not None else None, "tuned": bool(meta["tuned_candidate"]),
-            "depth": meta.get("gather_depth"), "rows": meta["block_r"], "warps": num_warps}
+            "depth": meta.get("gather_depth"), "kept_run": meta.get("kept_run"), "rows": meta["block_r"],
+            "warps": num_warps}
 
 
 def factor_combinations(factors: dict, triples=()) -> set:
