@@ -16,6 +16,9 @@ W = {  # batch, q heads, kv heads, seq, sections, mode, theta, grid, decode
 
 
 def inputs(name):
+    """``name`` is a key of W, optionally ``:fp32`` for float32 q/k (bf16 otherwise)."""
+    name, _, dt = name.partition(":")
+    dtype = {"": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dt]
     b, hq, hk, s, sections, mode, theta, grid, decode = W[name]
     dev = "cuda"
     m = rome.rotation_matrix(sections, mode, device=dev, dtype=torch.bfloat16)
@@ -28,8 +31,8 @@ def inputs(name):
         cos, sin = rome.rope_cos_sin(pos, sections, mode=mode, theta=theta, device=dev)
     d = sum(sections)
     g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(b, hq, s, d, device=dev, generator=g).bfloat16()
-    k = torch.randn(b, hk, s, d, device=dev, generator=g).bfloat16()
+    q = torch.randn(b, hq, s, d, device=dev, generator=g).to(dtype)
+    k = torch.randn(b, hk, s, d, device=dev, generator=g).to(dtype)
     return q, k, cos, sin, m
 
 
@@ -55,7 +58,7 @@ def main(label, names):
            "triton": __import__("triton").__version__, "rows": []}
     for name in names:
         q, k, cos, sin, m = inputs(name)
-        nbytes = 2 * (q.numel() + k.numel()) * 2
+        nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
         qo, ko = torch.empty_like(q), torch.empty_like(k)
 
         def copy():
