@@ -128,6 +128,8 @@ def test_the_covering_array_covers():
     chosen = configs.covering_configs(full)
     pairs = lambda cs: _combinations([(c.meta, c.num_warps) for c in cs], ())
     assert pairs(chosen) == pairs(full) and 4 <= len(chosen) < 8  # 3 binary factors: 4 rows can hold every pair
+    for c in chosen:  # no row whose pairs the others all hold (the pruning pass)
+        assert not pairs([c]) <= pairs([o for o in chosen if o is not c]), c.name
     # with the triple asked for, all 8
     assert len(configs.covering_configs(full, triples=("x_dtype", "head_dim", "pass"))) == 8
     assert [c.name for c in configs.covering_configs(full[:1] * 3)] == [full[0].name]

@@ -165,11 +165,12 @@ def _variants(cfg):
 
 
 def _specialisation_jobs(cc):
-    """In a worker: for sm_90 (the GPU machines') jobs for bf16 fwd (and its variants: an int
-    equal to 1, a pointer unaligned), bf16 bwd, the gather kernel forward by tables and backward
-    by positions, the copy kernel unaligned and a kernel whose int is never specialised; for sm_80
-    and sm_100 (the key's target part) the copy kernel unaligned (CI's minutes: a rome kernel
-    there is the same key's arch part, five seconds of compile each)."""
+    """In a worker: for sm_90 (the GPU machines') jobs for bf16 fwd, bf16 bwd, the gather kernel
+    forward by tables and backward by positions, the copy kernel and its variants (an int equal to
+    1, a pointer unaligned: the tool's specialisation, the same code for any kernel; on the copy
+    kernel, not rome's, for CI's minutes: two rome builds fewer, 5-10 s of CPU each) and a kernel
+    whose int is never specialised; for sm_80 and sm_100 (the key's target part) the copy kernel
+    unaligned (a rome kernel there is the same key's arch part)."""
     if cc != 90:
         return [aot.Job.of(copy_config("unaligned", ("dst",)), cc)]
     cfgs = configs.configs(cc)
@@ -178,7 +179,7 @@ def _specialisation_jobs(cc):
                    and c.meta["positions"] == pos) for p, pos in (("fwd", 0), ("bwd", 1))]
     scale = StaticConfig("scale", _scale_kernel, {"src": "*fp16", "dst": "*fp16", "n": "i32", "scale": "fp32"},
                    {"BLOCK": 256}, ("src", "dst"))
-    return [aot.Job.of(c, cc) for c in [*_variants(fwd), bwd, *gather, copy_config("unaligned", ("dst",)), scale]]
+    return [aot.Job.of(c, cc) for c in [fwd, bwd, *gather, *_variants(copy_config()), copy_config("unaligned", ("dst",)), scale]]
 
 
 def test_specialisation_is_the_one_a_launch_compiles():
@@ -351,11 +352,12 @@ def _hip_launch_hash(job) -> tuple[str, str, str]:
 
 
 def _hip_specialisation_jobs(cc):
-    """In a worker: the gather kernel's bf16 forward and backward, and a dot kernel, for ``cc``."""
+    """In a worker: the gather kernel's bf16 forward and backward, and a dot kernel, for ``cc``;
+    the copy kernel and its variants (``_specialisation_jobs``)."""
     cfgs = configs.configs(cc)
     pick = [next(c for c in cfgs if _pass(c.meta) == p and c.meta["x_dtype"] == "bf16" and c.meta["product"] == prod)
             for p in ("fwd", "bwd") for prod in ("gather", "dot")]
-    return [aot.Job.of(c, cc) for c in [*_variants(pick[0]), *pick[1:], copy_config("unaligned", ("dst",))]]
+    return [aot.Job.of(c, cc) for c in [*pick, *_variants(copy_config()), copy_config("unaligned", ("dst",))]]
 
 
 def test_amd_specialisation_is_the_one_a_hip_launch_compiles():

@@ -4,6 +4,7 @@ without ``--workload``; the CI gate in tests/test_kernels_static.py)."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import importlib
@@ -111,15 +112,24 @@ def factor_combinations(factors: dict, triples=()) -> set:
 
 def covering_configs(configs_: list, triples=()) -> list:
     """A subset of ``configs_`` that holds every combination (``factor_combinations``) that one
-    of them holds: greedily, the configuration adding the most, the heavier on a tie."""
+    of them holds: greedily, the configuration whose uncovered combinations are the rarest (each
+    weighted 1 / how many configurations hold it: a combination few hold is taken with the first
+    of them, not left to force a row of its own at the end), the heavier on a tie; then every row
+    whose combinations the other rows all hold is dropped (fewest combinations first). The same
+    coverage as the plain most-new-combinations greedy, in fewer rows (sm_90: 75 for 80; gfx942:
+    58 for 64): CI's minutes."""
     factors = [config_factors(c.meta, c.num_warps) for c in configs_]
     combos = [factor_combinations(f, triples) for f in factors]
     needed, covered, chosen = set().union(*combos), set(), []
+    holders = collections.Counter(x for cs in combos for x in cs)
     heavier = lambda i: (factors[i]["x_dtype"] == "fp32", factors[i]["head_dim"], factors[i]["pass"] == "bwd")
     while covered != needed:
-        i = max(range(len(configs_)), key=lambda i: (len(combos[i] - covered), heavier(i)))
+        i = max(range(len(configs_)), key=lambda i: (sum(1.0 / holders[x] for x in combos[i] - covered), heavier(i)))
         chosen.append(i)
         covered |= combos[i]
+    for i in sorted(chosen, key=lambda i: (len(combos[i]), [not h for h in heavier(i)])):
+        if combos[i] <= set().union(*(combos[j] for j in chosen if j != i)):
+            chosen.remove(i)
     return [configs_[i] for i in sorted(chosen)]
 
 
