@@ -70,37 +70,6 @@ SHARED_FIXTURE_FILES = ("test_kernels_static.py", "test_packaging.py", "test_dis
                         "test_matrices_records.py", "test_layers.py")
 
 
-# The suite's longest single tests (15-75 s each on CI's 2 CPUs, .ci/run's --durations), handed
-# out first: the scheduler gives units of one test out in collection order, so these would
-# otherwise come wherever their file falls and one could be the last test of a worker whose
-# partner has long finished (the run's tail). Listed by file::name prefix; a name missing from
-# the suite changes nothing.
-SLOW_FIRST = (
-    "test_profiling.py::test_kernels_workload_writes_the_launch_contract",
-    "test_profiling.py::test_report_cli_end_to_end",
-    "test_static_tool.py::test_amd_specialisation_is_the_one_a_hip_launch_compiles",
-    "test_static_tool.py::test_specialisation_is_the_one_a_launch_compiles",
-    "test_hf_rotation.py::test_every_registered_config_rotates_as_transformers_or_is_refused_by_name",
-    "test_profiling.py::test_compiled_variants_compile_per_setup_and_never_fall_back_to_eager",
-    "test_suite.py::test_loadgroup_keeps_a_shared_fixture_file_in_one_worker_and_spreads_the_rest",
-    "test_bandwidth_model.py::test_the_model_places_liger_kernel_at_copy",
-    "test_static_tool.py::test_reads_a_known_kernel_and_leaves_it_in_tritons_cache",
-    "test_static_tool.py::test_reads_a_known_kernel_for_amd",
-    "test_setup.py::test_offline_make_test_runs",
-    "test_static_tool.py::test_cli_writes_tables_cubins_and_sass",
-    "test_hub_kernels.py::test_register_and_transformers_kernelize_with_stub_kernels",
-    "test_bandwidth_model.py::test_norm_over_heads_launches_give_their_loops_trips",
-    "test_static_tool.py::test_cli_amd_table",
-    "test_fuzz.py::test_positions_and_in_place_entry_points",
-    "test_overhead_tool.py::test_overhead_runs_and_the_entry_points_stay_lean",
-)
-
-
-def _slow_rank(item) -> int:
-    name = f"{item.path.name}::{item.name}"
-    return next((i for i, p in enumerate(SLOW_FIRST) if name.startswith(p)), len(SLOW_FIRST))
-
-
 @pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook)
 def pytest_xdist_make_scheduler(config, log):
     # `--dist loadgroup` (make test): a test at a time to whichever worker is free, the tests of
@@ -138,7 +107,6 @@ def pytest_collection_modifyitems(config, items):
     # under the interpreter: its tests go last and the compile starts now, in the background on
     # every CPU at a lower priority, so the two overlap: the interpreter (one process) keeps its
     # CPU, the compile takes the others and, while the fixture waits, all of them.
-    items.sort(key=_slow_rank)  # (stable: the rest in collection order)
     static = [item for item in items if item.path.name == STATIC_MODULE]
     if static:
         items[:] = [item for item in items if item.path.name != STATIC_MODULE] + static
