@@ -26,6 +26,7 @@ import rome
 from conftest import DEVICE
 from rome.integrations.flash_attn import apply_rotary_emb
 from rome.integrations.vllm import RotaryEmbedding, rotary_embedding
+from rome.precision import ulp_error
 
 F64 = torch.float64
 
@@ -234,7 +235,7 @@ def test_flash_attn_gradients(interleaved, rotary_dim):
 
 def test_flash_attn_triton_kernel():
     """A few tiny cases on the Triton kernel: bitwise rome.apply on the kernel, and within
-    FA_TOL of the float64 formula."""
+    FA_TOL of the float64 formula (varlen in place: within 1 ulp of it)."""
     cos, sin = tables(8, 12)
     for interleaved, dtype in ((False, torch.float32), (True, torch.bfloat16)):
         x = rand(1, 3, 2, 16, dtype=dtype)
@@ -247,8 +248,9 @@ def test_flash_attn_triton_kernel():
         torch.testing.assert_close(out, fa_reference(x, cos, sin, interleaved, off), **FA_TOL[dtype])
     x = rand(5, 2, 16)
     cu = torch.tensor([0, 2, 5], device=DEVICE)
-    expected = apply_rotary_emb(x, cos, sin, cu_seqlens=cu, max_seqlen=3, backend="torch")
-    assert_bitwise(apply_rotary_emb(x, cos, sin, inplace=True, cu_seqlens=cu, backend="triton"), expected)
+    expected = apply_rotary_emb(x.double(), cos.double(), sin.double(), cu_seqlens=cu, max_seqlen=3, backend="torch")
+    out = apply_rotary_emb(x, cos, sin, inplace=True, cu_seqlens=cu, backend="triton")
+    assert ulp_error(out, expected, torch.float32).max() <= 1  # the kernel's fp32 sum: faithful
 
 
 @pytest.mark.parametrize("kwargs,args,match", [

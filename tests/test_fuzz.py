@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 import rome
 from rome import launch
-from rome.precision import SIGNIFICAND_BITS, tolerance
+from rome.precision import SIGNIFICAND_BITS, tolerance, ulp_error
 
 from conftest import DEVICE
 
@@ -613,12 +613,18 @@ def test_axis_read_through_its_strides(c, n_axes, how, data):
     event(f"axis {how} {c['backend']}")
 
 
+# the kernel's sum before the store's rounding (rome/kernel.py): bf16 in and out (_dot2_short)
+# within 2**-6 of a bf16 ulp, so 0.5 + 2**-6 after it; fp16 (_dot2) faithful: 1 ulp. Neither is
+# the correctly rounded float64 result on every element (the torch backend's, <= 0.5 ulp)
+MIXED_ULPS = {torch.bfloat16: 0.5 + 2.0**-6, torch.float16: 1.0}
+
+
 @FEW
 @given(small_qk(dtypes=(torch.float16, torch.bfloat16)), st.booleans(), st.booleans())
 def test_cos_and_sin_of_two_dtypes(c, cos_fp32, at_positions):
     """cos in fp32 and sin in x's dtype (or the other way round), each read as its own dtype:
-    the triton backend bitwise the torch backend, both within the float64 oracle (issue 21
-    item 2: sin's fp32 bytes were read as bf16, ~1e30)."""
+    the triton backend within its ulps (``MIXED_ULPS``) of the torch backend's float64 result,
+    both within the float64 oracle (issue 21 item 2: sin's fp32 bytes were read as bf16, ~1e30)."""
     g = torch.Generator().manual_seed(c["seed"])
     q, k, m = _small_inputs(c, g)
     d, (b, s, _, _) = c["d"], c["shape"]
@@ -627,15 +633,16 @@ def test_cos_and_sin_of_two_dtypes(c, cos_fp32, at_positions):
         rows = 8
         cos, sin = (torch.randn(rows, d, generator=g).to(t).to(DEVICE) for t in dtypes)
         positions = torch.randint(0, rows, (b, 1, s, 1), generator=g).to(DEVICE)
-        run = lambda backend: rome.apply_qk_at(q, k, cos, sin, m, positions, backend=backend)  # noqa: E731
+        run = lambda backend, *a: rome.apply_qk_at(*a, positions, backend=backend)  # noqa: E731
         tables = (rome.positions.gather_rows(cos, positions), rome.positions.gather_rows(sin, positions))
     else:
         cos, sin = (torch.randn(b, 1, s, d, generator=g).to(t).to(DEVICE) for t in dtypes)
-        run = lambda backend: rome.apply_qk(q, k, cos, sin, m, backend=backend)  # noqa: E731
+        run = lambda backend, *a: rome.apply_qk(*a, backend=backend)  # noqa: E731
         tables = (cos, sin)
-    got = run(c["backend"])
-    want = run("torch")
-    assert all(torch.equal(x, y) for x, y in zip(got, want)), "mixed table dtypes differ from the torch backend"
+    got = run(c["backend"], q, k, cos, sin, m)
+    want = run("torch", *(t.double() for t in (q, k, cos, sin, m)))
+    assert all(ulp_error(x, y, c["dtype"]).max() <= MIXED_ULPS[c["dtype"]] for x, y in zip(got, want)), \
+        "mixed table dtypes differ from the torch backend's float64 result"
     for x, out in zip((q, k), got):
         value, magnitude, _ = oracle(x, *tables, m)
         assert_within(out, value, magnitude, c["dtype"], 0, "mixed table dtypes")

@@ -6,6 +6,7 @@ import torch
 
 import rome
 from rome import inplace, launch, ops
+from rome.precision import ulp_error
 from helpers import random_tables
 
 from conftest import BACKENDS, DEVICE
@@ -128,21 +129,22 @@ def test_kernel_in_place_hazard_is_predicted(which, product):
     stores output panel n before it loads the input panels of panel n + 1, so it can write
     in place only where no panel reads an earlier one. _direct_ok says when; where it says no,
     writing x directly really is wrong (the interpreter runs the stores in order), so the
-    temporary is not a needless copy; where it says yes, direct is bitwise right."""
+    temporary is not a needless copy; where it says yes, direct is right: within the kernel's
+    fp32 bound of the float64 result (1 ulp: faithful, not always the correctly rounded one)."""
     m = HAZARD_MATRICES[which]()
     d = m.shape[0]
     x = torch.randn(2, 3, 7, d, device=DEVICE)
     cos, sin = random_tables((7, d))
     with launch.product(product):
-        want = rome.apply(x, cos, sin, m, backend="torch")
+        want = rome.apply(*(t.double() for t in (x, cos, sin, m)), backend="torch")
         direct = x.clone()
         ops._rotate([direct], cos, sin, m, "triton", False, outs=[direct])
         ok = inplace._direct_ok("triton", x, x, cos, m)
     assert ok == (product == "gather" or which != "256-half")
     if ok:
-        assert torch.equal(direct, want)
+        assert ulp_error(direct, want, torch.float32).max() <= 1
     elif ops._kernel().INTERPRET:  # on a GPU the outcome of the race is not fixed
-        assert not torch.equal(direct, want)
+        assert ulp_error(direct, want, torch.float32).max() > 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
