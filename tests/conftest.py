@@ -34,6 +34,25 @@ SECTIONS = {"3d-44/44/40": (44, 44, 40), "3d-16/56/56": (16, 56, 56), "3d-16/24/
 MODES = ("interleave", "half")
 
 
+def assert_formula(got, exact, x, *tables):
+    """``got``, computed with ``backend="auto"`` from ``x`` and ``tables``, against a RoPE
+    formula's float64 value ``exact`` (not rounded). On a CPU "auto" is the torch backend, which
+    rounds ``exact`` once to x's dtype: bit for bit. On a GPU it is the Triton kernel, which sums
+    in float32 and rounds once (faithful, not correctly rounded): within rome's stated tolerance
+    (``rome.precision.tolerance``: one ulp of x's dtype plus 4 * 2**-24 of the terms' size), the
+    terms' size |x*cos| + |rot(x)*sin| bounded by 2 * max|x| * max|table|."""
+    from rome.precision import tolerance
+
+    assert got.dtype == x.dtype and got.shape == exact.shape, (got.dtype, x.dtype, got.shape, exact.shape)
+    if not got.is_cuda:
+        torch.testing.assert_close(got, exact.to(got.dtype), rtol=0, atol=0, equal_nan=True)
+        return
+    size = 2 * x.detach().abs().max().double() * max(t.detach().abs().max().double() for t in tables)
+    err = (got.detach().double() - exact.detach().double()).abs()
+    bound = tolerance(exact.detach(), size.expand(exact.shape), got.dtype)
+    assert (err <= bound).all(), f"max error {err.max().item():.3g}, over the bound at {int((err > bound).sum())} elements"
+
+
 def optional(module: str, package: str | None = None):
     """``(module or None, skipif marker)`` for an optional test dependency (pyproject's ``test``
     extra): without it, e.g. on a machine whose python has the core packages and no network
