@@ -33,7 +33,9 @@ Two kernels evaluate ``x @ M``:
   everything else equal. Exact: each output of ``x @ M`` is one ±x term (fp32 x as three bf16
   pieces); the backward's ``(dy*sin) @ Mᵀ`` is ``(dy @ Mᵀ) * sin[src]``, sin read at src as the
   gather's backward reads it. Its cost over the gather: M's slice read from shared memory by each
-  warp's mma once per 16 rows (~8 B per element at 32-row tiles), and the accumulator's layout.
+  warp's mma once per 16 rows (~8 B per element at 32-row tiles), and the accumulator's layout;
+  on sm_90 (16-bit x, D <= 128) 64-row tiles on 16 warps, two heads a batch (``DEPTH``,
+  ``rome.launch.dot_wide``): half M's traffic an element, and the next head's loads in flight.
 - ``_rome_kernel``, the seed's matmul formulation as a persistent row-tile kernel, for a general
   matrix, and for a rotation matrix with D > 128 under ``product("dot")``. Rows
   of x are collapsed to at most three dims ``(R0, R1, R2)``; a program walks row tiles
@@ -874,7 +876,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
     # APART (a program's few heads: rome.launch.head_groups): the last batch after the loop,
     # which then never prefetches past h_hi (a decode step's one batch: no loop trip at all)
-    K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH  # (DEPTH: rome.launch.gather_depth)
+    K: tl.constexpr = 1 if PAIR == PAIRS_NONE and not DOT else DEPTH  # (DEPTH: rome.launch.gather_depth)
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
     nw = s
@@ -1544,7 +1546,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     ag_off = xrow_a + src2
     pre = x0
     if APART:  # the first batch's partners (and the norm backward's xn) issued, then the tables read
-        K: tl.constexpr = 1 if DOT or PAIR == PAIRS_NONE else DEPTH
+        K: tl.constexpr = 1 if PAIR == PAIRS_NONE and not DOT else DEPTH
         XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER
         pre = _first_batch(a_x, a_xn, ax_off, ag_off, a_sxh0, a_sxh1, a_H1, tl.minimum(h_lo, a_H),
                            tl.minimum(h_hi, a_H), mask, x0, x1, x2, x3, 3, PAIR, DOT, RAW_X, K, DEPTH, XN)
@@ -1640,7 +1642,8 @@ def _rome_gather_kernel(
     PAIRS: tl.constexpr = 0,  # the token tile: src's pair class (PAIRS_*) as the launch knows it, so
     # the build holds that class's code only (the head groups read it at src[D]: one build for all)
     DEPTH: tl.constexpr = 3,  # the head groups' gather: heads a batch (``rome.launch.gather_depth``:
-    # by x's dtype, the fused norm and the GPU compiled for; the dot and PAIRS_NONE take one)
+    # by x's dtype, the fused norm and the GPU compiled for; PAIRS_NONE takes one; the dot: two
+    # with its wide tile on sm_90, else one)
     SEAM: tl.constexpr = False,  # KG > 0: q's head groups and k's apart (a build of its own, so the
     # one-group launches' code keeps H1 == 1 a constant)
     OPAQUE: tl.constexpr = False,  # the token tile compiled for an NVIDIA GPU: its offsets formed
@@ -1668,7 +1671,8 @@ def _rome_gather_kernel(
     # at 4, where 95% of an H200 at 800 ns wants ~47 by the model's loaded law), else by instruction
     # issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
-    # one head prefetched (the seed's loop; bound by the shared-memory reads of W's slices).
+    # the same loop, DEPTH heads a batch (one; two with sm_90's 64-row tile: launch.dot_wide);
+    # bound by the shared-memory reads of W's slices (~40 B of L1 an element at 32 rows, ~16 at 64).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
     EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
     if HEADS_B > 0:  # the norm over a token's heads, a tensor a program (q or k: scalar selects)

@@ -269,8 +269,8 @@ GATHER_DEPTH_OVERRIDE = int(os.environ.get("ROME_GATHER_DEPTH", "0"))
 
 def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None = None,
                  backward: bool = False, apart: bool = False, heads: int | None = None) -> int:
-    """Heads a batch of the head groups' gather loop (kernel DEPTH; the dot and a permutation that
-    breaks pairs take one whatever this says) for ``x_dtype`` on ``arch`` (None: no GPU, the
+    """Heads a batch of the head groups' gather loop (kernel DEPTH; a permutation that breaks
+    pairs takes one whatever this says; the dot's: ``dot_depth``) for ``x_dtype`` on ``arch`` (None: no GPU, the
     interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
     ``backward`` (the transpose's epilogue) or the forward's prologue; ``apart``: the ``SEAM``
     build (``head_groups``), whose prologue holds the first batch's loads with the tables: fp16
@@ -288,6 +288,40 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
             and not (apart and heads is not None and heads < 4):
         return 4
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
+
+
+# The head groups' dot on sm_90, bf16 x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
+# 128-register cap (one program an SM) and two heads a batch (the kernel's DEPTH, gather_depth).
+# The 32 x 8 tile's mma warps read M from shared memory once per 16 rows each: ~40 B of L1
+# traffic an element, L1-bound at 61% of an H200's copy by the model (measured: 58%, call J);
+# at 64 rows 16 B an element, and with the second head's loads in flight through the first's
+# dot, by the model (triton 3.6, default bf16, 800 ns, H100 / H200): forward 77 / 61% -> 89 /
+# 77%, backward 77 / 60% -> 88 / 74% (profiling/results/cpu/dot-wide/: 64 x 8 at 255 registers
+# 85 / 71%, with two heads 87 / 74%; three heads at 64 x 16 spilled 136-144 B)
+DOT_WIDE_ARCHS = (90,)
+DOT_WIDE_ROWS = 64
+DOT_WIDE_WARPS = 16
+DOT_WIDE_DEPTH = 2
+DOT_WIDE_DTYPES = (torch.bfloat16,)  # fp16's sum (_dot2, the TwoSum) spilled 56-64 B there at two heads
+
+
+def dot_wide(arch, x_dtype, block_d: int, angles: bool = False, lanes: int = 32) -> bool:
+    """Whether the head groups' dot takes the wide tile (``DOT_WIDE_ROWS`` x ``DOT_WIDE_WARPS``,
+    ``DOT_WIDE_DEPTH`` heads a batch) on ``arch`` (None: no GPU, the interpreter, as sm_90)."""
+    return (arch is None or arch in DOT_WIDE_ARCHS) and x_dtype in DOT_WIDE_DTYPES and block_d == 128 \
+        and not angles and lanes == 32
+
+
+def dot_depth(cfg: Config, arch: int | str | None) -> int:
+    """Heads a batch of the head groups' dot (kernel DEPTH with DOT) for its config ``cfg`` on
+    ``arch``: ``DOT_WIDE_DEPTH`` with the wide tile (``dot_wide``), else one; the interpreter
+    (``arch`` None) takes ``DOT_WIDE_DEPTH`` for bf16 x at any D, so that the CPU tests run the
+    wide tile's loop (its tile there is the interpreter's few rows)."""
+    if arch is None:
+        wide = cfg.x_dtype in DOT_WIDE_DTYPES and not cfg.angles
+    else:  # (choose_gather gave it the wide tile)
+        wide = (cfg.block_r, cfg.num_warps) == (DOT_WIDE_ROWS, DOT_WIDE_WARPS)
+    return DOT_WIDE_DEPTH if wide else 1
 
 
 def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
@@ -348,7 +382,8 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     it is (exact: one ±x term per output), fp32 x three bf16 pieces (exact), the interpreter fp32
     operands; 32 rows on 256 threads (8 warps of 32 ``lanes``, 4 of 64: 8 64-lane waves spilled
     on gfx942, where a SIMD then holds two of the workgroup's waves at <= 256 VGPRs each), 16 rows
-    for fp32 x's pieces. ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
+    for fp32 x's pieces; bf16 x on sm_90 at BLOCK_D 128 the wide tile, 64 rows on 16 warps
+    (``dot_wide``, with ``dot_depth``'s two heads a batch). ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
     register cap (``gather_registers``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
@@ -375,6 +410,8 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         half_rows = x_dtype == torch.float32 or angles or (arch == 100 and x_dtype == torch.float16)
         block_r, num_warps = (16 if half_rows else 32), 256 // lanes
         maxnreg = 255 if angles else 128
+        if dot_wide(arch, x_dtype, block_d, angles, lanes):
+            block_r, num_warps = DOT_WIDE_ROWS, DOT_WIDE_WARPS
     return Config(
         x_dtype=x_dtype, table_dtype=table_dtype, head_dim=head_dim, transpose=transpose,
         gather_sin=transpose, split=split, op_dtype=op, fp32_dot=fp32_dot,

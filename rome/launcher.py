@@ -576,8 +576,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         rows_plan = plan if tile_cfg is cfg0 else replace(plan, config=tile_cfg, candidates=(tile_cfg,))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
-        c["DEPTH"] = launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0,
-                                         heads=heads)
+        c["DEPTH"] = launch.dot_depth(cfg0, arch) if cfg0.product == "dot" else \
+            launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
         c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the

@@ -520,8 +520,9 @@ def test_gather_tile_overrides_the_launch_and_the_tuner():
         p = launch.plan(m, BF16, FP32, transpose=True, interpret=False)
         assert (p.config.block_r, p.config.num_warps, p.config.maxnreg) == (4, 8, 96)
         assert p.candidates == (p.config,) and p.config.transpose
-        with launch.product("dot"):  # the dot keeps its tile
-            assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.block_r == 32
+        with launch.product("dot"):  # the dot keeps its tile (sm_90's and the interpreter's: the wide one)
+            wide = launch.dot_wide(launch.current_arch(), BF16, 128)
+            assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.block_r == (64 if wide else 32)
     with launch.gather_tile(num_warps=8):
         p = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
         assert (p.config.block_r, p.config.num_warps) == (base.config.block_r, 8)
@@ -646,6 +647,66 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
             got = outs[key, "all"] if key in want else outs[key]
             assert torch.equal(a, got[0 if x is q else 1])
         assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
+
+
+def test_the_dots_wide_tile_on_sm90_and_its_two_heads_a_batch(monkeypatch):
+    """The head groups' dot (``product("dot")``): on sm_90, bf16 x at BLOCK_D 128, no angles, 64
+    rows on 16 warps at the 128-register cap and two heads a batch (``launch.dot_wide``,
+    ``dot_depth``); elsewhere the 32 x 8 tile (16 rows for fp32 x and angles) and one head (fp16
+    too: its sum spilled there at two heads). The launch passes that DEPTH with DOT (the
+    interpreter: two for bf16 x at any D, so the wide tile's loop runs here), and the bits are the gather product's (each output of x @ M is one ±x
+    term: exact, then the same sum): 9 heads of q and 5 of k in one group (the last batch's second
+    head masked off), and q alone, forward and backward."""
+    from rome import launcher
+
+    def tile(arch, x_dtype, d=128, angles=False):
+        with launch.target_arch(arch), launch.product("dot"):
+            cfg = launch.plan(rome.rotation_matrix(d, "half"), x_dtype, FP32, transpose=False, interpret=False,
+                              positions=1 if angles else 0, angles=angles).config
+        return cfg.block_r, cfg.num_warps, cfg.maxnreg, launch.dot_depth(cfg, arch)
+
+    assert tile(90, BF16) == tile(90, BF16, 96) == (64, 16, 128, 2)
+    assert tile(90, FP16) == (32, 8, 128, 1)
+    for dt in (BF16, FP16):
+        assert tile(90, dt, 64) == (32, 8, 128, 1)
+        assert tile(90, dt, angles=True)[0] == 16 and tile(90, dt, angles=True)[3] == 1
+        assert tile(80, dt)[1:] == (8, 128, 1) and tile(80, dt)[0] in (16, 32)
+        assert tile(100, dt)[3] == tile("gfx942", dt)[3] == 1
+    assert tile(90, FP32) == (16, 8, 128, 1)
+    seen = []
+    real = launcher._run
+
+    def run(fn, grid, args, consts, *rest):
+        seen.append((consts.get("DEPTH"), consts.get("DOT")))
+        return real(fn, grid, args, consts, *rest)
+
+    monkeypatch.setattr(launcher, "_run", run)
+    groups = launch.gather_groups
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    d = 128 if DEVICE == "cuda" else 32  # (a GPU: the wide tile where it is sm_90's)
+    m = rome.rotation_matrix(d, "half", device=DEVICE)
+    cos, sin = random_tables((7, d))
+    for dt in (FP16, BF16):
+        q = torch.randn(2, 9, 7, d, device=DEVICE).to(dt).requires_grad_()
+        k = torch.randn(2, 5, 7, d, device=DEVICE).to(dt).requires_grad_()
+        g = torch.randn(2, 9, 7, d, device=DEVICE).to(dt), torch.randn(2, 5, 7, d, device=DEVICE).to(dt)
+        seen.clear()
+        with launch.product("dot"):
+            got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+            got_q = rome.apply(q, cos, sin, m, backend="triton")
+            grads = torch.autograd.grad(got, (q, k), g)
+        with launch.product("dot"):
+            want_depth = launch.dot_depth(launch.plan(m, dt, FP32, transpose=False, interpret=launcher.INTERPRET).config,
+                                          launch.current_arch(q.device if q.is_cuda else None))
+        assert seen == [(want_depth, True)] * 3, seen  # apply_qk, apply, apply_qk's backward
+        wide = dt == BF16 if DEVICE == "cpu" else launch.dot_wide(launch.current_arch(q.device), dt, d)
+        assert want_depth == (2 if wide else 1)
+        want = rome.apply_qk(q, k, cos, sin, m, backend="triton")  # the gather
+        for a, b in zip((*got, got_q), (*want, want[0])):
+            assert torch.equal(a, b)
+        for a, b in zip(grads, torch.autograd.grad(want, (q, k), g)):
+            assert torch.equal(a, b)
 
 
 def test_the_gather_depth_by_dtype_norm_and_pass():

@@ -121,10 +121,10 @@ def launch_programs(L) -> dict:
         kinds = []
         kg = int(args.get("KG", 0))  # (groups of q's heads, then k's; 0: each group over both)
         # (SEAM builds: a program's heads apart from the other tensor's, the loop's last batch
-        # peeled: DEPTH heads a batch, one for the dot and a permutation breaking pairs)
+        # peeled: DEPTH heads a batch, the dot's too; one for a permutation breaking pairs)
         apart = bool(consts.get("SEAM"))
         none = getattr(source.get("PAIRS_NONE"), "value", 0)
-        batch = 1 if consts.get("DOT") or uniform.get("src_ptr") == none else int(consts.get("DEPTH", 1))
+        batch = 1 if not consts.get("DOT") and uniform.get("src_ptr") == none else int(consts.get("DEPTH", 1))
         bounds = ([(g * hb, min(g * hb + hb, qa)) for g in range(kg)]
                   + [(qa + g * hb, min(qa + g * hb + hb, qa + kb)) for g in range(-(-kb // hb))]) if kg \
             else [(g * hb, min(g * hb + hb, qa + kb)) for g in range(-(-(qa + kb) // hb))]
