@@ -6,6 +6,7 @@ the kernel). Prints one JSON object."""
 import json, statistics, sys, time
 import torch, triton.testing
 import rome
+from rome import launch
 
 W = {  # batch, q heads, kv heads, seq, sections, mode, theta, grid, decode
     "default": (1, 24, 24, 28800, (44, 44, 40), "half", 1e4, (20, 36, 40), False),
@@ -16,8 +17,10 @@ W = {  # batch, q heads, kv heads, seq, sections, mode, theta, grid, decode
 
 
 def inputs(name):
-    """``name`` is a key of W, optionally ``:fp32`` for float32 q/k (bf16 otherwise)."""
+    """``name`` is a key of W, optionally ``:fp32`` for float32 q/k (bf16 otherwise), then
+    optionally ``:dot`` for the dot product (``rome.launch.product``; the gather otherwise)."""
     name, _, dt = name.partition(":")
+    dt = dt.partition(":")[0]
     dtype = {"": torch.bfloat16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dt]
     b, hq, hk, s, sections, mode, theta, grid, decode = W[name]
     dev = "cuda"
@@ -64,12 +67,22 @@ def main(label, names):
         def copy():
             qo.copy_(q); ko.copy_(k)
 
-        fwd = lambda: rome.apply_qk(q, k, cos, sin, m, backend="triton")  # noqa: E731
+        product = name.split(":")[2] if name.count(":") == 2 else "gather"
+
+        def fwd():
+            with launch.product(product):
+                return rome.apply_qk(q, k, cos, sin, m, backend="triton")
+
         t0 = time.perf_counter(); fwd(); torch.cuda.synchronize(); first = time.perf_counter() - t0
         qg, kg = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
-        outs = rome.apply_qk(qg, kg, cos, sin, m, backend="triton")
+        with launch.product(product):
+            outs = rome.apply_qk(qg, kg, cos, sin, m, backend="triton")
         grads = [torch.randn_like(o) for o in outs]
-        bwd = lambda: torch.autograd.grad(outs, (qg, kg), grads, retain_graph=True)  # noqa: E731
+
+        def bwd():
+            with launch.product(product):
+                return torch.autograd.grad(outs, (qg, kg), grads, retain_graph=True)
+
         ref = rome.apply_qk(q.double(), k.double(), cos.double(), sin.double(), m.double(), backend="torch")
         got = fwd()
         ok = all(torch.equal(a, b.to(a.dtype)) for a, b in zip(got, ref))
