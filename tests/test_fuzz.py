@@ -5,7 +5,9 @@ Drawn: shapes of 1-6 dims (tiny sizes, D even in 2..256), cos/sin broadcasting t
 (permuted dims, steps, storage offsets, stride-0 expanded dims incl. the last one), x dtypes
 (fp32/fp16/bf16, fp64 on the torch backend), table dtypes (fp32 or x's), matrices (signed
 permutations from rome.rotation_matrix with random sections and mode, partial rotary with a
-zero block, dense random, integer-valued) in x's dtype or fp32, with their own layouts.
+zero block, dense random, integer-valued) in x's dtype or fp32, with their own layouts; on the
+triton backend the kernel's product (``rome.launch.product``: the gather, or the seed's dot, whose
+head-group loop takes two heads a batch for bf16: ``rome.launch.dot_depth``).
 Checked: the value against the oracle within ``bound`` below, the gradients of x, cos, sin and
 matrix likewise, inputs unmodified (bitwise, whole storage), apply_qk bitwise equal to two apply
 calls, two runs bitwise equal, unit last stride of the output. The other entry points on the
@@ -23,6 +25,7 @@ normal of x's dtype). Where the exact result rounds past the dtype's largest fin
 answer must be inf of its sign; elsewhere it must be finite and within ``bound``.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -210,6 +213,7 @@ class Case:
     layouts: dict
     scales: dict
     seed: int
+    product: str = "gather"  # rome.launch.product on the triton backend: "dot" the seed's formulation
 
 
 @st.composite
@@ -251,15 +255,28 @@ def cases(draw):
     scales = {name: 2.0 ** draw(st.integers(*exponents[0])) for name in ("x", "k", "dy")}
     scales["tables"] = 2.0 ** draw(st.integers(*exponents[1]))
     seed = draw(st.integers(0, 2**31 - 1))
+    # the kernel's product for a rotation (general matrices take the dot kernel either way): the
+    # head groups' dot (D <= 128), with its own tile and heads a batch (launch.dot_depth)
+    product = draw(st.sampled_from(["gather", "dot"])) if backend == "triton" else "gather"
     case = Case(backend, dtype, table_dtype, matrix_dtype, d, x_shape, (*k_rows, d), cos_shape,
-                matrix_kind, sections, mode, lay, scales, seed)
+                matrix_kind, sections, mode, lay, scales, seed, product)
     note(repr(case))
     event(f"{backend} {str(dtype)[6:]}")
     event(f"matrix {matrix_kind}")
     event(f"{ndim} dims")
     event("D > 64" if d > 64 else "D <= 64")
     event(f"values {value_range}")
+    event(f"product {product}")
     return case
+
+
+def in_product(test):
+    """Run a property of ``cases()`` under its case's ``rome.launch.product``."""
+    @functools.wraps(test)
+    def run(case, *args, **kwargs):
+        with launch.product(case.product):
+            return test(case, *args, **kwargs)
+    return run
 
 
 def split_flush(case, m, sin, backward=False):
@@ -335,6 +352,7 @@ def assert_unmodified(storages, before):
 
 
 @given(cases())
+@in_product
 def test_forward(case):
     v, storages = build(case)
     before = snapshot(storages)
@@ -356,6 +374,7 @@ def test_forward(case):
 
 
 @given(cases(), st.sampled_from(["x", "cos", "sin", "matrix", "all"]))
+@in_product
 def test_gradients(case, wrt):
     v, storages = build(case, requires_grad=True)
     x, k, cos, sin, m, dy = (v[n] for n in ("x", "k", "cos", "sin", "matrix", "dy"))
@@ -389,6 +408,7 @@ def test_gradients(case, wrt):
 
 
 @given(cases(), st.integers(1, 3), st.data())
+@in_product
 def test_positions_and_in_place_entry_points(case, n_axes, data):
     """The other entry points on the same drawn inputs: ``apply_at``/``apply_qk_at`` (cos/sin
     read from caches at positions, A axes, each column its own axis) bitwise ``apply`` on the
