@@ -16,12 +16,11 @@ No size here was timed on a GPU yet; the inspection tool's table shows what each
 
 Autotuning (GPU). ``candidates(cfg)`` lists the launch configs ``rome.tuning`` times on a GPU for
 one specialisation (x dtype, head_dim, pass, tables, positions: every field of ``Config`` but the
-tile rows and warps): ``choose``'s first, then half the rows (fewer registers a thread: more
-programs resident per SM) and the same tile on twice the warps (half the work a thread), each
-where it stays a legal launch: at least ``MIN_ROWS`` rows, at most 8 warps (256 threads at up to
-255 registers fill the 64K register file). From the static table (sm_90): bf16 forward D=128 as
-chosen is 32 rows on 4 warps, 156 registers, 3 blocks (96 rows) resident per SM; which of it,
-16 rows or 8 warps moves bytes fastest is what a GPU's timing decides. The panel width
+tile rows and warps): ``choose``'s first, then the same work a thread in a program of half and
+of twice the size (half the rows on half the warps, twice the rows on twice the warps), each
+where it stays a legal launch: at most 8 warps (256 threads at up to 255 registers fill the 64K
+register file). Which of them moves bytes fastest is what a GPU's timing decides; the model puts
+them within a few points of each other (``candidates``). The panel width
 ``BLOCK_N`` is never tuned: the block mask and the in-place rule (``rome.inplace``) depend on it.
 Tuned are the specialisations whose bits cannot depend on the tile: M a signed permutation (each
 output of the dot one exact term) with fp32 tables or caches, not ``angles`` (its tiles are sized
@@ -682,16 +681,24 @@ MAX_TUNED_WARPS = 8  # 256 threads at up to 255 registers each fill an SM's 64K 
 @functools.lru_cache(maxsize=1024)
 def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
     """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first: for the
-    gather kernel (no dot, so no bit depends on the tile) half its rows and twice its warps, for
-    fp32 tables and one-axis positions (what models launch); only ``cfg`` under the interpreter, for
-    other tables, several axes, angles (their tile is sized to compile without spill) and for the
-    dot kernel (general matrices, and rotation matrices where ``product("dot")`` asks)."""
+    gather kernel (no dot, so no bit depends on the tile) the same work a thread in programs of
+    half and of twice the size (half the rows on half the warps, twice the rows on twice the warps,
+    at most ``MAX_TUNED_WARPS``), for fp32 tables and one-axis positions (what models launch); only
+    ``cfg`` under the interpreter, for other tables, several axes, angles (their tile is sized to
+    compile without spill) and for the dot kernel (general matrices, and rotation matrices where
+    ``product("dot")`` asks). A thread's code and registers are the chosen tile's, so the three
+    are near each other: by the model (sm_90, triton 3.6, worst end, rome.apply_qk of default,
+    llama-1d and wan, bf16 and fp32) within 3.7 points of the chosen one on an H200, 1.7 on an H100,
+    where half the rows and twice the warps (a thread's work halved) were 4.5-22 points below it
+    on an H200 (profiling/results/cpu/tuned-candidates/): a slow candidate the timing could pick."""
     if interpret or cfg.product != "gather" or cfg.angles or cfg.positions == 2 \
             or (cfg.positions == 0 and cfg.table_dtype != torch.float32):
         return (cfg,)
-    alts = [replace(cfg, block_r=cfg.block_r // 2)] if cfg.block_r >= 2 else []
-    if 2 * cfg.num_warps <= MAX_TUNED_WARPS:  # the same tile on twice the warps
-        alts.append(replace(cfg, num_warps=2 * cfg.num_warps))
+    alts = []
+    if cfg.num_warps >= 2 and cfg.block_r >= 2:  # half the program
+        alts.append(replace(cfg, block_r=cfg.block_r // 2, num_warps=cfg.num_warps // 2))
+    if 2 * cfg.num_warps <= MAX_TUNED_WARPS:  # twice the program
+        alts.append(replace(cfg, block_r=2 * cfg.block_r, num_warps=2 * cfg.num_warps))
     return (cfg, *alts)
 
 

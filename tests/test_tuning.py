@@ -59,12 +59,13 @@ def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change()
         # the gather kernel: no dot, every element computed alone; tuned where models launch it
         assert cfg.permutation
         tunable = not cfg.angles and cfg.positions != 2 and (cfg.positions == 1 or cfg.table_dtype == FP32)
-        want = []
-        if tunable and cfg.block_r >= 2:
-            want.append((cfg.block_r // 2, cfg.num_warps))  # half the rows
+        want = []  # (a thread's rows x columns the chosen tile's: the same code and registers)
+        if tunable and cfg.block_r >= 2 and cfg.num_warps >= 2:
+            want.append((cfg.block_r // 2, cfg.num_warps // 2))  # half the program
         if tunable and 2 * cfg.num_warps <= launch.MAX_TUNED_WARPS:
-            want.append((cfg.block_r, 2 * cfg.num_warps))  # twice the warps
+            want.append((2 * cfg.block_r, 2 * cfg.num_warps))  # twice the program
         assert [(c.block_r, c.num_warps) for c in cands[1:]] == want, cfg.name
+        assert all(c.block_r * cfg.num_warps == cfg.block_r * c.num_warps for c in cands), cfg.name
         for alt in cands[1:]:
             tuned.add(alt)
             same = {f.name for f in dataclasses.fields(cfg)} - set(TILE)
@@ -72,7 +73,7 @@ def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change()
     assert len(tuned) == 120  # x dtype x D x pass x (fp32 tables, one-axis positions) x 2 alternatives
     bf16_128 = launch.choose(BF16, FP32, 128, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True)
     assert bf16_128.product == "gather"
-    assert [(c.block_r, c.num_warps) for c in launch.candidates(bf16_128)] == [(8, 4), (4, 4), (8, 8)]
+    assert [(c.block_r, c.num_warps) for c in launch.candidates(bf16_128)] == [(8, 4), (4, 2), (16, 8)]
     dot = launch.choose(BF16, FP32, 128, transpose=False, gather=True, exact_in_x=True, exact_in_bf16=True,
                         product="dot")
     assert dot.product == "dot" and launch.candidates(dot) == (dot,)
