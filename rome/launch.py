@@ -289,8 +289,8 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
 
 
-# The head groups' dot on sm_90, bf16 x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
-# 128-register cap (one program an SM) and two heads a batch (the kernel's DEPTH, gather_depth).
+# The head groups' dot on sm_90, 16-bit x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
+# 128-register cap (one program an SM) and, for bf16, two heads a batch (the kernel's DEPTH, dot_depth).
 # The 32 x 8 tile's mma warps read M from shared memory once per 16 rows each: ~40 B of L1
 # traffic an element, L1-bound at 61% of an H200's copy by the model (measured: 58%, call J);
 # at 64 rows 16 B an element, and with the second head's loads in flight through the first's
@@ -300,27 +300,29 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
 DOT_WIDE_ARCHS = (90,)
 DOT_WIDE_ROWS = 64
 DOT_WIDE_WARPS = 16
-DOT_WIDE_DEPTH = 2
-DOT_WIDE_DTYPES = (torch.bfloat16,)  # fp16's sum (_dot2, the TwoSum) spilled 56-64 B there at two heads
+# heads a batch by x dtype: fp16's sum (_dot2, the TwoSum) spilled 56-64 B at two heads; with one,
+# 64 x 16 still beat 32 x 8 by ~10 points (the static table's fp16 dot rows, sm_90, triton 3.6)
+DOT_WIDE_DEPTH = {torch.bfloat16: 2, torch.float16: 1}
+DOT_WIDE_DTYPES = tuple(DOT_WIDE_DEPTH)
 
 
 def dot_wide(arch, x_dtype, block_d: int, angles: bool = False, lanes: int = 32) -> bool:
     """Whether the head groups' dot takes the wide tile (``DOT_WIDE_ROWS`` x ``DOT_WIDE_WARPS``,
-    ``DOT_WIDE_DEPTH`` heads a batch) on ``arch`` (None: no GPU, the interpreter, as sm_90)."""
+    ``DOT_WIDE_DEPTH``'s heads a batch) on ``arch`` (None: no GPU, the interpreter, as sm_90)."""
     return (arch is None or arch in DOT_WIDE_ARCHS) and x_dtype in DOT_WIDE_DTYPES and block_d == 128 \
         and not angles and lanes == 32
 
 
 def dot_depth(cfg: Config, arch: int | str | None) -> int:
     """Heads a batch of the head groups' dot (kernel DEPTH with DOT) for its config ``cfg`` on
-    ``arch``: ``DOT_WIDE_DEPTH`` with the wide tile (``dot_wide``), else one; the interpreter
-    (``arch`` None) takes ``DOT_WIDE_DEPTH`` for bf16 x at any D, so that the CPU tests run the
-    wide tile's loop (its tile there is the interpreter's few rows)."""
+    ``arch``: ``DOT_WIDE_DEPTH``'s for x's dtype with the wide tile (``dot_wide``: two for bf16),
+    else one; the interpreter (``arch`` None) takes the wide tile's depth at any D, so that the
+    CPU tests run its loop (its tile there is the interpreter's few rows)."""
     if arch is None:
         wide = cfg.x_dtype in DOT_WIDE_DTYPES and not cfg.angles
     else:  # (choose_gather gave it the wide tile)
         wide = (cfg.block_r, cfg.num_warps) == (DOT_WIDE_ROWS, DOT_WIDE_WARPS)
-    return DOT_WIDE_DEPTH if wide else 1
+    return DOT_WIDE_DEPTH[cfg.x_dtype] if wide else 1
 
 
 def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
@@ -381,8 +383,8 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     it is (exact: one ±x term per output), fp32 x three bf16 pieces (exact), the interpreter fp32
     operands; 32 rows on 256 threads (8 warps of 32 ``lanes``, 4 of 64: 8 64-lane waves spilled
     on gfx942, where a SIMD then holds two of the workgroup's waves at <= 256 VGPRs each), 16 rows
-    for fp32 x's pieces; bf16 x on sm_90 at BLOCK_D 128 the wide tile, 64 rows on 16 warps
-    (``dot_wide``, with ``dot_depth``'s two heads a batch). ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
+    for fp32 x's pieces; 16-bit x on sm_90 at BLOCK_D 128 the wide tile, 64 rows on 16 warps
+    (``dot_wide``, with ``dot_depth``'s heads a batch: two for bf16). ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
     register cap (``gather_registers``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
