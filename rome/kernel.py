@@ -1642,8 +1642,8 @@ def _rome_gather_kernel(
     PAIRS: tl.constexpr = 0,  # the token tile: src's pair class (PAIRS_*) as the launch knows it, so
     # the build holds that class's code only (the head groups read it at src[D]: one build for all)
     DEPTH: tl.constexpr = 3,  # the head groups' gather: heads a batch (``rome.launch.gather_depth``:
-    # by x's dtype, the fused norm and the GPU compiled for; PAIRS_NONE takes one; the dot: launch.dot_depth,
-    # two for bf16 with its wide tile on sm_90, else one)
+    # by x's dtype, the fused norm and the GPU compiled for; PAIRS_NONE takes one; the dot:
+    # launch.dot_depth, two for bf16 with its wide tile on sm_90, else one)
     SEAM: tl.constexpr = False,  # KG > 0: q's head groups and k's apart (a build of its own, so the
     # one-group launches' code keeps H1 == 1 a constant)
     OPAQUE: tl.constexpr = False,  # the token tile compiled for an NVIDIA GPU: its offsets formed
@@ -1671,8 +1671,9 @@ def _rome_gather_kernel(
     # at 4, where 95% of an H200 at 800 ns wants ~47 by the model's loaded law), else by instruction
     # issue (~0.7 warp-instructions per element: the next bound on an H200).
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
-    # the same loop, DEPTH heads a batch (one; two for bf16 on sm_90's 64-row tile: launch.dot_depth);
-    # bound by the shared-memory reads of W's slices (~40 B of L1 an element at 32 rows, ~16 at 64).
+    # the same loop, DEPTH heads a batch (one; two for bf16 on sm_90's 64-row tile:
+    # launch.dot_depth); bound by the shared-memory reads of W's slices (~40 B of L1 an element
+    # at 32 rows, ~16 at 64).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
     EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
     if HEADS_B > 0:  # the norm over a token's heads, a tensor a program (q or k: scalar selects)

@@ -269,8 +269,8 @@ GATHER_DEPTH_OVERRIDE = int(os.environ.get("ROME_GATHER_DEPTH", "0"))
 def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None = None,
                  backward: bool = False, apart: bool = False, heads: int | None = None) -> int:
     """Heads a batch of the head groups' gather loop (kernel DEPTH; a permutation that breaks
-    pairs takes one whatever this says; the dot's: ``dot_depth``) for ``x_dtype`` on ``arch`` (None: no GPU, the
-    interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
+    pairs takes one whatever this says; the dot's: ``dot_depth``) for ``x_dtype`` on ``arch``
+    (None: no GPU, the interpreter, as sm_90), ``norm`` the fused norm ("rms", "layer", "rms_heads" or None), in its
     ``backward`` (the transpose's epilogue) or the forward's prologue; ``apart``: the ``SEAM``
     build (``head_groups``), whose prologue holds the first batch's loads with the tables: fp16
     takes two there (three spilled 8 B on sm_90, triton 3.9), and where a program has fewer than
@@ -290,7 +290,8 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
 
 
 # The head groups' dot on sm_90, 16-bit x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
-# 128-register cap (one program an SM) and, for bf16, two heads a batch (the kernel's DEPTH, dot_depth).
+# 128-register cap (one program an SM) and, for bf16, two heads a batch (the kernel's DEPTH,
+# dot_depth).
 # The 32 x 8 tile's mma warps read M from shared memory once per 16 rows each: ~40 B of L1
 # traffic an element, L1-bound at 61% of an H200's copy by the model (measured: 58%, call J);
 # at 64 rows 16 B an element, and with the second head's loads in flight through the first's
@@ -384,8 +385,8 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
     operands; 32 rows on 256 threads (8 warps of 32 ``lanes``, 4 of 64: 8 64-lane waves spilled
     on gfx942, where a SIMD then holds two of the workgroup's waves at <= 256 VGPRs each), 16 rows
     for fp32 x's pieces; 16-bit x on sm_90 at BLOCK_D 128 the wide tile, 64 rows on 16 warps
-    (``dot_wide``, with ``dot_depth``'s heads a batch: two for bf16). ``arch``: the GPU compiled for (``current_arch``), which sets the gather's
-    register cap (``gather_registers``)."""
+    (``dot_wide``, with ``dot_depth``'s heads a batch: two for bf16). ``arch``: the GPU compiled
+    for (``current_arch``), which sets the gather's register cap (``gather_registers``)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     num_warps = 4
     block_r = min(64, max(1, GATHER_ELEMENTS_PER_THREAD * 32 * num_warps // block_d))
