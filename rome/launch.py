@@ -303,14 +303,13 @@ DOT_WIDE_ROWS = 64
 DOT_WIDE_WARPS = 16
 # heads a batch by x dtype: fp16's sum (_dot2, the TwoSum) spilled 56-64 B at two heads; with one,
 # 64 x 16 still beat 32 x 8 by ~10 points (the static table's fp16 dot rows, sm_90, triton 3.6)
-DOT_WIDE_DEPTH = {torch.bfloat16: 2, torch.float16: 1}
-DOT_WIDE_DTYPES = tuple(DOT_WIDE_DEPTH)
+DOT_WIDE_DEPTH = {torch.bfloat16: 2, torch.float16: 1}  # (its keys: the dtypes that take the tile)
 
 
 def dot_wide(arch, x_dtype, block_d: int, angles: bool = False, lanes: int = 32) -> bool:
     """Whether the head groups' dot takes the wide tile (``DOT_WIDE_ROWS`` x ``DOT_WIDE_WARPS``,
     ``DOT_WIDE_DEPTH``'s heads a batch) on ``arch`` (None: no GPU, the interpreter, as sm_90)."""
-    return (arch is None or arch in DOT_WIDE_ARCHS) and x_dtype in DOT_WIDE_DTYPES and block_d == 128 \
+    return (arch is None or arch in DOT_WIDE_ARCHS) and x_dtype in DOT_WIDE_DEPTH and block_d == 128 \
         and not angles and lanes == 32
 
 
@@ -319,11 +318,9 @@ def dot_depth(cfg: Config, arch: int | str | None) -> int:
     ``arch``: ``DOT_WIDE_DEPTH``'s for x's dtype with the wide tile (``dot_wide``: two for bf16),
     else one; the interpreter (``arch`` None) takes the wide tile's depth at any D, so that the
     CPU tests run its loop (its tile there is the interpreter's few rows)."""
-    if arch is None:
-        wide = cfg.x_dtype in DOT_WIDE_DTYPES and not cfg.angles
-    else:  # (choose_gather gave it the wide tile)
-        wide = (cfg.block_r, cfg.num_warps) == (DOT_WIDE_ROWS, DOT_WIDE_WARPS)
-    return DOT_WIDE_DEPTH[cfg.x_dtype] if wide else 1
+    if cfg.angles or (arch is not None and (cfg.block_r, cfg.num_warps) != (DOT_WIDE_ROWS, DOT_WIDE_WARPS)):
+        return 1  # (on a GPU: choose_gather did not give it the wide tile)
+    return DOT_WIDE_DEPTH.get(cfg.x_dtype, 1)
 
 
 def gather_registers(arch: int | str | None, x_dtype: torch.dtype) -> int:
