@@ -465,6 +465,8 @@ def gather_groups(cfg: Config, n_t: int, q_heads: int, k_heads: int, num_sms: in
     groups)``, ``head_groups`` for ``cfg``'s rows; angles at ``angle_rows``' wide tile where neither
     tile makes the launch a SEAM build (KG > 0: the decode step's, which keeps ``cfg``)."""
     apart = cfg.product == "gather"
+    if not apart and heads is None:  # (the dot: each program's prologue counted, dot_heads_per_program)
+        heads = dot_heads_per_program(cdiv(n_t, cfg.block_r), q_heads + k_heads, num_sms * dot_programs_per_sm(cfg))
     groups = head_groups(cdiv(n_t, cfg.block_r), q_heads, k_heads, num_sms, heads=heads, apart=apart)
     if not cfg.angles or groups[1]:  # (the tables' and the SEAM build's launches: no second look)
         return (cfg, *groups)
@@ -497,6 +499,40 @@ def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
     step: three heads per program)."""
     groups = min(heads, max(1, -(-PROGRAMS_PER_SM * num_sms // max(t_tiles, 1))))
     return max(min(heads, MIN_HEADS_PER_PROGRAM), -(-heads // groups))
+
+
+# The head groups' dot: a program's prologue (M, [D, D], read into shared memory, its tables and
+# first loads) costs about DOT_PROLOGUE_HEADS heads' time, and with the wide tile (one program an
+# SM) nothing hides it: by the model (bf16 D = 128, sm_90, triton 3.6, worst end) 3.7 us against
+# 0.83 a head on llama-1d's 64-row tiles (4.5 heads), 4.3 against 0.85 on default's (5.0).
+# PROGRAMS_PER_SM's 8 programs an SM gave llama-1d's 40 heads 5 a program, 8 prologues on the
+# busiest SM: forward 70.3 us, 68% of an H200's copy; at 40 a program (one wave) 36.7 us, 84%;
+# default 16 -> 24 heads a program, forward 195.1 -> 172.3 us, 77 -> 81%
+# (profiling/results/cpu/dot-heads/; static estimates)
+DOT_PROLOGUE_HEADS = 5
+
+
+def dot_programs_per_sm(cfg: Config) -> int:
+    """Programs of the head groups' dot resident on an SM, by registers (an NVIDIA SM's 64K
+    32-bit registers at the config's cap, 255 without one; an estimate on other GPUs): one for
+    the wide tile (``dot_wide``), two for 32 rows on 8 warps at 128."""
+    return max(1, 65536 // ((cfg.maxnreg or 255) * cfg.num_warps * 32))
+
+
+@functools.lru_cache(maxsize=1024)
+def dot_heads_per_program(t_tiles: int, heads: int, slots: int) -> int:
+    """Heads a program of the head groups' dot walks over ``t_tiles`` T tiles and ``heads`` heads
+    (q's and k's) on ``slots`` resident programs (SMs x ``dot_programs_per_sm``): the groups whose
+    waves of (``DOT_PROLOGUE_HEADS`` + heads a program) take the least time, the busiest slot's
+    ``ceil(programs / slots)`` programs counted, the fewest groups where two tie; never fewer than
+    ``MIN_HEADS_PER_PROGRAM`` (where the launch has them)."""
+    best, cost = heads, None
+    for g in range(1, heads + 1):
+        hb = -(-heads // g)
+        c = -(-t_tiles * -(-heads // hb) // max(slots, 1)) * (DOT_PROLOGUE_HEADS + hb)
+        if cost is None or c < cost:
+            best, cost = hb, c
+    return max(min(heads, MIN_HEADS_PER_PROGRAM), best)
 
 
 def head_groups(t_tiles: int, q_heads: int, k_heads: int, num_sms: int, *, heads: int | None = None,

@@ -190,6 +190,35 @@ def test_heads_per_program():
     assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
 
 
+def test_the_dots_heads_a_program_count_its_prologue():
+    """The head groups' dot (one program an SM with sm_90's wide tile): heads a program by
+    ``dot_heads_per_program``, the waves of (prologue + heads) fewest, where the gather's eight
+    programs an SM gave llama-1d's prefill five heads a program and eight prologues an SM."""
+    wide = launch.choose_gather(torch.bfloat16, torch.float32, 128, transpose=False, product="dot", arch=90)
+    narrow = launch.choose_gather(torch.bfloat16, torch.float32, 128, transpose=False, product="dot", arch=80)
+    assert (wide.block_r, wide.num_warps, launch.dot_programs_per_sm(wide)) == (64, 16, 1)
+    assert (narrow.block_r, narrow.num_warps, launch.dot_programs_per_sm(narrow)) == (32, 8, 2)
+    # llama-1d (8192 rows: 128 tiles of 64, 32 + 8 heads): every head a program, one wave
+    assert launch.gather_groups(wide, 8192, 32, 8, 132) == (wide, 40, 0, 1)
+    # default (28800 rows: 450 tiles, 24 + 24 heads): two groups of 24 (7 waves of 24 + 5) where
+    # 16 took 11 of 16 + 5 and 48 takes 4 of 48 + 5
+    assert launch.gather_groups(wide, 28800, 24, 24, 132) == (wide, 24, 0, 2)
+    # a decode step's one tile: the gather's floor of three heads a program
+    assert launch.dot_heads_per_program(1, 40, 132) == 3
+    assert launch.dot_heads_per_program(1, 2, 132) == 2
+    # the gather keeps its own rule, and a given group size (the interpreter's 3) stands
+    gather = launch.choose_gather(torch.bfloat16, torch.float32, 128, transpose=False, arch=90)
+    assert launch.gather_groups(gather, 8192, 32, 8, 132)[1] == launch.heads_per_program(1024, 40, 132)
+    assert launch.gather_groups(wide, 8192, 32, 8, 132, heads=3)[1:] == (3, 0, 14)
+    # no other group count gives fewer waves of (prologue + heads)
+    for t, h, slots in ((128, 40, 132), (450, 48, 132), (512, 80, 264), (7, 12, 132), (1052, 48, 132)):
+        hb = launch.dot_heads_per_program(t, h, slots)
+
+        def cost(n):
+            return -(-t * -(-h // n) // slots) * (launch.DOT_PROLOGUE_HEADS + n)
+        assert all(cost(hb) <= cost(n) for n in range(min(h, launch.MIN_HEADS_PER_PROGRAM), h + 1))
+
+
 def test_head_groups_keep_q_and_k_apart_where_a_group_is_not_every_head():
     # (HB, KG, groups): a decode step's 32 + 8 heads in groups of 3: q's 11 groups, then k's 3
     # (as many as 14 over both, none holding q's last heads and k's first)
