@@ -84,7 +84,8 @@ are then caches ``[P, D]`` (row strides ``stride_pc``/``stride_ps``) and a posit
 or int64 ``[..., A]`` broadcast to x's rows (stride 0 over heads), gives each element its cache
 row: ``pos[r]`` for one axis (read once per row tile), ``pos[r, axis[j]]`` for several (axis: int
 ``[D]``, read through its stride; the transpose's gathered sin at ``src[j]`` reads
-``pos[r, axis[src[j]]]`` at column ``src[j]``). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
+``pos[r, axis[src[j]]]`` at column ``src[j]``; the gather's forward on 2-4 axes, ``AXES``, reads a
+row's A positions once each and picks a column's by its axis in registers). Offsets and packed sequences (``cu_seqlens``) are folded into the positions
 on the host (``rome.positions``: A ints per token, against 2·D floats for a per-token table), so
 the kernel has one indexing rule. A position outside ``[0, P)`` is never read: the load is masked
 and the element becomes NaN (the op raises on the host before launching; the mask is what
@@ -1092,11 +1093,24 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
 
 
 @triton.jit
+def _by_axis(p_ptr, prow, stride_pa, row_ok, ax, AXES: tl.constexpr):
+    # pos[r, ax[j]] ([BLOCK_R, BLOCK_D]) for positions on AXES (2-4) axes: a row's AXES positions
+    # read once each (one load an axis a thread), a column's picked by its axis in registers. (Read
+    # per element, ptxas issued each position's load just before its cache rows' loads, which wait
+    # on it: a round trip an element in the prologue, ~6.7 us a program by the model)
+    p = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None] + (ax * 0)[None, :]
+    for k in tl.static_range(1, AXES):
+        pk = tl.load(p_ptr + prow + k * stride_pa, mask=row_ok, other=0)[:, None]
+        p = tl.where(ax[None, :] == k, pk, p)
+    return p
+
+
+@triton.jit
 def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
                 axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols, cmask, D,
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
-                F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+                F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
@@ -1116,7 +1130,10 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
             sp = cp
         else:
             ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
-            cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
+            if AXES > 0:  # (AXES axes, the forward: a row's positions once, _by_axis)
+                cp = _by_axis(p_ptr, prow, stride_pa, row_ok, ax, AXES)
+            else:
+                cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
             sp = cp
             if TRANSPOSE and not ANGLES:  # (angles: sin at src is moved from the columns' below)
                 src = tl.load(src_ptr + cols, mask=cmask, other=0)
@@ -1531,7 +1548,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr, RAW_S: tl.constexpr,
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
-                 TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr):
+                 TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr,
+                 AXES: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
@@ -1556,7 +1574,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D)
+                                     BLOCK_R, BLOCK_D, AXES)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
@@ -1653,6 +1671,9 @@ def _rome_gather_kernel(
     # from multiples of it (``rome.launch.kept_run``: the launch knows it), so the partner's loads
     # are KEPT_RUN elements wide (a half rotation of the whole head in bf16: one 16-byte load per
     # 8 elements where runs of 2 took four 4-byte ones)
+    AXES: tl.constexpr = 0,  # the forward's POSITIONS == 2 on 2-4 axes (rome.launch.position_axes): a
+    # row's positions read once an axis, a column's picked by its axis (_by_axis); 0: pos[r, axis[j]]
+    # read per element
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1799,7 +1820,7 @@ def _rome_gather_kernel(
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIRS_NONE, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D)
+                                     BLOCK_R, BLOCK_D, AXES)
     if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
         wmask = cmask[:, None] & cmask[None, :]
         w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
@@ -1819,7 +1840,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1827,7 +1848,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1835,7 +1856,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1843,7 +1864,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

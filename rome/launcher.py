@@ -579,6 +579,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["DEPTH"] = launch.dot_depth(cfg0, arch) if cfg0.product == "dot" else \
             launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
         c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
+        c["AXES"] = launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
+                                         cfg0.product, arch)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -591,6 +593,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         if tile is not None:
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             c["KEPT_RUN"] = 2  # (the token tile reads no partner at src: one build)
+            c["AXES"] = 0  # (nor positions by row: _token_rows keeps the per-element read)
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
             c["FULL"] = unmasked and tile[0] * tile[1] == ha
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM

@@ -613,3 +613,45 @@ def test_angles_module_compiles_fullgraph(backend):
     if DEVICE == "cpu":  # by default: asserted on the device inside the graph, no host read
         with pytest.raises(RuntimeError, match=r"rome: positions must lie in"):
             f(q, k, pos + 2**24)
+
+
+def test_the_forward_reads_a_rows_positions_once_an_axis(monkeypatch):
+    """``launch.position_axes``: the forward on 2-4 position axes takes ``AXES`` (kernel._by_axis:
+    a row's positions read once an axis, a column's picked in registers); one axis, more than
+    ``MAX_ROW_AXES`` and the backward keep the per-element read (0). The launcher passes it, and
+    the result is the table path's bits (test_bitwise_the_table_path_forward_and_grads)."""
+    from rome import launch, launcher
+
+    assert [launch.position_axes(2, a, False) for a in (1, 2, 3, 4, 5)] == [0, 2, 3, 4, 0]
+    assert launch.position_axes(2, 3, True) == 0 and launch.position_axes(1, 1, False) == 0
+    assert launch.position_axes(0, 0, False) == 0
+    # the dot on AMD keeps it (its gfx942 builds spilled SGPRs); the gather there and the dot
+    # on NVIDIA take it
+    assert launch.position_axes(2, 3, False, "dot", "gfx942") == 0
+    assert launch.position_axes(2, 3, False, "gather", "gfx942") == 3
+    assert launch.position_axes(2, 3, False, "dot", 90) == 3
+    seen = []
+    run = launcher._run
+
+    def spy(fn, grid, args, consts, cfg, transpose, *rest, **kw):
+        if "AXES" in consts:
+            seen.append((transpose, consts["AXES"]))
+        return run(fn, grid, args, consts, cfg, transpose, *rest, **kw)
+
+    monkeypatch.setattr(launcher, "_run", spy)
+    for name, want in (("mrope-4/6/6", 3), ("1d-half-32", 0)):
+        layout = LAYOUTS[name]()
+        q = torch.randn(1, 2, 4, 32, device=DEVICE)
+        k = torch.randn(1, 1, 4, 32, device=DEVICE)
+        positions = torch.randint(0, P, (1, 1, 4, layout.n_axes), device=DEVICE)
+        cos, sin = _caches(layout)
+        qq, kk = q.clone().requires_grad_(), k.clone().requires_grad_()
+        seen.clear()
+        out = ops.apply_qk_at(qq, kk, cos, sin, layout.matrix(q.dtype, DEVICE), positions, axis=_axis(layout),
+                              backend="triton")
+        torch.autograd.backward(out, [torch.randn_like(o) for o in out])
+        assert seen and set(seen) == {(False, want), (True, 0)}, (name, seen)
+        (got, grads), (ref, ref_grads) = _both(layout, q, k, positions, backend="triton",
+                                               grads=(torch.randn_like(q), torch.randn_like(k)))
+        _assert_equal(got, ref, name)
+        _assert_equal(grads, ref_grads, name)
