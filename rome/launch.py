@@ -510,13 +510,14 @@ def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
 # default 16 -> 24 heads a program, forward 195.1 -> 172.3 us, 77 -> 81%
 # (profiling/results/cpu/dot-heads/; static estimates)
 DOT_PROLOGUE_HEADS = 5
+SM_REGISTERS = 65536  # 32-bit registers an NVIDIA SM holds (the token tile's register cap too)
 
 
 def dot_programs_per_sm(cfg: Config) -> int:
-    """Programs of the head groups' dot resident on an SM, by registers (an NVIDIA SM's 64K
-    32-bit registers at the config's cap, 255 without one; an estimate on other GPUs): one for
-    the wide tile (``dot_wide``), two for 32 rows on 8 warps at 128."""
-    return max(1, 65536 // ((cfg.maxnreg or 255) * cfg.num_warps * 32))
+    """Programs of the head groups' dot resident on an SM, by registers (``SM_REGISTERS`` at the
+    config's cap, 255 without one, 32 lanes a warp; an estimate on other GPUs): one for the wide
+    tile (``dot_wide``), two for 32 rows on 8 warps at 128."""
+    return max(1, SM_REGISTERS // ((cfg.maxnreg or 255) * cfg.num_warps * 32))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -526,13 +527,11 @@ def dot_heads_per_program(t_tiles: int, heads: int, slots: int) -> int:
     waves of (``DOT_PROLOGUE_HEADS`` + heads a program) take the least time, the busiest slot's
     ``ceil(programs / slots)`` programs counted, the fewest groups where two tie; never fewer than
     ``MIN_HEADS_PER_PROGRAM`` (where the launch has them)."""
-    best, cost = heads, None
-    for g in range(1, heads + 1):
-        hb = -(-heads // g)
-        c = -(-t_tiles * -(-heads // hb) // max(slots, 1)) * (DOT_PROLOGUE_HEADS + hb)
-        if cost is None or c < cost:
-            best, cost = hb, c
-    return max(min(heads, MIN_HEADS_PER_PROGRAM), best)
+    def cost(hb: int) -> int:
+        return cdiv(t_tiles * cdiv(heads, hb), max(slots, 1)) * (DOT_PROLOGUE_HEADS + hb)
+
+    # (min takes the first least: from every head a program down, the fewest groups)
+    return max(min(heads, MIN_HEADS_PER_PROGRAM), min(range(heads, 0, -1), key=cost))
 
 
 def head_groups(t_tiles: int, q_heads: int, k_heads: int, num_sms: int, *, heads: int | None = None,
@@ -642,7 +641,7 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
         if (arch is None or arch in TOKEN_BWD_ARCHS) and swapped and not wide and full and blocks * hb == heads \
                 and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD:
             warps = min(warps, max(1, TOKEN_FWD_WARPS * 32 // lanes))
-    return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, 65536 // (warps * lanes))
+    return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, SM_REGISTERS // (warps * lanes))
 
 
 @functools.lru_cache(maxsize=1024)  # a pure function of hashable arguments, called every launch
