@@ -862,8 +862,9 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                   RAW_X: tl.constexpr, F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr,
                   NORM_GRAD: tl.constexpr, DEPTH: tl.constexpr, APART: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
-    # x of the first K heads (LOADED: x0, the first one's, already issued by the caller; APART:
-    # the whole first batch's loads, ``pre``: _first_batch's), then per
+    # x of the first K heads (LOADED 1: x0, the first one's, already issued by the caller; 3:
+    # x0 .. x3, the first batch's x, ``pre``: (x1, x2, x3); APART: the whole first batch's loads,
+    # ``pre``: _first_batch's), then per
     # iteration x of the next K heads issued before the K heads' math and stores, and taken over
     # at the iteration's end: K heads' bytes in flight through the whole iteration. (A ring of K
     # heads one head apart does not keep them: ptxas places each load about one head's work
@@ -941,10 +942,14 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     if APART:  # (the first batch's loads issued by the caller: ha, hb its last head)
         ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1 = pre
     else:
+        x1 = x0
+        x2 = x0
+        x3 = x0
+        if LOADED == 3:
+            x1, x2, x3 = pre
         ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1 = _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1,
-                                                                        h_lo, h_hi, mask, x0, x0, x0, x0,
-                                                                        1 if LOADED else 0, PAIR,
-                                                                DOT, RAW_X, K, DEPTH, XN)
+                                                                        h_lo, h_hi, mask, x0, x1, x2, x3, LOADED,
+                                                                        PAIR, DOT, RAW_X, K, DEPTH, XN)
     xn2 = xn0
     for h in range(h_lo, h_hi - K if APART else h_hi, K):
         # the next batch's loads
@@ -1106,6 +1111,17 @@ def _by_axis(p_ptr, prow, stride_pa, row_ok, ax, AXES: tl.constexpr):
 
 
 @triton.jit
+def _moved_to_src(s, src2, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    # s[:, src] of a row-wise s [BLOCK_R, BLOCK_D] (src2: src in its layout): interleave's pairs
+    # swapped (register renames), else one exchange through shared memory
+    if PAIR == PAIRS_SWAPPED:
+        moved = _pair_swap(s, BLOCK_R, BLOCK_D)
+    else:
+        moved = tl.gather(s, src2, axis=1)
+    return moved
+
+
+@triton.jit
 def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
                 axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols, cmask, D,
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
@@ -1114,7 +1130,8 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
-    # to _signed_sin (0.0 here). src2: src in the tiles' layout (PAIR: how it moves pairs)
+    # to _signed_sin (0.0 here); a transpose without it (angles, the dot) has sin at src here.
+    # src2: src in the tiles' layout (PAIR: how it moves pairs)
     s = 0.0
     sp = t0
     s_ok = row_ok
@@ -1153,16 +1170,18 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 # there (interleave: a register rename; else one exchange through shared memory),
                 # not evaluated again from src's frequency, scale and position (a dependent
                 # chain of loads and a second polynomial in the program's prologue)
-                if PAIR == PAIRS_SWAPPED:
-                    s = _pair_swap(s, BLOCK_R, BLOCK_D)
-                else:
-                    s = tl.gather(s, src2, axis=1)
+                s = _moved_to_src(s, src2, PAIR, BLOCK_R, BLOCK_D)
         else:
-            if TRANSPOSE and not SIN_AT_SRC:  # several axes: sin at (pos[t, axis[src]], src)
+            if TRANSPOSE and POSITIONS == 2:  # several axes: sin at (pos[t, axis[src]], src)
                 s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
             elif not SIN_AT_SRC:
                 s = _table(s_ptr, sp * stride_ps + cols[None, :], mask, s_ok, RAW_S, POSITIONS)
             c = _table(c_ptr, cp * stride_pc + cols[None, :], mask, c_ok, RAW_C, POSITIONS)
+    if TRANSPOSE and not SIN_AT_SRC and not ANGLES and POSITIONS != 2:  # the dot's transpose: sin at
+        # src is its row's sin, read at the columns above and moved (one exchange through shared
+        # memory; read at src per element, its addresses went through shared memory into the
+        # dot's layout first and its values waited on: two DRAM round trips in the prologue)
+        s = _moved_to_src(s, src2, PAIR, BLOCK_R, BLOCK_D)
     return c, s, sp, s_ok
 
 
@@ -1563,6 +1582,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                                  [1, KEPT_RUN])
     ag_off = xrow_a + src2
     pre = x0
+    if DOT:  # (the first batch's x issued by the kernel)
+        pre = (x1, x2, x3)
     if APART:  # the first batch's partners (and the norm backward's xn) issued, then the tables read
         K: tl.constexpr = 1 if PAIR == PAIRS_NONE and not DOT else DEPTH
         XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER
@@ -1589,7 +1610,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         return
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, pre, a_nw, a_nb, src_ptr,
-                  eps, D, a_xn, a_dw, True, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
+                  eps, D, a_xn, a_dw, 3 if DOT else 1, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
                   NATIVE, NORM_GRAD, DEPTH, APART)
     if APART:
         if NORM_GRAD != NORM_NONE:
@@ -1602,7 +1623,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                       (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                       tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, x0, b_nw, b_nb, src_ptr,
-                      eps, D, b_xn, b_dw, False, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64,
+                      eps, D, b_xn, b_dw, 0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64,
                       NORM, NATIVE, NORM_GRAD, DEPTH, False)
 
 
@@ -1694,7 +1715,9 @@ def _rome_gather_kernel(
     # DOT: W loaded once here; per head x @ W on the tensor cores in place of the gathered copy,
     # the same loop, DEPTH heads a batch (one; two for bf16 on sm_90's 64-row tile:
     # launch.dot_depth); bound by the shared-memory reads of W's slices (~40 B of L1 an element
-    # at 32 rows, ~16 at 64).
+    # at 32 rows, ~16 at 64), and with one program an SM (the 64-row tile) by its prologue: the
+    # first batch's x and W are issued before the tables (whose layout conversions' barriers no
+    # load crosses) and the transpose's sin is moved to src, not gathered (_row_tables).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
     EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
     if HEADS_B > 0:  # the norm over a token's heads, a tensor a program (q or k: scalar selects)
@@ -1759,7 +1782,8 @@ def _rome_gather_kernel(
         t1 = t1.to(tl.int64)
 
     # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
-    # the permutation's class, read below, tells how many)
+    # the permutation's class, read below, tells how many; the SEAM build's and the dot's, whose
+    # K is DEPTH, here)
     if I64:  # (else every offset of x and out, a head's too, fits in int32: fewer registers)
         # every head stride, q's and k's, x's and out's: a head offset h * stride is formed in the
         # strides' type (out's left int32 wrapped past 2**31 elements: those rows were never
@@ -1782,7 +1806,7 @@ def _rome_gather_kernel(
     x1 = x0
     x2 = x0
     x3 = x0
-    if SEAM and not DOT:  # (a program's few heads) its first batch's next heads' too
+    if SEAM or DOT:  # (a program's few heads; the dot's one program an SM) its first batch's next heads' too
         if DEPTH >= 2:
             ha, hb = _next_head(ha, hb, a_H1)
             x1 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 1, q_hi), RAW_X)
@@ -1801,9 +1825,21 @@ def _rome_gather_kernel(
     sign2 = tl.load(sign_ptr + cols2, mask=cmask2, other=0.0)
     pair = tl.load(src_ptr + D)
 
+    if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128), issued
+        # before the tables: their layout conversions' barriers would hold its load back
+        wmask = cmask[:, None] & cmask[None, :]
+        w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
+        if FP32_DOT:
+            w = w.to(tl.float32)
+        else:
+            w = w.to(OP_DTYPE)
+    else:
+        w = sign2  # (unused)
+
     # cos at (t, j) and sin at (t, scol[j]), once for the program's heads; the transpose's sin at
-    # src from tables or a cache by one position is read in _gather_body (SIN_AT_SRC)
-    SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2
+    # src from tables or a cache by one position is read in _gather_body (SIN_AT_SRC; the dot's is
+    # moved there from the columns' by _row_tables)
+    SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2 and not DOT
     tables = (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
               axis_ptr, stride_ax, row_ok, cmask)
     # (with a program's few heads the tables are read in _gather_body after the first batch's
@@ -1821,15 +1857,6 @@ def _rome_gather_kernel(
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIRS_NONE, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
                                      BLOCK_R, BLOCK_D, AXES)
-    if DOT:  # W once per program (a [BLOCK_D, BLOCK_D] operand: 32 KB in bf16 at D = 128)
-        wmask = cmask[:, None] & cmask[None, :]
-        w = tl.load(w_ptr + cols[:, None] * stride_wk + cols[None, :] * stride_wn, mask=wmask, other=0.0)
-        if FP32_DOT:
-            w = w.to(tl.float32)
-        else:
-            w = w.to(OP_DTYPE)
-    else:
-        w = sign2  # (unused)
 
     # q's heads of the group, then k's, for the way this permutation's partner is read
     ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]

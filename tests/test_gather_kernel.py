@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import rome
-from rome import launch
+from rome import launch, launcher
 from rome.precision import ulp_error
 
 from conftest import DEVICE
@@ -188,6 +188,54 @@ def test_heads_per_program():
     # in between: groups even, at least 8 programs per SM
     hb = launch.heads_per_program(200, 48, 132)
     assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
+
+
+@pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
+def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch):
+    """The head groups' dot holds one program an SM (sm_90's wide tile), so its prologue is not
+    hidden: the kernel issues its first batch's x (two heads, bf16) and M before the tables, whose
+    layout conversions' barriers held those loads back a round trip each, and the transpose reads
+    sin at its own columns (a contiguous row) and moves it to src in registers, where a gather at
+    src took its addresses through shared memory and two round trips. Program (0, 0)'s loads as
+    the interpreter runs them, forward and backward; the bits are the gather's (the tests above)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    real = builder.create_masked_load
+    loads = []
+
+    def load(ptrs, mask, other, *rest):
+        if tuple(builder.grid_idx) == (0, 0, 0):
+            loads.append(ptrs.data.copy())
+        return real(ptrs, mask, other, *rest)
+
+    monkeypatch.setattr(builder, "create_masked_load", load)
+    d = 32
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    q = torch.randn(1, 3, 6, d, device=DEVICE).to(BF16).requires_grad_()
+    k = torch.randn(1, 2, 6, d, device=DEVICE).to(BF16).requires_grad_()
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    cos, sin = random_tables((6, d))
+
+    def order(x):  # the loads' kinds: x's tiles, M ([D, D]), the tables
+        named = []
+        for p in loads:
+            if p.shape == (d, d):
+                named.append("M")
+                continue
+            for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+                if t.data_ptr() <= int(p.flat[0]) < t.data_ptr() + t.numel() * t.element_size():
+                    named.append(name)
+        return named
+
+    with launch.product("dot"):
+        qo, ko = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        assert order(q)[:5] in (["x", "x", "M", "sin", "cos"], ["x", "x", "M", "cos", "sin"]), order(q)
+        loads.clear()
+        torch.autograd.grad((qo, ko), (q, k), (dq, dk))
+    assert order(dq)[:5] in (["x", "x", "M", "sin", "cos"], ["x", "x", "M", "cos", "sin"]), order(dq)
+    s = next(p for p in loads if sin.data_ptr() <= int(p.flat[0]) < sin.data_ptr() + sin.numel() * 4)
+    assert (s[:, 1:] - s[:, :-1] == 4).all()  # a row's own columns, in order: not gathered at src
 
 
 def test_the_dots_heads_a_program_count_its_prologue():
