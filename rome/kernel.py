@@ -31,8 +31,9 @@ Two kernels evaluate ``x @ M``:
   in bf16, in shared memory for the whole program), for a rotation matrix where
   ``rome.launch.product("dot")`` asks, so the report measures the dot beside the gather with
   everything else equal. Exact: each output of ``x @ M`` is one ±x term (fp32 x as three bf16
-  pieces); the backward's ``(dy*sin) @ Mᵀ`` is ``(dy @ Mᵀ) * sin[src]``, sin read at src as the
-  gather's backward reads it. Its cost over the gather: M's slice read from shared memory by each
+  pieces); the backward's ``(dy*sin) @ Mᵀ`` is ``(dy @ Mᵀ) * sin[src]``, the row's sin moved to
+  src in registers (read there, its addresses and values each crossed into the mma layout in the
+  one-program-an-SM prologue). Its cost over the gather: M's slice read from shared memory by each
   warp's mma once per 16 rows (~8 B per element at 32-row tiles), and the accumulator's layout;
   on sm_90 (16-bit x, D <= 128) 64-row tiles on 16 warps, bf16 two heads a batch (``DEPTH``,
   ``rome.launch.dot_wide``): half M's traffic an element, and the next head's loads in flight.
