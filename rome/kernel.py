@@ -1717,8 +1717,8 @@ def _rome_gather_kernel(
     # the same loop, DEPTH heads a batch (one; two for bf16 on sm_90's 64-row tile:
     # launch.dot_depth); bound by the shared-memory reads of W's slices (~40 B of L1 an element
     # at 32 rows, ~16 at 64), and with one program an SM (the 64-row tile) by its prologue: the
-    # first batch's x and W are issued before the tables (whose layout conversions' barriers no
-    # load crosses) and the transpose's sin is moved to src, not gathered (_row_tables).
+    # first batch's x and W are issued before the tables (ptxas moved no load above their layout
+    # conversions' barriers) and the transpose's sin is moved to src, not gathered (_row_tables).
     PRO: tl.constexpr = NORM_NONE if TRANSPOSE else NORM  # the norm: prologue forward, epilogue backward
     EPI: tl.constexpr = NORM if TRANSPOSE else NORM_NONE
     if HEADS_B > 0:  # the norm over a token's heads, a tensor a program (q or k: scalar selects)
