@@ -492,13 +492,28 @@ PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last w
 MIN_HEADS_PER_PROGRAM = 3
 
 
-def heads_per_program(t_tiles: int, heads: int, num_sms: int) -> int:
+def heads_per_program(t_tiles: int, heads: int, num_sms: int, q_heads: int | None = None) -> int:
     """Heads a gather program walks (q's then k's, sharing its tables): all of them where the
     T tiles alone give ``PROGRAMS_PER_SM`` programs per SM (the tables are then read once),
     else fewer, evenly, until they do, and never fewer than ``MIN_HEADS_PER_PROGRAM`` (a decode
-    step: three heads per program)."""
-    groups = min(heads, max(1, -(-PROGRAMS_PER_SM * num_sms // max(t_tiles, 1))))
-    return max(min(heads, MIN_HEADS_PER_PROGRAM), -(-heads // groups))
+    step: three heads per program). With ``q_heads`` (of ``heads``: q's and k's apart, as
+    ``head_groups`` then splits them) the programs are counted as that split makes them: q's
+    groups plus k's. (Counted over both, Llama's 32 + 8 heads on 1,024 T tiles took 20 a program,
+    three groups a tile: 3,072 programs where 32, one group each, make 2,048 of the 1,056 wanted;
+    by the model, bf16, sm_90, worst end, forward 27.9 -> 25.2 us, backward 25.5 -> 23.2 under
+    triton 3.6, 30.1 -> 26.4 and 30.5 -> 26.7 under 3.9: static estimates,
+    profiling/results/cpu/gather-heads/)"""
+    floor = min(heads, MIN_HEADS_PER_PROGRAM)
+    want = PROGRAMS_PER_SM * num_sms
+    if q_heads is None or not 0 < q_heads < heads or t_tiles >= want:
+        groups = min(heads, max(1, -(-want // max(t_tiles, 1))))
+        return max(floor, -(-heads // groups))
+    k_heads = heads - q_heads
+    for q_groups in range(1, q_heads + 1):  # (the fewest of q's groups, each as even as it can be)
+        hb = -(-q_heads // q_groups)
+        if t_tiles * (-(-q_heads // hb) + -(-k_heads // hb)) >= want:
+            return max(floor, hb)
+    return floor
 
 
 # The head groups' dot: a program's prologue (M, [D, D], read into shared memory, its tables and
@@ -547,7 +562,7 @@ def head_groups(t_tiles: int, q_heads: int, k_heads: int, num_sms: int, *, heads
     (a launch of q alone too: KG its groups); ``apart`` False (the head groups' dot: the seed's
     loop as it was, whose SEAM build spilled 48-64 B in fp16) keeps KG 0."""
     total = q_heads + k_heads
-    hb = heads if heads is not None else heads_per_program(t_tiles, total, num_sms)
+    hb = heads if heads is not None else heads_per_program(t_tiles, total, num_sms, q_heads if apart else None)
     if apart and hb < total:
         kg = -(-q_heads // hb)
         return hb, kg, kg + -(-k_heads // hb)

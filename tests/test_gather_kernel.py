@@ -188,6 +188,23 @@ def test_heads_per_program():
     # in between: groups even, at least 8 programs per SM
     hb = launch.heads_per_program(200, 48, 132)
     assert 200 * -(-48 // hb) >= 8 * 132 and hb * -(-48 // hb) - 48 < -(-48 // hb)
+    # q's and k's heads apart (head_groups' split): the programs counted as the split makes them.
+    # Llama's prefill (1,024 T tiles of 8 rows, 32 + 8 heads): one group each, 2,048 programs of
+    # the 1,056 wanted, where the count over both took 20 a program (q's 2 groups and k's 1: 3,072)
+    assert launch.heads_per_program(1024, 40, 132) == 20
+    assert launch.heads_per_program(1024, 40, 132, 32) == 32
+    assert launch.head_groups(1024, 32, 8, 132) == (32, 1, 2)
+    for t, q, k in ((1024, 32, 8), (500, 32, 8), (200, 24, 24), (100, 28, 4), (60, 12, 3), (300, 40, 40)):
+        hb = launch.heads_per_program(t, q + k, 132, q)
+
+        def programs(n):
+            return t * (-(-q // n) + -(-k // n))
+        groups = -(-q // hb)  # q's: even, enough programs (but at the floor), one group fewer not
+        assert hb == -(-q // groups) and (programs(hb) >= 8 * 132 or hb == launch.MIN_HEADS_PER_PROGRAM)
+        assert groups == 1 or programs(-(-q // (groups - 1))) < 8 * 132
+    # a decode step: the floor, as before; enough T tiles: every head, as before
+    assert launch.heads_per_program(4, 40, 132, 32) == 3
+    assert launch.heads_per_program(1800, 48, 132, 32) == 48
 
 
 @pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
@@ -256,7 +273,7 @@ def test_the_dots_heads_a_program_count_its_prologue():
     assert launch.dot_heads_per_program(1, 2, 132) == 2
     # the gather keeps its own rule, and a given group size (the interpreter's 3) stands
     gather = launch.choose_gather(torch.bfloat16, torch.float32, 128, transpose=False, arch=90)
-    assert launch.gather_groups(gather, 8192, 32, 8, 132)[1] == launch.heads_per_program(1024, 40, 132)
+    assert launch.gather_groups(gather, 8192, 32, 8, 132)[1] == launch.heads_per_program(1024, 40, 132, 32)
     assert launch.gather_groups(wide, 8192, 32, 8, 132, heads=3)[1:] == (3, 0, 14)
     # no other group count gives fewer waves of (prologue + heads)
     for t, h, slots in ((128, 40, 132), (450, 48, 132), (512, 80, 264), (7, 12, 132), (1052, 48, 132)):
