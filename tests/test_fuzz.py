@@ -325,13 +325,17 @@ def build(case: Case, requires_grad=False):
         "cos": (randn(case.cos_shape, tables), case.table_dtype),
         "sin": (randn(case.cos_shape, tables, zeros=True), case.table_dtype),
         "matrix": (m, case.matrix_dtype),
-        "dy": (randn(case.x_shape, case.scales["x"]), case.dtype),
+        "dy": (randn(case.x_shape, case.scales["dy"]), case.dtype),
     }
     views, storages = {}, {}
     for name, (values, dtype) in specs.items():
         lay = case.layouts[name]
         scale = values.abs().max().item() if values.numel() else 1.0  # for what a window shows
-        storage = randn(lay.storage_shape(values.shape), scale / 2).to(dtype).to(DEVICE)
+        # (finite in the dtype: an overlapping window shows storage as its values, and at the
+        # "large" range its noise rounded to ±inf in fp16, an input no case draws; the float64
+        # oracle's dense product then made NaN of inf·0 at M's zeros)
+        fmax = torch.finfo(dtype).max
+        storage = randn(lay.storage_shape(values.shape), scale / 2).clamp(-fmax, fmax).to(dtype).to(DEVICE)
         lay.place(values.to(dtype).to(DEVICE), storage)
         if requires_grad and name in ("x", "cos", "sin", "matrix"):
             storage.requires_grad_()
