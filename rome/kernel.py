@@ -1569,7 +1569,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr,
-                 AXES: tl.constexpr):
+                 AXES: tl.constexpr, FIRST: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
@@ -1583,7 +1583,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                                  [1, KEPT_RUN])
     ag_off = xrow_a + src2
     pre = x0
-    if DOT:  # (the first batch's x issued by the kernel)
+    if DOT or FIRST:  # (the first batch's x issued by the kernel)
         pre = (x1, x2, x3)
     if APART:  # the first batch's partners (and the norm backward's xn) issued, then the tables read
         K: tl.constexpr = 1 if PAIR == PAIRS_NONE and not DOT else DEPTH
@@ -1611,7 +1611,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         return
     _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                   tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, pre, a_nw, a_nb, src_ptr,
-                  eps, D, a_xn, a_dw, 3 if DOT else 1, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
+                  eps, D, a_xn, a_dw, 3 if DOT or FIRST else 1, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
                   NATIVE, NORM_GRAD, DEPTH, APART)
     if APART:
         if NORM_GRAD != NORM_NONE:
@@ -1696,6 +1696,8 @@ def _rome_gather_kernel(
     AXES: tl.constexpr = 0,  # the forward's POSITIONS == 2 on 2-4 axes (rome.launch.position_axes): a
     # row's positions read once an axis, a column's picked by its axis (_by_axis); 0: pos[r, axis[j]]
     # read per element
+    FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
+    # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1807,7 +1809,12 @@ def _rome_gather_kernel(
     x1 = x0
     x2 = x0
     x3 = x0
-    if SEAM or DOT:  # (a program's few heads; the dot's one program an SM) its first batch's next heads' too
+    # the rest of q's first batch (DEPTH heads) issued here too where EARLY: issued after the tables
+    # it waited on them (ptxas kept each load below their layout conversions' barriers): the SEAM
+    # build (a program's few heads), the dot (one program an SM) and FIRST. (A permutation that
+    # breaks pairs walks one head a batch: its loop reads heads 1 .. DEPTH - 1 again, L1 or L2 hits)
+    EARLY: tl.constexpr = SEAM or DOT or FIRST
+    if EARLY:
         if DEPTH >= 2:
             ha, hb = _next_head(ha, hb, a_H1)
             x1 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 1, q_hi), RAW_X)
@@ -1868,7 +1875,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1876,7 +1883,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1884,7 +1891,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -1892,7 +1899,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -289,6 +289,17 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
 
 
+def first_batch_first(arch: int | str | None, x_dtype: torch.dtype) -> bool:
+    """The head groups' gather's ``FIRST`` (outside the ``SEAM`` build, which always does it): its
+    whole first batch issued before the tables, whose layout conversions' barriers held those loads
+    back a round trip. On sm_90 (and the interpreter, as sm_90) but for fp16 x, whose forwards at
+    three heads a batch spilled 8 B there (triton 3.6); elsewhere not compiled and gated. By the
+    model (default, bf16, sm_90, triton 3.6, worst end): forward 114.0 -> 108.6 us, backward
+    123.2 -> 115.9 (H200 91.8 / 90.0 -> 92.7 / 91.4% of copy), fp32 H200 95.0 / 94.7 -> 95.5 /
+    95.4 (static estimates, profiling/results/cpu/gather-trials/ section 5)."""
+    return arch in (90, None) and x_dtype != torch.float16
+
+
 # The head groups' dot on sm_90, 16-bit x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
 # 128-register cap (one program an SM) and, for bf16, two heads a batch (the kernel's DEPTH,
 # dot_depth).

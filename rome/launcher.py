@@ -581,6 +581,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
         c["AXES"] = launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
                                          cfg0.product, arch)
+        # (the SEAM build and the dot issue their first batch first anyway: no second build)
+        c["FIRST"] = kg == 0 and cfg0.product == "gather" and launch.first_batch_first(arch, xs[0].dtype)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -594,6 +596,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             c["KEPT_RUN"] = 2  # (the token tile reads no partner at src: one build)
             c["AXES"] = 0  # (nor positions by row: _token_rows keeps the per-element read)
+            c["FIRST"] = False  # (nor the head groups' loop)
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
             c["FULL"] = unmasked and tile[0] * tile[1] == ha
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM

@@ -255,6 +255,50 @@ def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch
     assert (s[:, 1:] - s[:, :-1] == 4).all()  # a row's own columns, in order: not gathered at src
 
 
+@pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
+def test_the_gather_issues_its_first_batch_before_its_tables_where_first_batch_first_says(monkeypatch):
+    """``FIRST`` (launch.first_batch_first: sm_90 and the interpreter, not fp16): the head groups'
+    gather issues its whole first batch before the tables, whose layout conversions held the
+    second head's loads back a round trip; fp16 keeps the first head first and the rest after
+    the tables (its forwards spilled 8 B on sm_90 with them early). Program (0, 0)'s loads under
+    the interpreter (2 + 1 heads: one group, not the SEAM build); the bits are the torch backend's."""
+    from triton.runtime import interpreter
+
+    assert launch.first_batch_first(90, BF16) and launch.first_batch_first(None, FP32)
+    assert not launch.first_batch_first(90, FP16) and not launch.first_batch_first(80, BF16)
+    assert not launch.first_batch_first("gfx942", BF16) and not launch.first_batch_first(100, BF16)
+    builder = interpreter.interpreter_builder
+    real = builder.create_masked_load
+    loads, consts = [], []
+    monkeypatch.setattr(builder, "create_masked_load", lambda ptrs, mask, other, *rest: (
+        loads.append(ptrs.data.copy()) if tuple(builder.grid_idx) == (0, 0, 0) else None,
+        real(ptrs, mask, other, *rest))[1])
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, c, *rest: (consts.append(dict(c)),
+                                                                             run(fn, grid, args, c, *rest))[1])
+    d = 32
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    cos, sin = random_tables((6, d))
+    for dtype, first in ((BF16, True), (FP16, False)):
+        loads.clear()
+        consts.clear()
+        q = torch.randn(1, 2, 6, d, device=DEVICE).to(dtype)
+        k = torch.randn(1, 1, 6, d, device=DEVICE).to(dtype)
+        got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        want = rome.apply_qk(q, k, cos, sin, m, backend="torch")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert consts[0]["FIRST"] is first and not consts[0]["SEAM"] and consts[0]["DEPTH"] >= 2
+
+        def kind(p):
+            for name, t in (("x", q), ("cos", cos), ("sin", sin)):
+                if t.data_ptr() <= int(p.flat[0]) < t.data_ptr() + t.numel() * t.element_size():
+                    return name
+        named = [n for n in map(kind, loads) if n]
+        tables = min(named.index("cos"), named.index("sin"))
+        assert named[:2] == ["x", "x"] if first else named[:2] == ["x", named[tables]], (dtype, named)
+        assert (tables == 2) is first, (dtype, named)
+
+
 def test_the_dots_heads_a_program_count_its_prologue():
     """The head groups' dot (one program an SM with sm_90's wide tile): heads a program by
     ``dot_heads_per_program``, the waves of (prologue + heads) fewest, where the gather's eight
