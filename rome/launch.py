@@ -503,6 +503,7 @@ PROGRAMS_PER_SM = 8  # the gather grid's target: enough programs that the last w
 MIN_HEADS_PER_PROGRAM = 3
 
 
+@functools.lru_cache(maxsize=1024)  # (every launch asks; a decode step's walks q's group counts)
 def heads_per_program(t_tiles: int, heads: int, num_sms: int, q_heads: int | None = None) -> int:
     """Heads a gather program walks (q's then k's, sharing its tables): all of them where the
     T tiles alone give ``PROGRAMS_PER_SM`` programs per SM (the tables are then read once),
