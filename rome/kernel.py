@@ -1785,8 +1785,7 @@ def _rome_gather_kernel(
         t1 = t1.to(tl.int64)
 
     # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
-    # the permutation's class, read below, tells how many; the SEAM build's and the dot's, whose
-    # K is DEPTH, here)
+    # the permutation's class, read below, tells how many; EARLY's, below, here)
     if I64:  # (else every offset of x and out, a head's too, fits in int32: fewer registers)
         # every head stride, q's and k's, x's and out's: a head offset h * stride is formed in the
         # strides' type (out's left int32 wrapped past 2**31 elements: those rows were never

@@ -207,14 +207,9 @@ def test_heads_per_program():
     assert launch.heads_per_program(1800, 48, 132, 32) == 48
 
 
-@pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
-def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch):
-    """The head groups' dot holds one program an SM (sm_90's wide tile), so its prologue is not
-    hidden: the kernel issues its first batch's x (two heads, bf16) and M before the tables, whose
-    layout conversions' barriers held those loads back a round trip each, and the transpose reads
-    sin at its own columns (a contiguous row) and moves it to src in registers, where a gather at
-    src took its addresses through shared memory and two round trips. Program (0, 0)'s loads as
-    the interpreter runs them, forward and backward; the bits are the gather's (the tests above)."""
+def _first_program_loads(monkeypatch):
+    """The pointer tiles program (0, 0) loads, in order, as the interpreter runs it (a list that
+    fills as kernels run)."""
     from triton.runtime import interpreter
 
     builder = interpreter.interpreter_builder
@@ -227,6 +222,23 @@ def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch
         return real(ptrs, mask, other, *rest)
 
     monkeypatch.setattr(builder, "create_masked_load", load)
+    return loads
+
+
+def _reads(p, t):
+    """Whether the pointer tile p's first address lies in tensor t."""
+    return t.data_ptr() <= int(p.flat[0]) < t.data_ptr() + t.numel() * t.element_size()
+
+
+@pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
+def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch):
+    """The head groups' dot holds one program an SM (sm_90's wide tile), so its prologue is not
+    hidden: the kernel issues its first batch's x (two heads, bf16) and M before the tables, whose
+    layout conversions' barriers held those loads back a round trip each, and the transpose reads
+    sin at its own columns (a contiguous row) and moves it to src in registers, where a gather at
+    src took its addresses through shared memory and two round trips. Program (0, 0)'s loads as
+    the interpreter runs them, forward and backward; the bits are the gather's (the tests above)."""
+    loads = _first_program_loads(monkeypatch)
     d = 32
     m = rome.rotation_matrix((d,), "half", device=DEVICE)
     q = torch.randn(1, 3, 6, d, device=DEVICE).to(BF16).requires_grad_()
@@ -241,7 +253,7 @@ def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch
                 named.append("M")
                 continue
             for name, t in (("x", x), ("cos", cos), ("sin", sin)):
-                if t.data_ptr() <= int(p.flat[0]) < t.data_ptr() + t.numel() * t.element_size():
+                if _reads(p, t):
                     named.append(name)
         return named
 
@@ -251,7 +263,7 @@ def test_the_dot_issues_its_first_batch_and_matrix_before_its_tables(monkeypatch
         loads.clear()
         torch.autograd.grad((qo, ko), (q, k), (dq, dk))
     assert order(dq)[:5] in (["x", "x", "M", "sin", "cos"], ["x", "x", "M", "cos", "sin"]), order(dq)
-    s = next(p for p in loads if sin.data_ptr() <= int(p.flat[0]) < sin.data_ptr() + sin.numel() * 4)
+    s = next(p for p in loads if _reads(p, sin))
     assert (s[:, 1:] - s[:, :-1] == 4).all()  # a row's own columns, in order: not gathered at src
 
 
@@ -262,17 +274,10 @@ def test_the_gather_issues_its_first_batch_before_its_tables_where_first_batch_f
     second head's loads back a round trip; fp16 keeps the first head first and the rest after
     the tables (its forwards spilled 8 B on sm_90 with them early). Program (0, 0)'s loads under
     the interpreter (2 + 1 heads: one group, not the SEAM build); the bits are the torch backend's."""
-    from triton.runtime import interpreter
-
     assert launch.first_batch_first(90, BF16) and launch.first_batch_first(None, FP32)
     assert not launch.first_batch_first(90, FP16) and not launch.first_batch_first(80, BF16)
     assert not launch.first_batch_first("gfx942", BF16) and not launch.first_batch_first(100, BF16)
-    builder = interpreter.interpreter_builder
-    real = builder.create_masked_load
-    loads, consts = [], []
-    monkeypatch.setattr(builder, "create_masked_load", lambda ptrs, mask, other, *rest: (
-        loads.append(ptrs.data.copy()) if tuple(builder.grid_idx) == (0, 0, 0) else None,
-        real(ptrs, mask, other, *rest))[1])
+    loads, consts = _first_program_loads(monkeypatch), []
     run = launcher._run
     monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, c, *rest: (consts.append(dict(c)),
                                                                              run(fn, grid, args, c, *rest))[1])
@@ -291,7 +296,7 @@ def test_the_gather_issues_its_first_batch_before_its_tables_where_first_batch_f
 
         def kind(p):
             for name, t in (("x", q), ("cos", cos), ("sin", sin)):
-                if t.data_ptr() <= int(p.flat[0]) < t.data_ptr() + t.numel() * t.element_size():
+                if _reads(p, t):
                     return name
         named = [n for n in map(kind, loads) if n]
         tables = min(named.index("cos"), named.index("sin"))
