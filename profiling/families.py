@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rome.integrations import diffusers as rd
-from rome.integrations import transformers as rt
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "families.md"
@@ -357,6 +355,16 @@ A refused family still patches with `rounding="exact"`. Families found from thei
 # --- the page ----------------------------------------------------------------------------------------
 
 
+def _integrations():
+    """rome's transformers and diffusers integration modules, imported where the page is made, not
+    when this module is: rome's diffusers module imports diffusers' modeling files (seconds), which
+    ``python -m profiling`` needs for this command alone."""
+    from rome.integrations import diffusers as rd
+    from rome.integrations import transformers as rt
+
+    return rd, rt
+
+
 def _code(names) -> str:
     return ", ".join(f"`{n}`" for n in names)
 
@@ -366,6 +374,7 @@ def _row(cells) -> str:
 
 
 def _transformers() -> list[str]:
+    _, rt = _integrations()
     lines = [TRANSFORMERS_INTRO, "| Family | `model_type` | Classes | What is patched | Tables a patched layer "
                                  "reads | Rotation rome applies | Differs from transformers' code in |",
              "|---|---|---|---|---|---|---|"]
@@ -399,6 +408,7 @@ def _layers(spec) -> str:
 
 
 def _diffusers() -> list[str]:
+    rd, _ = _integrations()
     lines = [DIFFUSERS_INTRO, "| Family | Class | How | Layers | Rotation rome applies | Launches | Differs from "
                               "diffusers' code in |", "|---|---|---|---|---|---|---|"]
     for cls, spec in rd._FAMILIES.items():
@@ -434,6 +444,7 @@ def _diffusers() -> list[str]:
 
 
 def _native() -> list[str]:
+    rd, _ = _integrations()
     patched = [DIFFUSERS.get(c, (c,))[0] for c, spec in rd._FAMILIES.items() if spec.native]
     refused, rebound = {}, []
     for cls, spec in rd._FAMILIES.items():
@@ -461,6 +472,7 @@ def generate() -> str:
 
 def missing_names() -> list[str]:
     """The families (and model classes) of rome's tables that this file has no words for."""
+    rd, rt = _integrations()
     made = {f"{prefix}{s}" for prefix, suffixes in rt._CLASSES.values() for s in suffixes}
     return ([k for k in rt._FAMILIES if k not in TRANSFORMERS]
             + [k for k in rt._REFUSED if k not in TRANSFORMERS_REFUSED]

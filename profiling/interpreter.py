@@ -68,5 +68,29 @@ def speed_up() -> bool:
 
         get_np_dtype.original = np_dtype
         interpreter._get_np_dtype = get_np_dtype
+    _skip_discarded_overflow_checks(interpreter)
     _installed = True
+    return True
+
+
+def _skip_discarded_overflow_checks(interpreter) -> bool:
+    """The interpreter's options with ``sanitize_overflow`` off where its ``debug`` is off (always:
+    nothing sets it); whether they are. Triton builds an integer ``+``, ``-`` or ``*``'s overflow
+    check (both operands cast to int64, the op again, two compares, an and) and hands it to
+    ``device_assert``, which drops it unless ``debug`` is on: on a GPU the compiler removes the
+    dead code, the interpreter computes it in numpy first, over whole blocks, on every op. Only
+    where ``device_assert`` is seen to drop it (else the interpreter is left as it is)."""
+    import dataclasses
+
+    from triton.language import semantic
+
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    assert_ = getattr(getattr(semantic, "TritonSemantic", None), "device_assert", None)
+    if not (dataclasses.is_dataclass(options) and {"debug", "sanitize_overflow"} <= {
+            f.name for f in dataclasses.fields(options)} and assert_ is not None):
+        return False
+    if options.debug or "if not self.builder.options.debug:\n            return" not in inspect.getsource(assert_):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True

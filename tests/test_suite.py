@@ -3,6 +3,7 @@ the files whose tests share a module-scoped fixture run in one worker (conftest.
 SHARED_FIXTURE_FILES, its scheduler), every other test is a unit of its own."""
 
 import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -109,3 +110,48 @@ def test_interpreter_skips_rescans_and_restores_the_language():
     for ty in (tl.float32, tl.bfloat16, tl.int1, tl.int64, tl.uint8, tl.pointer_type(tl.float16),
                tl.block_type(tl.float16, [4, 8]), tl.block_type(tl.pointer_type(tl.int32), [2])):
         assert memo(ty) == memo.original(ty) == memo(ty), ty
+
+
+@triton.jit
+def _wrapping_products(x_ptr, o_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs)
+    tl.store(o_ptr + offs, v * v + v - 7)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the kernel runs on a GPU, not interpreted")
+def test_interpreter_builds_no_overflow_check_that_it_would_drop():
+    """speed_up turns the interpreter's ``sanitize_overflow`` off, its ``debug`` being off: an int
+    op no longer builds the int64 check that ``device_assert`` drops (no int64 cast is made), and
+    int32 arithmetic that overflows wraps as before (the same bits with the option on again)."""
+    import torch
+    from triton.language import semantic
+    from triton.runtime import interpreter
+
+    from profiling.interpreter import speed_up
+
+    builder = interpreter.interpreter_builder
+    assert speed_up() and not builder.options.debug and not builder.options.sanitize_overflow
+    x = torch.tensor([3, -5, 46341, 2**31 - 1, -(2**31), 65536, 7, 0], dtype=torch.int32)
+    want = ((x.long() * x.long() + x.long() - 7 + 2**31) % 2**32 - 2**31).int()  # two's complement
+    casts = []
+    real = semantic.TritonSemantic.cast
+
+    def counted(self, input, dst_ty, *args, **kwargs):
+        casts.append(dst_ty)
+        return real(self, input, dst_ty, *args, **kwargs)
+
+    outs = {}
+    saved = builder.options
+    try:
+        for sanitize in (False, True):
+            builder.options = dataclasses.replace(saved, sanitize_overflow=sanitize)
+            casts.clear()
+            semantic.TritonSemantic.cast = counted
+            outs[sanitize] = torch.empty_like(x)
+            _wrapping_products[(1,)](x, outs[sanitize], 8)
+            semantic.TritonSemantic.cast = real
+            assert (tl.int64 in casts) == sanitize, (sanitize, casts)  # the check built only when on
+    finally:
+        semantic.TritonSemantic.cast, builder.options = real, saved
+    assert torch.equal(outs[False], want) and torch.equal(outs[True], want)

@@ -9,6 +9,7 @@ import concurrent.futures as cf
 import dataclasses
 import importlib
 import itertools
+import math
 import os
 import time
 from pathlib import Path
@@ -124,7 +125,8 @@ def covering_configs(configs_: list, triples=()) -> list:
     holders = collections.Counter(x for cs in combos for x in cs)
     heavier = lambda i: (factors[i]["x_dtype"] == "fp32", factors[i]["head_dim"], factors[i]["pass"] == "bwd")
     while covered != needed:
-        i = max(range(len(configs_)), key=lambda i: (sum(1.0 / holders[x] for x in combos[i] - covered), heavier(i)))
+        # (fsum: the weights' sum exact, whatever order the set yields them in: the same rows every run)
+        i = max(range(len(configs_)), key=lambda i: (math.fsum(1.0 / holders[x] for x in combos[i] - covered), heavier(i)))
         chosen.append(i)
         covered |= combos[i]
     for i in sorted(chosen, key=lambda i: (len(combos[i]), heavier(i))):  # (the lighter build first)
