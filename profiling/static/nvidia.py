@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import re
 import subprocess
 import tempfile
@@ -82,8 +83,8 @@ class Instr:
     opcode: str
     operands: str
 
-    @property
-    def base(self) -> str:
+    @functools.cached_property
+    def base(self) -> str:  # (cached: the model asks millions of times)
         return self.opcode.split(".")[0]
 
 

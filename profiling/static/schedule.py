@@ -41,6 +41,7 @@ What it does, in order:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 import re
@@ -453,14 +454,14 @@ def _dest_count(ins: Instr) -> int:
     return 1
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Op:
     """One static instruction, read once: its dests, its sources, its memory operand's registers."""
 
-    dests: list
-    sources: list
-    consts: list
-    address: list  # registers of the memory operand ([...] and desc[...])
+    dests: tuple
+    sources: tuple
+    consts: tuple
+    address: tuple  # registers of the memory operand ([...] and desc[...])
     special: int  # taint of S2R/S2UR
 
 
@@ -474,6 +475,14 @@ def _regs(text: str, wide_last: bool = False) -> list[str]:
 
 
 def _read_op(ins: Instr) -> _Op:
+    return _read_text(ins.opcode, ins.operands)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _read_text(opcode: str, operands: str) -> _Op:
+    """``_read_op`` of an instruction's text: the same text, in another path or kernel, is read
+    once (the model reads each path's instructions several times)."""
+    ins = Instr(0, "", opcode, operands)
     tokens = [t.strip() for t in ins.operands.split(",")] if ins.operands else []
     dests, sources, address = [], [], []
     rest = tokens
@@ -498,7 +507,7 @@ def _read_op(ins: Instr) -> _Op:
     if ins.base in ("S2R", "S2UR", "CS2R"):
         special = _CTAID if "CTAID" in ins.operands else _TID if ("TID" in ins.operands or "LANEID" in ins.operands) else 0
     consts = [int(c, 16) for c in _CONST.findall(ins.operands)]
-    return _Op(dests, sources, consts, address, special)
+    return _Op(tuple(dests), tuple(sources), tuple(consts), tuple(address), special)
 
 
 @dataclasses.dataclass
