@@ -1557,6 +1557,193 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
                      mask=hm[b][None, :, :])
 
 
+# --- the half rotation of the whole head as its two halves (HALVES) ---------------------------
+# src[j] = (j + D/2) % D with D = BLOCK_D (llama's, NeoX's rotate_half): each column's partner
+# is in the other half, so a head's tile is held as its halves A = x[:, :D/2] and B = x[:, D/2:],
+#     out[:, :D/2] = A*cos[:, :D/2] + B*s_A      out[:, D/2:] = B*cos[:, D/2:] + A*s_B
+# with s_A, s_B the signed sin at the halves (the transpose's at src: the other half). Every
+# loaded byte is a distinct byte of x: no partner load, no register holding a second copy of
+# the head, so twice the head rows in the same registers (16 rows x 128 bf16 on 4 warps: 16 B
+# vectors per half) and twice the bytes in flight. Bound by DRAM bandwidth once the heads in
+# flight cover the latency: four heads a batch prefetched, 4 programs an SM at 128 registers
+# (the model, sm_90 bf16: ~46-50 KB an SM in flight at 800 ns, triton 3.6 and 3.9; the partner
+# form held 24-43). profiling/results/cpu/halves/
+
+
+@triton.jit
+def _halves_fetch(x_ptr, x_off, m, HALF: tl.constexpr, RAW_X: tl.constexpr):
+    # a head's two halves, in x's dtype until used
+    return _fetch(x_ptr, x_off, m, RAW_X), _fetch(x_ptr + HALF, x_off, m, RAW_X)
+
+
+@triton.jit
+def _halves_head(o_ptr, o_off, m, a, b, ca, cb, sa, sb, HALF: tl.constexpr, RAW_X: tl.constexpr,
+                 F64: tl.constexpr):
+    # one head's math and stores from its halves a, b (the sums as _head's: _dot2_short for bf16
+    # in and out, else _dot2)
+    xa = _widen(a, RAW_X)
+    xb = _widen(b, RAW_X)
+    if o_ptr.dtype.element_ty == tl.bfloat16 and (RAW_X or a.dtype == tl.bfloat16):
+        ya = _dot2_short(xa, ca, xb, sa, F64)
+        yb = _dot2_short(xb, cb, xa, sb, F64)
+    else:
+        ya = _dot2(xa, ca, xb, sa, F64)
+        yb = _dot2(xb, cb, xa, sb, F64)
+    _store(o_ptr, o_off, ya, m, RAW_X)
+    _store(o_ptr + HALF, o_off, yb, m, RAW_X)
+
+
+@triton.jit
+def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi, mask, ca, cb, sa, sb, pre,
+                 LOADED: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, RAW_X: tl.constexpr,
+                 F64: tl.constexpr):
+    # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb), K a batch: the first batch's halves
+    # (LOADED: issued by the caller, ``pre``), then per iteration the next batch's issued before
+    # this batch's math and taken over at the iteration's end (as _rotate_heads); heads past
+    # h_hi: no loads, no stores
+    ha = h_lo // H1
+    hb = h_lo % H1
+    if LOADED:
+        a0, b0, a1, b1, a2, b2, a3, b3 = pre
+    else:
+        a0, b0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h_lo, h_hi), HALF, RAW_X)
+        a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+        for i in tl.static_range(1, K):
+            ha, hb = _next_head(ha, hb, H1)
+            u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h_lo + i, h_hi), HALF, RAW_X)
+            if i == 1:
+                a1, b1 = u, v
+            elif i == 2:
+                a2, b2 = u, v
+            else:
+                a3, b3 = u, v
+        ha = h_lo // H1  # (the first batch's first head again: the loop advances from it)
+        hb = h_lo % H1
+    hc = ha  # the head stored next
+    hd = hb
+    for i in tl.static_range(1, K):  # (ha, hb): the batch's last head
+        ha, hb = _next_head(ha, hb, H1)
+    for h in range(h_lo, h_hi, K):
+        # the next batch's loads
+        ha, hb = _next_head(ha, hb, H1)
+        n0, p0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + K, h_hi), HALF, RAW_X)
+        n1, p1, n2, p2, n3, p3 = n0, p0, n0, p0, n0, p0
+        for i in tl.static_range(1, K):
+            ha, hb = _next_head(ha, hb, H1)
+            u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + K + i, h_hi), HALF,
+                                 RAW_X)
+            if i == 1:
+                n1, p1 = u, v
+            elif i == 2:
+                n2, p2 = u, v
+            else:
+                n3, p3 = u, v
+        # this batch
+        _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h, h_hi), a0, b0, ca, cb, sa, sb, HALF,
+                     RAW_X, F64)
+        hc, hd = _next_head(hc, hd, H1)
+        if K >= 2:
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 1, h_hi), a1, b1, ca, cb, sa, sb,
+                         HALF, RAW_X, F64)
+            hc, hd = _next_head(hc, hd, H1)
+        if K >= 3:
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 2, h_hi), a2, b2, ca, cb, sa, sb,
+                         HALF, RAW_X, F64)
+            hc, hd = _next_head(hc, hd, H1)
+        if K >= 4:
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 3, h_hi), a3, b3, ca, cb, sa, sb,
+                         HALF, RAW_X, F64)
+            hc, hd = _next_head(hc, hd, H1)
+        a0, b0, a1, b1, a2, b2, a3, b3 = n0, p0, n1, p1, n2, p2, n3, p3
+
+
+@triton.jit
+def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, n_t, T1,
+                  a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
+                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
+                  TRANSPOSE: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr, I64: tl.constexpr,
+                  RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
+                  K: tl.constexpr):
+    # program (i, g): T rows [i*BLOCK_R, +BLOCK_R) of heads [g*HB, +HB) of q's then k's (KG == 0),
+    # or of one tensor's (KG > 0: groups from KG on are k's, taking k's arguments in q's places);
+    # tables per T row (POSITIONS == 0), read once for the program's heads after q's first batch
+    pid_t = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    on_k = (KG > 0) & (pid_h >= KG)
+    a_x, b_x = _swap(on_k, a_x, b_x)
+    a_o, b_o = _swap(on_k, a_o, b_o)
+    a_sxt0, b_sxt0 = _swap(on_k, a_sxt0, b_sxt0)
+    a_sxt1, b_sxt1 = _swap(on_k, a_sxt1, b_sxt1)
+    a_sot0, b_sot0 = _swap(on_k, a_sot0, b_sot0)
+    a_sot1, b_sot1 = _swap(on_k, a_sot1, b_sot1)
+    a_sxh0, b_sxh0 = _swap(on_k, a_sxh0, b_sxh0)
+    a_sxh1, b_sxh1 = _swap(on_k, a_sxh1, b_sxh1)
+    a_soh0, b_soh0 = _swap(on_k, a_soh0, b_soh0)
+    a_soh1, b_soh1 = _swap(on_k, a_soh1, b_soh1)
+    a_H, b_H = _swap(on_k, a_H, b_H)
+    a_H1, b_H1 = _swap(on_k, a_H1, b_H1)
+    h_lo = tl.where(on_k, pid_h - KG, pid_h) * HB
+    h_hi = tl.minimum(h_lo + HB, tl.where(KG > 0, a_H, a_H + b_H))
+    if I64:
+        a_sxh0 = a_sxh0.to(tl.int64)
+        a_sxh1 = a_sxh1.to(tl.int64)
+        a_soh0 = a_soh0.to(tl.int64)
+        a_soh1 = a_soh1.to(tl.int64)
+        b_sxh0 = b_sxh0.to(tl.int64)
+        b_sxh1 = b_sxh1.to(tl.int64)
+        b_soh0 = b_soh0.to(tl.int64)
+        b_soh1 = b_soh1.to(tl.int64)
+    cols = tl.arange(0, HALF)
+    t = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = t < n_t
+    mask = row_ok[:, None] & (cols < HALF)[None, :]
+    t0 = t // T1
+    t1 = t % T1
+    if I64:
+        t0 = t0.to(tl.int64)
+        t1 = t1.to(tl.int64)
+    # q's first batch, issued before the tables
+    ax_off = (t0 * a_sxt0 + t1 * a_sxt1)[:, None] + cols[None, :]
+    q_lo = tl.minimum(h_lo, a_H)
+    q_hi = tl.minimum(h_hi, a_H)
+    ha = q_lo // a_H1
+    hb = q_lo % a_H1
+    a0, b0 = _halves_fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo, q_hi), HALF, RAW_X)
+    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    for i in tl.static_range(1, K):
+        ha, hb = _next_head(ha, hb, a_H1)
+        u, v = _halves_fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + i, q_hi), HALF, RAW_X)
+        if i == 1:
+            a1, b1 = u, v
+        elif i == 2:
+            a2, b2 = u, v
+        else:
+            a3, b3 = u, v
+    # cos at the halves, and sin as the partner multiplies: at the other half in the transpose
+    # (scol = src), times the sign of each output column
+    crow = (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :]
+    srow = (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :]
+    ca = _load(c_ptr, crow, mask, RAW_C)
+    cb = _load(c_ptr + HALF, crow, mask, RAW_C)
+    s_lo = _load(s_ptr, srow, mask, RAW_S)
+    s_hi = _load(s_ptr + HALF, srow, mask, RAW_S)
+    sign_a = tl.load(sign_ptr + cols)[None, :]
+    sign_b = tl.load(sign_ptr + HALF + cols)[None, :]
+    if TRANSPOSE:
+        sa = s_hi * sign_a
+        sb = s_lo * sign_b
+    else:
+        sa = s_lo * sign_a
+        sb = s_hi * sign_b
+    ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
+    _halves_loop(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1, q_lo, q_hi, mask, ca, cb, sa, sb,
+                 (a0, b0, a1, b1, a2, b2, a3, b3), True, K, HALF, RAW_X, F64)
+    bx_off = (t0 * b_sxt0 + t1 * b_sxt1)[:, None] + cols[None, :]
+    bo_off = (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :]
+    _halves_loop(b_x, b_o, bx_off, bo_off, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1, tl.maximum(h_lo, a_H) - a_H,
+                 h_hi - a_H, mask, ca, cb, sa, sb, (a0, b0, a1, b1, a2, b2, a3, b3), False, K, HALF, RAW_X, F64)
+
+
 @triton.jit
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
@@ -1698,6 +1885,8 @@ def _rome_gather_kernel(
     # read per element
     FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
     # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
+    HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables per T
+    # row, no norm: each head as its two halves (_halves_heads; rome.launch.halves_config)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1744,6 +1933,12 @@ def _rome_gather_kernel(
                      n_pos, axis_ptr, stride_ax, src_ptr, sign_ptr, n_t, T1, x_ptr, o_ptr, sxt0, sxt1, sot0, sot1,
                      sxh0, soh0, h, D, nw_ptr, eps, xn_ptr, dw_ptr, PAIRS, POSITIONS,
                      ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64, OPAQUE, FULL)
+        return
+    if HALVES:  # (KG > 0 read at run time: no SEAM build, the loop's last batch not peeled)
+        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, n_t, T1,
+                      a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
+                      b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
+                      TRANSPOSE, BLOCK_R, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
         return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)

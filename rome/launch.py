@@ -779,6 +779,7 @@ class Plan:
     pair: int = 0  # the gather kernel: src's pair class (PAIRS_*, also at src[D]), known on the host
     arch: int | str | None = None  # current_arch() when planned: the GPU the launch is chosen for
     run: int = 1  # the gather kernel: src's kept_run (the runs of columns it moves whole)
+    halves: bool = False  # the gather kernel: src is the whole head's half rotation (``is_halves``)
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -858,10 +859,11 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
                  arch=arch)
     if cfg.product == "gather":
         src, sign, pair, run = _signed_gather(info, transpose)
+        halves = _halves(info, transpose)
         fixed = None if interpret else _overridden(cfg)
         if fixed is not None:  # gather_tile(): this tile, not tuned
-            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch, run)
-        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch, run)
+            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch, run, halves)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch, run, halves)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
         src, sign, pair, run = _signed_gather(info, transpose)
         op = operand_dtype(cfg)
@@ -953,6 +955,80 @@ def launch_kept_run(plan: Plan, x_dtype, norm_grad: bool = False) -> int:
     wide = 16 // x_dtype.itemsize  # (a run narrower than 16 bytes: pairs, one build fewer; runs of
     # 4 in fp16 put its forward into 8 B of stack on sm_90 under triton 3.9)
     return wide if plan.run >= wide else 2
+
+
+def is_halves(src: torch.Tensor) -> bool:
+    """Whether the gather index ``src`` ([D] ints) is the half rotation of the whole head,
+    ``src[j] == (j + D/2) % D`` (llama's and NeoX's rotate_half, either pass): each column's
+    partner is in the other half, which the gather kernel's ``HALVES`` build reads as the head's
+    two halves (``halves_config``)."""
+    d = src.shape[0]
+    return d >= 2 and d % 2 == 0 and torch.equal(src.to(torch.int64).cpu(), (torch.arange(d) + d // 2) % d)
+
+
+@functools.lru_cache(maxsize=256)
+def _halves(info, transpose: bool) -> bool:
+    return is_halves(info.take_t if transpose else info.take)
+
+
+# the HALVES build (kernel._halves_heads) where halves_config allows it (partner_form(): not in a
+# thread's block)
+HALVES = True
+_partner_form = ThreadSetting(False)
+
+
+@contextlib.contextmanager
+def partner_form():
+    """Launch the whole head's half rotation in the gather kernel's partner form (x and
+    ``x[:, src]`` a head) in this thread, where ``halves_config`` would take its halves: the
+    static gate compiles both (the partner form's build with runs of 8 is a partial rotary's too).
+    The bits are the same."""
+    with _partner_form.scoped(True):
+        yield
+HALVES_DTYPES = (torch.bfloat16,)  # (fp16's _dot2 spilled 24 B at 128 registers, sm_90, triton 3.6 and 3.9)
+HALVES_ARCHS = (90, None)  # (None: no GPU, the interpreter, as sm_90; sm_80 and sm_100 spilled 24-40 B)
+HALVES_MAX_D = 128  # (D = 256 spilled 8 B under triton 3.6, sm_90)
+HALVES_DEPTH = 3  # heads a batch (four spilled 8-16 B at 128 registers, sm_90, triton 3.6 and 3.9)
+
+
+def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = False,
+                  interpret: bool = False) -> Config | None:
+    """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
+    partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) of D a power of
+    two, tables per T row (no positions, no angles), bf16 x on sm_90 (``HALVES_DTYPES``,
+    ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm (``norm``), not
+    ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s rows (a thread
+    holds a head's elements once, not with a partner copy: the same registers); under the
+    interpreter its rows. By the model (llama-1d, bf16, sm_90, worst end, H100 / H200 % of copy):
+    triton 3.6 forward 97.6 / 93.4 -> 99.1 / 97.5, triton 3.9 97.2 / 92.6 -> 99.3 / 98.0 (static
+    estimates, profiling/results/cpu/halves/)."""
+    cfg = plan.config
+    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get() and cfg.product == "gather" and cfg.positions == 0 and not cfg.angles
+            and x_dtype in HALVES_DTYPES and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
+        return None
+    return _halves_tile(cfg, interpret)
+
+
+def halves_walk(heads: int, interpret: bool = False) -> bool:
+    """Whether a launch whose programs walk ``heads`` heads takes its ``halves_config``: where
+    they walk more than one batch (``HALVES_DEPTH``), so the loop's prefetch keeps heads in
+    flight; a decode step's three heads a program keep the SEAM build, whose time is its
+    prologue's round trips (the model, bf16, sm_90, worst end: 1.9 us forward where the halves'
+    twice the rows a program took 2.8). Under the interpreter (three heads a program) always, so
+    the tests run it."""
+    return interpret or heads > HALVES_DEPTH
+
+
+@functools.lru_cache(maxsize=256)  # (every such launch asks)
+def _halves_tile(cfg: Config, interpret: bool) -> Config:
+    return cfg if interpret else replace(cfg, block_r=2 * cfg.block_r)
+
+
+@functools.lru_cache(maxsize=256)
+def halves_candidates(cfg: Config, interpret: bool = False) -> tuple[Config, ...]:
+    """``candidates`` of a ``halves_config`` tile but the half-size program (8 rows on 2 warps
+    spilled 8 B under triton 3.6, sm_90, D = 128); cached: every such launch asks."""
+    return tuple(c for c in candidates(cfg, interpret=interpret) if c.num_warps >= cfg.num_warps)
 
 
 def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:

@@ -563,6 +563,10 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     fn = kernel._rome_gather_kernel
     cfg = None
     over_heads = norm is not None and norm[0] == "rms_heads"
+    # the whole head's half rotation as its two halves (kernel._halves_heads, its own tile rows)
+    # where a launch's programs walk more heads than a batch (launch.halves_config)
+    halves = launch.halves_config(plan, xs[0].dtype, norm=kind is not None, native=native, interpret=INTERPRET)
+    picked = None
     for args, n_t, (ha, hb), i64, rows in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
                                                            None if norm is None else (*norm[1:], over_heads)):
         c = dict(consts, I64=i64)
@@ -574,6 +578,9 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             cfg0, n_t, ha, hb, sms, heads=ha + hb if over_heads else 3 if INTERPRET else None,
             norm=norm is not None or norm_grad is not None, interpret=INTERPRET)
         rows_plan = plan if tile_cfg is cfg0 else replace(plan, config=tile_cfg, candidates=(tile_cfg,))
+        halved = halves is not None and launch.halves_walk(heads, INTERPRET)
+        if halved:  # (the heads a program walks as the partner form's rows chose them)
+            rows_plan = replace(plan, config=halves, candidates=launch.halves_candidates(halves, INTERPRET))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.dot_depth(cfg0, arch) if cfg0.product == "dot" else \
@@ -583,6 +590,10 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
                                          cfg0.product, arch)
         # (the SEAM build and the dot issue their first batch first anyway: no second build)
         c["FIRST"] = kg == 0 and cfg0.product == "gather" and launch.first_batch_first(arch, xs[0].dtype)
+        c["HALVES"] = halved
+        if halved:  # (its own first batch and groups: one build whatever KG)
+            c["SEAM"], c["FIRST"], c["KEPT_RUN"], c["AXES"] = False, False, 2, 0
+            c["DEPTH"] = launch.HALVES_DEPTH
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -614,8 +625,9 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             cfg = plan.config
             if over_heads:
                 cfg = replace(cfg, block_r=NORM_GRAD_HEADS_TILE[0], num_warps=NORM_GRAD_HEADS_TILE[1])
-        elif cfg is None:
+        elif cfg is None or picked != halved:
             cfg = _pick(fn, rows_plan, xs[0].device, elements, full, grid, c, _GATHER_OUT)
+            picked = halved
         if norm_grad is not None:
             units = grid({"BLOCK_R": cfg.block_r})
             # (rows of partial sums: the token tile's one per program of the tensor's own, q's or
@@ -730,9 +742,16 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
                             out.append(launch.dot_kernel_config(cfg, label))
                 products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
+                # (bf16 x, D a power of two: the whole head's half rotation takes its halves,
+                # launch.halves_config; the partner form's build is a partial rotary's: both)
+                halves = x_dtype in launch.HALVES_DTYPES and d == triton.next_power_of_2(d) <= launch.HALVES_MAX_D \
+                    and launch.current_arch() in launch.HALVES_ARCHS
                 for product in products:
                     for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
                         out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
+                        if halves and product == "gather":
+                            out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product,
+                                                   partner=True)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
                     # a decode step's few heads a program (the gather's SEAM build): fp32 tables and the
@@ -745,7 +764,7 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         if product == "gather":
                             for few in (True, "prefill") if prefill else (True,):
                                 out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles,
-                                                       product, few=few)
+                                                       product, few=few, partner=True)
             if d == 128 and x_dtype != torch.float32:  # the kept pairs' runs of 8 at positions on
                 # several axes (32/48/48 sections; launch.kept_run), forward and backward
                 for transpose in (False, True):
@@ -788,7 +807,8 @@ def _axis_sections(d: int) -> tuple:
 def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
                     alone: bool = False, heads: tuple = (4, 2), few: bool | str = False,
-                    mode: str = "half", sections: tuple | None = None) -> list[launch.KernelConfig]:
+                    mode: str = "half", sections: tuple | None = None,
+                    partner: bool = False) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
@@ -830,19 +850,21 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         if transpose:  # the backward: the norm's epilogue, reading the forward's q and k
             nargs = dict(norm_grad=(norm, 1e-6, [(w, None) for w in ws], [q, k][:2 - alone]))
     xs = [q, k][:2 - alone]
-    with capture(num_sms=132 if few else 1) as got, launch.product(product):
+    form = launch.partner_form() if partner else contextlib.nullcontext()
+    with capture(num_sms=132 if few else 1) as got, launch.product(product), form:
         rotate(xs, [torch.empty_like(x) for x in xs], cos, sin, m, transpose=transpose,
                positions=pos, axis=axis, angles=angles, **nargs)
     (first,) = got
     if few and not first.consts.get("SEAM"):
         raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
                              f"build: {first.consts}")
-    alts = launch.candidates(first.config)[1:]
+    alts = (launch.halves_candidates if first.consts.get("HALVES") else launch.candidates)(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \
         + (f" sections={'/'.join(map(str, sections))}" if named else "") \
-        + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "")
+        + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "") \
+        + (" halves" if first.consts.get("HALVES") else " partner form" if partner and not few else "")
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
@@ -850,5 +872,5 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                                         tuned_candidate=c is not first.config, matrix="rotation",
                                         norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
                                         kept_run=first.consts["KEPT_RUN"], sections=tuple(sections), mode=mode,
-                                        seam=bool(first.consts.get("SEAM"))))
+                                        seam=bool(first.consts.get("SEAM")), halves=bool(first.consts.get("HALVES"))))
             for c in (first.config, *alts)]

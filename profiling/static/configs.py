@@ -100,6 +100,7 @@ def config_factors(meta: dict, num_warps: int) -> dict:
             "norm": meta.get("norm"), "seam": bool(meta.get("seam")),
             "heads": tuple(heads) if heads is not None else None, "tuned": bool(meta["tuned_candidate"]),
             "depth": meta.get("gather_depth"), "kept_run": meta.get("kept_run"), "rows": meta["block_r"],
+            "halves": bool(meta.get("halves")),
             "warps": num_warps}
 
 
@@ -147,8 +148,9 @@ def off_sm90_ci_configs(cc) -> list:
     hold every one): where the registers run out first off sm_90, the head-group kernel's chosen
     launches at head_dim 128 in bf16 and fp16 with positions on several axes (gather and dot,
     forward and backward: 8-40 B spilled there before the gather's depth and the fp16 dot's rows
-    were chosen by arch, ``rome.launch.gather_depth``) and the LayerNorm's backward epilogue
-    (8 B on sm_100 before)."""
+    were chosen by arch, ``rome.launch.gather_depth``), the LayerNorm's backward epilogue
+    (8 B on sm_100 before) and the whole head's half rotation as its halves (``HALVES``, bf16,
+    fp32 tables, forward and backward)."""
     out = []
     for c in configs(cc):
         m = c.meta
@@ -157,7 +159,8 @@ def off_sm90_ci_configs(cc) -> list:
             continue
         plain = m.get("norm") is None and m["positions"] == 2 and not m["angles"] and m.get("matrix") == "rotation"
         layer_bwd = m.get("norm") == "layer" and m["pass_"] == "bwd"
-        if plain or layer_bwd:
+        halves = bool(m.get("halves")) and m["table_dtype"] == "fp32"  # (the whole head's half rotation)
+        if plain or layer_bwd or halves:
             out.append(c)
     return out
 
