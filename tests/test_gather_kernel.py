@@ -289,10 +289,12 @@ def test_the_gather_issues_its_first_batch_before_its_tables_where_first_batch_f
         consts.clear()
         q = torch.randn(1, 2, 6, d, device=DEVICE).to(dtype)
         k = torch.randn(1, 1, 6, d, device=DEVICE).to(dtype)
-        got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        with launch.partner_form():  # (bf16's whole-head half rotation would take its halves)
+            got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
         want = rome.apply_qk(q, k, cos, sin, m, backend="torch")
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert consts[0]["FIRST"] is first and not consts[0]["SEAM"] and consts[0]["DEPTH"] >= 2
+        assert not consts[0]["HALVES"]
 
         def kind(p):
             for name, t in (("x", q), ("cos", cos), ("sin", sin)):
@@ -578,7 +580,8 @@ def test_the_launcher_gives_the_kernel_the_plans_kept_run(monkeypatch):
         k = torch.randn(1, 1, 5, 64, device=DEVICE).to(x_dtype)
         cos, sin = random_tables((5, 64))
         seen.clear()
-        rome.apply_qk(q, k, cos, sin, m, backend="triton")
+        with launch.partner_form():  # (bf16's whole-head half rotation would take its halves)
+            rome.apply_qk(q, k, cos, sin, m, backend="triton")
         assert seen and set(seen) == {want}, (x_dtype, sections, seen)
     # the norm's prologue reads the runs; its backward epilogue keeps pairs (launch_kept_run)
     m = rome.rotation_matrix((64,), "half", device=DEVICE)
@@ -738,6 +741,8 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
     from rome import launcher
     from rome.precision import ulp_error
 
+    monkeypatch.setattr(launch, "HALVES", False)  # (the partner form's depths: bf16's whole-head half
+    # rotation takes its halves, test_the_whole_heads_half_rotation_takes_its_halves)
     m = rome.rotation_matrix((32,), "half", device=DEVICE)
     q = torch.randn(2, 9, 7, 32, device=DEVICE).to(dtype)
     k = torch.randn(2, 4, 7, 32, device=DEVICE).to(dtype)
@@ -870,3 +875,74 @@ def test_the_gather_depth_by_dtype_norm_and_pass():
     assert g(90, BF16, apart=True, heads=3) == 3 and g(90, BF16, apart=True, heads=4) == 4
     assert g(90, BF16, heads=3) == 4 and g(90, FP16, apart=True, heads=8) == 2
     assert g(80, BF16, apart=True) == g("gfx942", BF16, apart=True) == 3
+
+
+@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "3d"])
+def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
+    """bf16 x, tables per row, a whole head's half rotation (src[j] = (j + D/2) % D): the launch
+    takes ``HALVES`` (kernel._halves_heads: each head as its two halves, ``HALVES_DEPTH`` heads a
+    batch, no SEAM build), forward and backward the partner form's bits (the same sums), within 1
+    ulp of the torch backend's and of float64's: 9 heads of q and 4 of k in groups of 3 (the interpreter's) and of
+    5, q's and k's groups apart (KG > 0), and in one group of all 13 walking q's and then k's. Not taken for fp16 and fp32 x, sections, positions, a fused norm, native
+    rounding, D = 256, off sm_90, nor by a decode step's three heads a program on a GPU."""
+    from rome import launcher
+    from rome.precision import ulp_error
+
+    d = 32
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    if layout == "bnsd":
+        q, k = torch.randn(2, 9, 7, d), torch.randn(2, 4, 7, d)
+        cos, sin = random_tables((7, d))
+    elif layout == "bsnd":
+        q, k = torch.randn(2, 7, 9, d).transpose(1, 2), torch.randn(2, 7, 4, d).transpose(1, 2)
+        cos, sin = random_tables((2, 1, 7, d))
+    else:  # 3 row dims of x besides heads, tables over two of them; q a strided view
+        q, k = torch.randn(2, 3, 9, 7, 2 * d)[..., ::2], torch.randn(2, 3, 4, 7, d)
+        cos, sin = random_tables((3, 1, 7, d))
+    q, k = q.to(DEVICE).to(BF16), k.to(DEVICE).to(BF16)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    seen = []
+    run = launcher._run
+
+    def spy(fn, grid, args, consts, *rest, **kw):
+        seen.append((consts["HALVES"], consts["DEPTH"], consts["SEAM"], args[-1]))
+        return run(fn, grid, args, consts, *rest, **kw)
+
+    monkeypatch.setattr(launcher, "_run", spy)
+
+    def go(backend="triton"):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        torch.autograd.backward(out, (dq, dk))
+        return (*out, qg.grad, kg.grad)
+
+    with launch.partner_form():
+        want = go()
+    for g, w in zip(want, go("torch")):  # (the kernel's sum against the torch backend's: 1 ulp where
+        # the terms cancel, _dot2_short's bound; the same bits elsewhere)
+        assert ulp_error(g, w.double(), BF16).max() <= 1
+    groups = launch.gather_groups
+    for heads in (None, "all", 5):
+        if heads is not None:
+            monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, _h=heads, **kw:
+                                groups(cfg, n_t, ha, hb, sms, heads=ha + hb if _h == "all" else _h, **kw))
+        seen.clear()
+        got = go()
+        assert seen and all(s[:3] == (True, launch.HALVES_DEPTH, False) for s in seen), (heads, seen)
+        assert (heads != "all") == all(s[3] > 0 for s in seen), (heads, seen)  # KG: q's and k's groups apart
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), heads
+    for g, x in zip(got[:2], (q, k)):
+        assert ulp_error(g, _oracle(x, cos, sin, m), BF16).max() <= 1
+
+    def taken(x_dtype=BF16, sections=(128,), positions=0, angles=False, arch=90, **kw):
+        with launch.target_arch(arch):
+            p = launch.plan(rome.rotation_matrix(sections, "half"), x_dtype, FP32, transpose=False,
+                            interpret=False, positions=positions, angles=angles)
+        return launch.halves_config(p, x_dtype, **kw) is not None
+
+    assert taken() and taken(sections=(64,)) and taken(positions=0, native=False)
+    assert not taken(FP16) and not taken(FP32) and not taken(sections=(44, 44, 40)) and not taken(sections=(256,))
+    assert not taken(positions=1) and not taken(positions=1, angles=True) and not taken(norm=True)
+    assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
+    assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)

@@ -190,7 +190,9 @@ def test_the_autotuner_is_keyed_on_head_dim_dtype_and_pass(bench, monkeypatch):
         q, k, cos, sin, m = _inputs(d, "half", dtype)
         want = _want(q, k, cos, sin, m, monkeypatch)
         got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
-        seen += len(launch.plan(m, dtype, FP32, transpose=False, interpret=kernel.INTERPRET).candidates)
+        p = launch.plan(m, dtype, FP32, transpose=False, interpret=kernel.INTERPRET)
+        halves = launch.halves_config(p, dtype, interpret=kernel.INTERPRET)  # (bf16's whole-head half rotation)
+        seen += len(p.candidates if halves is None else launch.halves_candidates(halves, kernel.INTERPRET))
         assert bench.calls == seen and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert len(tuning.chosen()) == 3
     assert tuning.tuner(kernel.kernel._rome_gather_kernel, launch.plan(m, BF16, FP32, transpose=False, interpret=kernel.INTERPRET).candidates,
