@@ -1658,15 +1658,17 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
 
 
 @triton.jit
-def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, n_t, T1,
+def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
+                  n_t, T1,
                   a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                   b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
-                  TRANSPOSE: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr, I64: tl.constexpr,
-                  RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
-                  K: tl.constexpr):
+                  POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr,
+                  I64: tl.constexpr, RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
+                  F64: tl.constexpr, K: tl.constexpr):
     # program (i, g): T rows [i*BLOCK_R, +BLOCK_R) of heads [g*HB, +HB) of q's then k's (KG == 0),
     # or of one tensor's (KG > 0: groups from KG on are k's, taking k's arguments in q's places);
-    # tables per T row (POSITIONS == 0), read once for the program's heads after q's first batch
+    # cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t], a position outside the
+    # cache never read: NaN), read once for the program's heads after q's first batch
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
     on_k = (KG > 0) & (pid_h >= KG)
@@ -1721,12 +1723,23 @@ def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, n_t, T1,
             a3, b3 = u, v
     # cos at the halves, and sin as the partner multiplies: at the other half in the transpose
     # (scol = src), times the sign of each output column
-    crow = (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :]
-    srow = (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :]
-    ca = _load(c_ptr, crow, mask, RAW_C)
-    cb = _load(c_ptr + HALF, crow, mask, RAW_C)
-    s_lo = _load(s_ptr, srow, mask, RAW_S)
-    s_hi = _load(s_ptr + HALF, srow, mask, RAW_S)
+    if POSITIONS == 0:
+        crow = (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :]
+        srow = (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :]
+        ok = mask
+    else:
+        p = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
+        if I64:
+            p = p.to(tl.int64)
+        else:
+            p = p.to(tl.int32)
+        ok = ((p >= 0) & (p < n_pos))[:, None] & mask
+        crow = (p * stride_pc)[:, None] + cols[None, :]
+        srow = (p * stride_ps)[:, None] + cols[None, :]
+    ca = _table(c_ptr, crow, mask, ok, RAW_C, POSITIONS)
+    cb = _table(c_ptr + HALF, crow, mask, ok, RAW_C, POSITIONS)
+    s_lo = _table(s_ptr, srow, mask, ok, RAW_S, POSITIONS)
+    s_hi = _table(s_ptr + HALF, srow, mask, ok, RAW_S, POSITIONS)
     sign_a = tl.load(sign_ptr + cols)[None, :]
     sign_b = tl.load(sign_ptr + HALF + cols)[None, :]
     if TRANSPOSE:
@@ -1885,8 +1898,9 @@ def _rome_gather_kernel(
     # read per element
     FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
     # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
-    HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables per T
-    # row, no norm: each head as its two halves (_halves_heads; rome.launch.halves_config)
+    HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables or a
+    # cache at one position per T row, no norm: each head as its two halves (_halves_heads;
+    # rome.launch.halves_config)
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -1935,10 +1949,11 @@ def _rome_gather_kernel(
                      ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64, OPAQUE, FULL)
         return
     if HALVES:  # (KG > 0 read at run time: no SEAM build, the loop's last batch not peeled)
-        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, n_t, T1,
+        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
+                      n_t, T1,
                       a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                       b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
-                      TRANSPOSE, BLOCK_R, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
+                      POSITIONS, TRANSPOSE, BLOCK_R, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
         return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)

@@ -995,7 +995,7 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
                   interpret: bool = False) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) of D a power of
-    two, tables per T row (no positions, no angles), bf16 x on sm_90 (``HALVES_DTYPES``,
+    two, tables per T row or a cache at one position per row (no angles, not several axes), bf16 x on sm_90 (``HALVES_DTYPES``,
     ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm (``norm``), not
     ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s rows (a thread
     holds a head's elements once, not with a partner copy: the same registers); under the
@@ -1003,7 +1003,7 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
     triton 3.6 forward 97.6 / 93.4 -> 99.1 / 97.5, triton 3.9 97.2 / 92.6 -> 99.3 / 98.0 (static
     estimates, profiling/results/cpu/halves/)."""
     cfg = plan.config
-    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get() and cfg.product == "gather" and cfg.positions == 0 and not cfg.angles
+    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get() and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles
             and x_dtype in HALVES_DTYPES and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
         return None
     return _halves_tile(cfg, interpret)

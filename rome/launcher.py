@@ -742,8 +742,9 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
                             out.append(launch.dot_kernel_config(cfg, label))
                 products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
-                # (bf16 x, D a power of two: the whole head's half rotation takes its halves,
-                # launch.halves_config; the partner form's build is a partial rotary's: both)
+                # (bf16 x, D a power of two: the whole head's half rotation takes its halves at
+                # tables and one position axis, launch.halves_config; the partner form's build is
+                # a partial rotary's: both)
                 halves = x_dtype in launch.HALVES_DTYPES and d == triton.next_power_of_2(d) <= launch.HALVES_MAX_D \
                     and launch.current_arch() in launch.HALVES_ARCHS
                 for product in products:
@@ -754,6 +755,9 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                                                    partner=True)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
+                        if halves and product == "gather" and (positions, angles) == (1, False):
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product,
+                                                   partner=True)
                     # a decode step's few heads a program (the gather's SEAM build): fp32 tables and the
                     # positions; and a prefill's SEAM build where its batch depth is not the decode
                     # step's (launch.gather_depth: four heads a batch with four or more a program)

@@ -877,22 +877,30 @@ def test_the_gather_depth_by_dtype_norm_and_pass():
     assert g(80, BF16, apart=True) == g("gfx942", BF16, apart=True) == 3
 
 
-@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "3d"])
+@pytest.mark.parametrize("layout", ["bnsd", "bsnd", "3d", "positions"])
 def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
-    """bf16 x, tables per row, a whole head's half rotation (src[j] = (j + D/2) % D): the launch
-    takes ``HALVES`` (kernel._halves_heads: each head as its two halves, ``HALVES_DEPTH`` heads a
-    batch, no SEAM build), forward and backward the partner form's bits (the same sums), within 1
-    ulp of the torch backend's and of float64's: 9 heads of q and 4 of k in groups of 3 (the interpreter's) and of
-    5, q's and k's groups apart (KG > 0), and in one group of all 13 walking q's and then k's. Not taken for fp16 and fp32 x, sections, positions, a fused norm, native
-    rounding, D = 256, off sm_90, nor by a decode step's three heads a program on a GPU."""
-    from rome import launcher
+    """bf16 x, a whole head's half rotation (src[j] = (j + D/2) % D), tables per row or a cache
+    at one position per row: the launch takes ``HALVES`` (kernel._halves_heads: each head as its
+    two halves, ``HALVES_DEPTH`` heads a batch, no SEAM build), forward and backward the partner
+    form's bits (the same sums), within 1 ulp of the torch backend's and of float64's (tables):
+    9 heads of q and 4 of k in groups of 3 (the interpreter's) and of 5, q's and k's groups apart
+    (KG > 0), and in one group of all 13 walking q's and then k's; BSND, strided and 3-row-dim x;
+    positions outside the cache (unchecked) NaN in their rows only, as the partner form's. Not
+    taken for fp16 and fp32 x, sections, several axes, angles, a fused norm, native rounding,
+    D = 256, off sm_90, nor by a decode step's three heads a program on a GPU."""
+    from rome import launcher, ops
     from rome.precision import ulp_error
 
     d = 32
     m = rome.rotation_matrix((d,), "half", device=DEVICE)
-    if layout == "bnsd":
+    pos = None
+    if layout in ("bnsd", "positions"):
         q, k = torch.randn(2, 9, 7, d), torch.randn(2, 4, 7, d)
         cos, sin = random_tables((7, d))
+        if layout == "positions":  # caches of 11 rows at per-sequence positions, two out of range
+            cos, sin = random_tables((11, d))
+            pos = torch.randint(0, 11, (2, 1, 7, 1), device=DEVICE)
+            pos[0, 0, 2], pos[1, 0, 5] = 11, -1
     elif layout == "bsnd":
         q, k = torch.randn(2, 7, 9, d).transpose(1, 2), torch.randn(2, 7, 4, d).transpose(1, 2)
         cos, sin = random_tables((2, 1, 7, d))
@@ -912,15 +920,24 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
 
     def go(backend="triton"):
         qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
-        out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
-        torch.autograd.backward(out, (dq, dk))
+        if pos is None:
+            out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        else:
+            with ops.position_checks("kernel"):
+                out = rome.apply_qk_at(qg, kg, cos, sin, m, pos, backend=backend)
+        torch.autograd.backward(out, (dq.nan_to_num(), dk.nan_to_num()))
         return (*out, qg.grad, kg.grad)
 
     with launch.partner_form():
         want = go()
+    if pos is not None:  # (a row outside the cache: NaN in both passes' outputs, the rest read)
+        bad = ((pos < 0) | (pos >= 11)).expand(2, 1, 7, d)
+        for g in want[:2]:
+            assert torch.isnan(g).eq(bad.expand_as(g)).all()
     for g, w in zip(want, go("torch")):  # (the kernel's sum against the torch backend's: 1 ulp where
         # the terms cancel, _dot2_short's bound; the same bits elsewhere)
-        assert ulp_error(g, w.double(), BF16).max() <= 1
+        fin = g.isfinite() & w.isfinite()
+        assert torch.equal(g.isnan(), w.isnan()) and ulp_error(g[fin], w[fin].double(), BF16).max() <= 1
     groups = launch.gather_groups
     for heads in (None, "all", 5):
         if heads is not None:
@@ -931,9 +948,10 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
         assert seen and all(s[:3] == (True, launch.HALVES_DEPTH, False) for s in seen), (heads, seen)
         assert (heads != "all") == all(s[3] > 0 for s in seen), (heads, seen)  # KG: q's and k's groups apart
         for g, w in zip(got, want):
-            assert torch.equal(g, w), heads
-    for g, x in zip(got[:2], (q, k)):
-        assert ulp_error(g, _oracle(x, cos, sin, m), BF16).max() <= 1
+            assert torch.equal(g.nan_to_num(), w.nan_to_num()) and torch.equal(g.isnan(), w.isnan()), heads
+    if pos is None:
+        for g, x in zip(got[:2], (q, k)):
+            assert ulp_error(g, _oracle(x, cos, sin, m), BF16).max() <= 1
 
     def taken(x_dtype=BF16, sections=(128,), positions=0, angles=False, arch=90, **kw):
         with launch.target_arch(arch):
@@ -941,8 +959,8 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
                             interpret=False, positions=positions, angles=angles)
         return launch.halves_config(p, x_dtype, **kw) is not None
 
-    assert taken() and taken(sections=(64,)) and taken(positions=0, native=False)
+    assert taken() and taken(sections=(64,)) and taken(positions=1)
     assert not taken(FP16) and not taken(FP32) and not taken(sections=(44, 44, 40)) and not taken(sections=(256,))
-    assert not taken(positions=1) and not taken(positions=1, angles=True) and not taken(norm=True)
+    assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
     assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)
