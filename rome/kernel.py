@@ -21,7 +21,11 @@ Two kernels evaluate ``x @ M``:
   last batch is peeled so that nothing is prefetched past the group.
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per run of ``KEPT_RUN`` columns
-  (a whole head's half rotation: 16 bytes), else one per element).
+  (a whole head's half rotation: 16 bytes), else one per element). The whole head's half
+  rotation itself (llama's, NeoX's rotate_half: src[j] = (j + D/2) % D), bf16 x on sm_90 with
+  tables or a cache at one position per row and no norm, takes ``HALVES`` (``_halves_heads``,
+  ``rome.launch.halves_config``): each head held as its two halves, whose partner is the other
+  half, so no partner load and no second copy of the head in registers: twice the rows a tile.
   Memory-bound: x read and out written once, the tables read about once per launch.
   The q/k norm over all of a token's heads (``NORM_RMS_HEADS``) takes the same kernel's token
   tile instead of the head groups (``_token_heads``, ``HEADS_B`` > 0): a token's heads held in
@@ -1565,9 +1569,9 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
 # loaded byte is a distinct byte of x: no partner load, no register holding a second copy of
 # the head, so twice the head rows in the same registers (16 rows x 128 bf16 on 4 warps: 16 B
 # vectors per half) and twice the bytes in flight. Bound by DRAM bandwidth once the heads in
-# flight cover the latency: four heads a batch prefetched, 4 programs an SM at 128 registers
-# (the model, sm_90 bf16: ~46-50 KB an SM in flight at 800 ns, triton 3.6 and 3.9; the partner
-# form held 24-43). profiling/results/cpu/halves/
+# flight cover the latency: three heads a batch prefetched (four spilled 8-16 B), 4 programs an
+# SM at 128 registers (the model, llama-1d, sm_90 bf16, 800 ns: 39-43 KB an SM in flight under
+# triton 3.6 and 3.9, where the partner form held 23-26 under 3.6). profiling/results/cpu/halves/
 
 
 @triton.jit

@@ -999,9 +999,10 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
     ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm (``norm``), not
     ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s rows (a thread
     holds a head's elements once, not with a partner copy: the same registers); under the
-    interpreter its rows. By the model (llama-1d, bf16, sm_90, worst end, H100 / H200 % of copy):
-    triton 3.6 forward 97.6 / 93.4 -> 99.1 / 97.5, triton 3.9 97.2 / 92.6 -> 99.3 / 98.0 (static
-    estimates, profiling/results/cpu/halves/)."""
+    interpreter its rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90, worst end, H100 /
+    H200 % of copy): triton 3.6 forward 97.6 / 93.4 -> 98.9 / 96.9, backward 98.1 / 94.7 -> 99.0 /
+    97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7; H200 44.4 -> 42.8 us
+    (static estimates, profiling/results/cpu/halves/)."""
     cfg = plan.config
     if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get() and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles
             and x_dtype in HALVES_DTYPES and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
