@@ -974,6 +974,10 @@ def _halves(info, transpose: bool) -> bool:
 # the HALVES build (kernel._halves_heads) where halves_config allows it (partner_form(): not in a
 # thread's block)
 HALVES = True
+HALVES_DTYPES = (torch.bfloat16,)  # (fp16's _dot2 spilled 24 B at 128 registers, sm_90, triton 3.6 and 3.9)
+HALVES_ARCHS = (90, None)  # (None: no GPU, the interpreter, as sm_90; sm_80 and sm_100 spilled 24-40 B)
+HALVES_MAX_D = 128  # (D = 256 spilled 8 B under triton 3.6, sm_90)
+HALVES_DEPTH = 3  # heads a batch (four spilled 8-16 B at 128 registers, sm_90, triton 3.6 and 3.9)
 _partner_form = ThreadSetting(False)
 
 
@@ -985,29 +989,27 @@ def partner_form():
     The bits are the same."""
     with _partner_form.scoped(True):
         yield
-HALVES_DTYPES = (torch.bfloat16,)  # (fp16's _dot2 spilled 24 B at 128 registers, sm_90, triton 3.6 and 3.9)
-HALVES_ARCHS = (90, None)  # (None: no GPU, the interpreter, as sm_90; sm_80 and sm_100 spilled 24-40 B)
-HALVES_MAX_D = 128  # (D = 256 spilled 8 B under triton 3.6, sm_90)
-HALVES_DEPTH = 3  # heads a batch (four spilled 8-16 B at 128 registers, sm_90, triton 3.6 and 3.9)
 
 
 def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = False,
                   interpret: bool = False) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) of D a power of
-    two, tables per T row or a cache at one position per row (no angles, not several axes), bf16 x on sm_90 (``HALVES_DTYPES``,
-    ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm (``norm``), not
-    ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s rows (a thread
-    holds a head's elements once, not with a partner copy: the same registers); under the
-    interpreter its rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90, worst end, H100 /
+    two, tables per T row or a cache at one position per row (no angles, not several axes), bf16
+    x on sm_90 (``HALVES_DTYPES``, ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm
+    (``norm``), not ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s
+    rows (a thread holds a head's elements once, not with a partner copy: the same registers);
+    under the interpreter, and under ``gather_tile()`` (the tile given is the halves' tile), its
+    rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90, worst end, H100 /
     H200 % of copy): triton 3.6 forward 97.6 / 93.4 -> 98.9 / 96.9, backward 98.1 / 94.7 -> 99.0 /
     97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7; H200 44.4 -> 42.8 us
     (static estimates, profiling/results/cpu/halves/)."""
     cfg = plan.config
-    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get() and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles
-            and x_dtype in HALVES_DTYPES and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
+    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get()
+            and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles and x_dtype in HALVES_DTYPES
+            and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
         return None
-    return _halves_tile(cfg, interpret)
+    return _halves_tile(cfg, interpret or _gather_tile.get() is not None)
 
 
 def halves_walk(heads: int, interpret: bool = False) -> bool:
@@ -1026,9 +1028,12 @@ def _halves_tile(cfg: Config, interpret: bool) -> Config:
 
 
 @functools.lru_cache(maxsize=256)
-def halves_candidates(cfg: Config, interpret: bool = False) -> tuple[Config, ...]:
+def halves_candidates(cfg: Config, interpret: bool = False, fixed: bool = False) -> tuple[Config, ...]:
     """``candidates`` of a ``halves_config`` tile but the half-size program (8 rows on 2 warps
-    spilled 8 B under triton 3.6, sm_90, D = 128); cached: every such launch asks."""
+    spilled 8 B under triton 3.6, sm_90, D = 128); ``fixed`` (a plan of one candidate:
+    ``gather_tile()``, the interpreter): ``cfg`` alone. Cached: every such launch asks."""
+    if fixed:
+        return (cfg,)
     return tuple(c for c in candidates(cfg, interpret=interpret) if c.num_warps >= cfg.num_warps)
 
 

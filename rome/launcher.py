@@ -580,7 +580,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         rows_plan = plan if tile_cfg is cfg0 else replace(plan, config=tile_cfg, candidates=(tile_cfg,))
         halved = halves is not None and launch.halves_walk(heads, INTERPRET)
         if halved:  # (the heads a program walks as the partner form's rows chose them)
-            rows_plan = replace(plan, config=halves, candidates=launch.halves_candidates(halves, INTERPRET))
+            rows_plan = replace(plan, config=halves,
+                                candidates=launch.halves_candidates(halves, INTERPRET, len(plan.candidates) == 1))
         full = (*args, heads, kg)
         c["SEAM"] = kg > 0
         c["DEPTH"] = launch.dot_depth(cfg0, arch) if cfg0.product == "dot" else \

@@ -666,6 +666,12 @@ def test_gather_tile_overrides_the_launch_and_the_tuner():
         p = launch.plan(m, BF16, FP32, transpose=True, interpret=False)
         assert (p.config.block_r, p.config.num_warps, p.config.maxnreg) == (4, 8, 96)
         assert p.candidates == (p.config,) and p.config.transpose
+        # the whole head's half rotation (bf16, sm_90) takes its halves at the tile given, untuned
+        with launch.target_arch(90):
+            h = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
+            tile = launch.halves_config(h, BF16)
+        assert (tile.block_r, tile.num_warps, tile.maxnreg) == (4, 8, 96)
+        assert launch.halves_candidates(tile, False, len(h.candidates) == 1) == (tile,)
         with launch.product("dot"):  # the dot keeps its tile (sm_90's and the interpreter's: the wide one)
             wide = launch.dot_wide(launch.current_arch(), BF16, 128)
             assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config.block_r == (64 if wide else 32)
@@ -673,6 +679,11 @@ def test_gather_tile_overrides_the_launch_and_the_tuner():
         p = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
         assert (p.config.block_r, p.config.num_warps) == (base.config.block_r, 8)
     assert launch.plan(m, BF16, FP32, transpose=False, interpret=False).config == base.config
+    with launch.target_arch(90):  # (untouched: twice choose's rows, the candidates but the half-size one)
+        h = launch.plan(m, BF16, FP32, transpose=False, interpret=False)
+        tile = launch.halves_config(h, BF16)
+    assert tile.block_r == 2 * h.config.block_r and tile.num_warps == h.config.num_warps
+    assert [c.num_warps for c in launch.halves_candidates(tile)] == [4, 8]
     with pytest.raises(ValueError, match="block_r must be a positive int"):
         with launch.gather_tile(block_r=0):
             pass
