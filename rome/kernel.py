@@ -1953,6 +1953,8 @@ def _rome_gather_kernel(
                      ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64, OPAQUE, FULL)
         return
     if HALVES:  # (KG > 0 read at run time: no SEAM build, the loop's last batch not peeled)
+        tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and POSITIONS <= 1 and not ANGLES,
+                         "HALVES: the gather of tables or one position a row, no norm, native rounding or dot")
         _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
                       n_t, T1,
                       a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,

@@ -160,7 +160,7 @@ from profiling.static.compile import compile_kernel
 out = {}
 for name in sys.argv[1:]:
     dtype, transpose = getattr(torch, name.split("-")[0]), name.endswith("bwd")
-    kc = launcher._gather_configs(dtype, 128, transpose, torch.float32, 0, False)[0]
+    kc = launcher._gather_configs(dtype, 128, transpose, torch.float32, 0, False, partner=True)[0]  # (native: no HALVES)
     k = compile_kernel(kc.fn, kc.signature, dict(kc.constexprs, NATIVE=True), kc.divisible_by_16,
                        cc=90, num_warps=kc.num_warps, num_stages=kc.num_stages, **kc.options)
     ops = collections.Counter(i.opcode.split(".")[0] for i in nvidia.parse_sass(nvidia.run_cuobjdump("-sass", k.asm["cubin"])))
