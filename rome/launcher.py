@@ -869,7 +869,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         + (f" {mode}" if mode != "half" else "") \
         + (f" sections={'/'.join(map(str, sections))}" if named else "") \
         + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "") \
-        + (" halves" if first.consts.get("HALVES") else " partner form" if partner and not few else "")
+        + (" halves" if first.consts.get("HALVES") else "")  # (partner: the name the launch had before HALVES)
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
