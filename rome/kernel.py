@@ -22,7 +22,7 @@ Two kernels evaluate ``x @ M``:
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per run of ``KEPT_RUN`` columns
   (a whole head's half rotation: 16 bytes), else one per element). The whole head's half
-  rotation itself (llama's, NeoX's rotate_half: src[j] = (j + D/2) % D), bf16 x on sm_90 with
+  rotation itself (llama's, NeoX's rotate_half: src[j] = (j + D/2) % D), 16-bit x on sm_90 with
   tables or a cache at one position per row and no norm, takes ``HALVES`` (``_halves_heads``,
   ``rome.launch.halves_config``): each head held as its two halves, whose partner is the other
   half, so no partner load and no second copy of the head in registers: twice the rows a tile.
@@ -1569,8 +1569,8 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
 # loaded byte is a distinct byte of x: no partner load, no register holding a second copy of
 # the head, so twice the head rows in the same registers (16 rows x 128 bf16 on 4 warps: 16 B
 # vectors per half) and twice the bytes in flight. Bound by DRAM bandwidth once the heads in
-# flight cover the latency: three heads a batch prefetched (four spilled 8-16 B), 4 programs an
-# SM at 128 registers (the model, llama-1d, sm_90 bf16, 800 ns: 39-43 KB an SM in flight under
+# flight cover the latency: three heads a batch prefetched for bf16 (four spilled 8-16 B), two
+# for fp16 (_dot2's sum), 4 programs an SM at 128 registers (the model, llama-1d, sm_90 bf16, 800 ns: 39-43 KB an SM in flight under
 # triton 3.6 and 3.9, where the partner form held 23-26 under 3.6). profiling/results/cpu/halves/
 
 

@@ -974,10 +974,12 @@ def _halves(info, transpose: bool) -> bool:
 # the HALVES build (kernel._halves_heads) where halves_config allows it (partner_form(): not in a
 # thread's block)
 HALVES = True
-HALVES_DTYPES = (torch.bfloat16,)  # (fp16's _dot2 spilled 24 B at 128 registers, sm_90, triton 3.6 and 3.9)
+HALVES_DTYPES = (torch.bfloat16, torch.float16)
 HALVES_ARCHS = (90, None)  # (None: no GPU, the interpreter, as sm_90; sm_80 and sm_100 spilled 24-40 B)
 HALVES_MAX_D = 128  # (D = 256 spilled 8 B under triton 3.6, sm_90)
-HALVES_DEPTH = 3  # heads a batch (four spilled 8-16 B at 128 registers, sm_90, triton 3.6 and 3.9)
+# heads a batch by x's dtype (the kernel holds at most four): bf16 three (four spilled 8-16 B at 128
+# registers, sm_90, triton 3.6 and 3.9), fp16 two (its sum is _dot2's: three spilled 8 B)
+HALVES_DEPTH = {torch.bfloat16: 3, torch.float16: 2}
 _partner_form = ThreadSetting(False)
 
 
@@ -995,15 +997,16 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
                   interpret: bool = False) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) of D a power of
-    two, tables per T row or a cache at one position per row (no angles, not several axes), bf16
+    two, tables per T row or a cache at one position per row (no angles, not several axes), 16-bit
     x on sm_90 (``HALVES_DTYPES``, ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm
     (``norm``), not ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s
     rows (a thread holds a head's elements once, not with a partner copy: the same registers);
     under the interpreter, and under ``gather_tile()`` (the tile given is the halves' tile), its
     rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90, worst end, H100 /
     H200 % of copy): triton 3.6 forward 97.6 / 93.4 -> 98.9 / 96.9, backward 98.1 / 94.7 -> 99.0 /
-    97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7; H200 44.4 -> 42.8 us
-    (static estimates, profiling/results/cpu/halves/)."""
+    97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7; H200 44.4 -> 42.8 us;
+    fp16 (two heads a batch) on the H200 80.2 / 82.1 -> 89.4 / 87.2 (3.6), 80.2 / 82.3 -> 89.0 /
+    89.2 (3.9) (static estimates, profiling/results/cpu/halves/)."""
     cfg = plan.config
     if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get()
             and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles and x_dtype in HALVES_DTYPES
@@ -1014,12 +1017,12 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
 
 def halves_walk(heads: int, interpret: bool = False) -> bool:
     """Whether a launch whose programs walk ``heads`` heads takes its ``halves_config``: where
-    they walk more than one batch (``HALVES_DEPTH``), so the loop's prefetch keeps heads in
-    flight; a decode step's three heads a program keep the SEAM build, whose time is its
+    they walk more than bf16's batch of three (``HALVES_DEPTH``), so the loop's prefetch keeps
+    heads in flight; a decode step's three heads a program keep the SEAM build, whose time is its
     prologue's round trips (the model, bf16, sm_90, worst end: 1.9 us forward where the halves'
     twice the rows a program took 2.8). Under the interpreter (three heads a program) always, so
     the tests run it."""
-    return interpret or heads > HALVES_DEPTH
+    return interpret or heads > MIN_HEADS_PER_PROGRAM
 
 
 @functools.lru_cache(maxsize=256)  # (every such launch asks)

@@ -594,7 +594,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["HALVES"] = halved
         if halved:  # (its own first batch and groups: one build whatever KG)
             c["SEAM"], c["FIRST"], c["KEPT_RUN"], c["AXES"] = False, False, 2, 0
-            c["DEPTH"] = launch.HALVES_DEPTH
+            c["DEPTH"] = launch.HALVES_DEPTH[xs[0].dtype]
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -743,7 +743,7 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
                             out.append(launch.dot_kernel_config(cfg, label))
                 products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
-                # (bf16 x, D a power of two: the whole head's half rotation takes its halves at
+                # (16-bit x, D a power of two: the whole head's half rotation takes its halves at
                 # tables and one position axis, launch.halves_config; the partner form's build is
                 # a partial rotary's: both)
                 halves = x_dtype in launch.HALVES_DTYPES and d == triton.next_power_of_2(d) <= launch.HALVES_MAX_D \

@@ -888,16 +888,17 @@ def test_the_gather_depth_by_dtype_norm_and_pass():
     assert g(80, BF16, apart=True) == g("gfx942", BF16, apart=True) == 3
 
 
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("layout", ["bnsd", "bsnd", "3d", "positions"])
-def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
-    """bf16 x, a whole head's half rotation (src[j] = (j + D/2) % D), tables per row or a cache
+def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypatch):
+    """16-bit x, a whole head's half rotation (src[j] = (j + D/2) % D), tables per row or a cache
     at one position per row: the launch takes ``HALVES`` (kernel._halves_heads: each head as its
     two halves, ``HALVES_DEPTH`` heads a batch, no SEAM build), forward and backward the partner
     form's bits (the same sums), within 1 ulp of the torch backend's and of float64's (tables):
     9 heads of q and 4 of k in groups of 3 (the interpreter's) and of 5, q's and k's groups apart
     (KG > 0), and in one group of all 13 walking q's and then k's; BSND, strided and 3-row-dim x;
     positions outside the cache (unchecked) NaN in their rows only, as the partner form's. Not
-    taken for fp16 and fp32 x, sections, several axes, angles, a fused norm, native rounding,
+    taken for fp32 x, sections, several axes, angles, a fused norm, native rounding,
     D = 256, off sm_90, nor by a decode step's three heads a program on a GPU."""
     from rome import launcher, ops
     from rome.precision import ulp_error
@@ -918,7 +919,7 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
     else:  # 3 row dims of x besides heads, tables over two of them; q a strided view
         q, k = torch.randn(2, 3, 9, 7, 2 * d)[..., ::2], torch.randn(2, 3, 4, 7, d)
         cos, sin = random_tables((3, 1, 7, d))
-    q, k = q.to(DEVICE).to(BF16), k.to(DEVICE).to(BF16)
+    q, k = q.to(DEVICE).to(dtype), k.to(DEVICE).to(dtype)
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     seen = []
     run = launcher._run
@@ -948,7 +949,7 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
     for g, w in zip(want, go("torch")):  # (the kernel's sum against the torch backend's: 1 ulp where
         # the terms cancel, _dot2_short's bound; the same bits elsewhere)
         fin = g.isfinite() & w.isfinite()
-        assert torch.equal(g.isnan(), w.isnan()) and ulp_error(g[fin], w[fin].double(), BF16).max() <= 1
+        assert torch.equal(g.isnan(), w.isnan()) and ulp_error(g[fin], w[fin].double(), dtype).max() <= 1
     groups = launch.gather_groups
     for heads in (None, "all", 5):
         if heads is not None:
@@ -956,13 +957,13 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
                                 groups(cfg, n_t, ha, hb, sms, heads=ha + hb if _h == "all" else _h, **kw))
         seen.clear()
         got = go()
-        assert seen and all(s[:3] == (True, launch.HALVES_DEPTH, False) for s in seen), (heads, seen)
+        assert seen and all(s[:3] == (True, launch.HALVES_DEPTH[dtype], False) for s in seen), (heads, seen)
         assert (heads != "all") == all(s[3] > 0 for s in seen), (heads, seen)  # KG: q's and k's groups apart
         for g, w in zip(got, want):
             assert torch.equal(g.nan_to_num(), w.nan_to_num()) and torch.equal(g.isnan(), w.isnan()), heads
     if pos is None:
         for g, x in zip(got[:2], (q, k)):
-            assert ulp_error(g, _oracle(x, cos, sin, m), BF16).max() <= 1
+            assert ulp_error(g, _oracle(x, cos, sin, m), dtype).max() <= 1
 
     def taken(x_dtype=BF16, sections=(128,), positions=0, angles=False, arch=90, **kw):
         with launch.target_arch(arch):
@@ -970,8 +971,8 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, monkeypatch):
                             interpret=False, positions=positions, angles=angles)
         return launch.halves_config(p, x_dtype, **kw) is not None
 
-    assert taken() and taken(sections=(64,)) and taken(positions=1)
-    assert not taken(FP16) and not taken(FP32) and not taken(sections=(44, 44, 40)) and not taken(sections=(256,))
+    assert taken() and taken(sections=(64,)) and taken(positions=1) and taken(FP16)
+    assert not taken(FP32) and not taken(sections=(44, 44, 40)) and not taken(sections=(256,))
     assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
     assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)
