@@ -1663,51 +1663,18 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
 
 @triton.jit
 def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
-                  n_t, T1,
+                  t0, t1, row_ok, h_lo, h_hi,
                   a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
-                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
-                  POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK_R: tl.constexpr, HALF: tl.constexpr,
-                  I64: tl.constexpr, RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
-                  F64: tl.constexpr, K: tl.constexpr):
-    # program (i, g): T rows [i*BLOCK_R, +BLOCK_R) of heads [g*HB, +HB) of q's then k's (KG == 0),
-    # or of one tensor's (KG > 0: groups from KG on are k's, taking k's arguments in q's places);
-    # cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t], a position outside the
-    # cache never read: NaN), read once for the program's heads after q's first batch
-    pid_t = tl.program_id(0)
-    pid_h = tl.program_id(1)
-    on_k = (KG > 0) & (pid_h >= KG)
-    a_x, b_x = _swap(on_k, a_x, b_x)
-    a_o, b_o = _swap(on_k, a_o, b_o)
-    a_sxt0, b_sxt0 = _swap(on_k, a_sxt0, b_sxt0)
-    a_sxt1, b_sxt1 = _swap(on_k, a_sxt1, b_sxt1)
-    a_sot0, b_sot0 = _swap(on_k, a_sot0, b_sot0)
-    a_sot1, b_sot1 = _swap(on_k, a_sot1, b_sot1)
-    a_sxh0, b_sxh0 = _swap(on_k, a_sxh0, b_sxh0)
-    a_sxh1, b_sxh1 = _swap(on_k, a_sxh1, b_sxh1)
-    a_soh0, b_soh0 = _swap(on_k, a_soh0, b_soh0)
-    a_soh1, b_soh1 = _swap(on_k, a_soh1, b_soh1)
-    a_H, b_H = _swap(on_k, a_H, b_H)
-    a_H1, b_H1 = _swap(on_k, a_H1, b_H1)
-    h_lo = tl.where(on_k, pid_h - KG, pid_h) * HB
-    h_hi = tl.minimum(h_lo + HB, tl.where(KG > 0, a_H, a_H + b_H))
-    if I64:
-        a_sxh0 = a_sxh0.to(tl.int64)
-        a_sxh1 = a_sxh1.to(tl.int64)
-        a_soh0 = a_soh0.to(tl.int64)
-        a_soh1 = a_soh1.to(tl.int64)
-        b_sxh0 = b_sxh0.to(tl.int64)
-        b_sxh1 = b_sxh1.to(tl.int64)
-        b_soh0 = b_soh0.to(tl.int64)
-        b_soh1 = b_soh1.to(tl.int64)
+                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
+                  POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr, HALF: tl.constexpr, I64: tl.constexpr,
+                  RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
+                  K: tl.constexpr):
+    # the program's T rows (t0, t1; row_ok) of heads [h_lo, h_hi) of q's then k's (the kernel's
+    # prologue: a group of k's heads has k's arguments in q's places, its head strides int64 under
+    # I64); cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t], a position outside
+    # the cache never read: NaN), read once for the program's heads after q's first batch
     cols = tl.arange(0, HALF)
-    t = pid_t * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = t < n_t
     mask = row_ok[:, None] & (cols < HALF)[None, :]
-    t0 = t // T1
-    t1 = t % T1
-    if I64:
-        t0 = t0.to(tl.int64)
-        t1 = t1.to(tl.int64)
     # q's first batch, issued before the tables
     ax_off = (t0 * a_sxt0 + t1 * a_sxt1)[:, None] + cols[None, :]
     q_lo = tl.minimum(h_lo, a_H)
@@ -1952,21 +1919,15 @@ def _rome_gather_kernel(
                      sxh0, soh0, h, D, nw_ptr, eps, xn_ptr, dw_ptr, PAIRS, POSITIONS,
                      ANGLES, TRANSPOSE, HEADS_B, BLOCKS, BLOCK_D, I64, RAW_X, RAW_C, RAW_S, F64, OPAQUE, FULL)
         return
-    if HALVES:  # (KG > 0 read at run time: no SEAM build, the loop's last batch not peeled)
-        tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and POSITIONS <= 1 and not ANGLES,
-                         "HALVES: the gather of tables or one position a row, no norm, native rounding or dot")
-        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
-                      n_t, T1,
-                      a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
-                      b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H, b_H1, HB, KG,
-                      POSITIONS, TRANSPOSE, BLOCK_R, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
-        return
     pid_t = tl.program_id(0)
     pid_h = tl.program_id(1)
-    if SEAM:  # (KG > 0) q's groups and k's apart: a group of k's heads takes k's arguments in
+    if SEAM or HALVES:  # (KG > 0) q's groups and k's apart: a group of k's heads takes k's arguments in
         # q's places (and q's in k's, whose heads it then has none of: its dw rows still written,
-        # as zeros), so its first head's load is issued first as q's is
+        # as zeros), so its first head's load is issued first as q's is (HALVES: KG read at run
+        # time, one build whatever it is; 0: every group walks q's heads and then k's)
         on_k = pid_h >= KG
+        if HALVES:
+            on_k = on_k & (KG > 0)
         a_x, b_x = _swap(on_k, a_x, b_x)
         a_o, b_o = _swap(on_k, a_o, b_o)
         a_sxt0, b_sxt0 = _swap(on_k, a_sxt0, b_sxt0)
@@ -1985,6 +1946,8 @@ def _rome_gather_kernel(
         a_dw, b_dw = _swap(on_k, a_dw, b_dw)
         h_lo = tl.where(on_k, pid_h - KG, pid_h) * HB
         h_hi = tl.minimum(h_lo + HB, a_H)
+        if HALVES:
+            h_hi = tl.minimum(h_lo + HB, tl.where(KG > 0, a_H, a_H + b_H))
     else:
         h_lo = pid_h * HB
         h_hi = tl.minimum(h_lo + HB, a_H + b_H)
@@ -2014,6 +1977,15 @@ def _rome_gather_kernel(
         b_sxh1 = b_sxh1.to(tl.int64)
         b_soh0 = b_soh0.to(tl.int64)
         b_soh1 = b_soh1.to(tl.int64)
+    if HALVES:  # (no SEAM build: the loop's last batch not peeled)
+        tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and POSITIONS <= 1 and not ANGLES,
+                         "HALVES: the gather of tables or one position a row, no norm, native rounding or dot")
+        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
+                      t0, t1, row_ok, h_lo, h_hi,
+                      a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
+                      b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
+                      POSITIONS, TRANSPOSE, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
+        return
     xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
     ax_off = xrow_a + cols[None, :]
     q_lo = tl.minimum(h_lo, a_H)
