@@ -1598,6 +1598,26 @@ def _halves_head(o_ptr, o_off, m, a, b, ca, cb, sa, sb, HALF: tl.constexpr, RAW_
 
 
 @triton.jit
+def _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, ha, hb, h, h_hi, mask, K: tl.constexpr, HALF: tl.constexpr,
+                  RAW_X: tl.constexpr):
+    # the halves of heads h .. h + K - 1 (the first at head indices (ha, hb); none past h_hi):
+    # returns the last one's indices and the batch's halves (four heads' places, the unused ones
+    # the first's)
+    a0, b0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h, h_hi), HALF, RAW_X)
+    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    for i in tl.static_range(1, K):
+        ha, hb = _next_head(ha, hb, H1)
+        u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + i, h_hi), HALF, RAW_X)
+        if i == 1:
+            a1, b1 = u, v
+        elif i == 2:
+            a2, b2 = u, v
+        else:
+            a3, b3 = u, v
+    return ha, hb, (a0, b0, a1, b1, a2, b2, a3, b3)
+
+
+@triton.jit
 def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi, mask, ca, cb, sa, sb, pre,
                  LOADED: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, RAW_X: tl.constexpr,
                  F64: tl.constexpr):
@@ -1605,43 +1625,19 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
     # (LOADED: issued by the caller, ``pre``), then per iteration the next batch's issued before
     # this batch's math and taken over at the iteration's end (as _rotate_heads); heads past
     # h_hi: no loads, no stores
-    ha = h_lo // H1
-    hb = h_lo % H1
-    if LOADED:
-        a0, b0, a1, b1, a2, b2, a3, b3 = pre
-    else:
-        a0, b0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h_lo, h_hi), HALF, RAW_X)
-        a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
-        for i in tl.static_range(1, K):
-            ha, hb = _next_head(ha, hb, H1)
-            u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h_lo + i, h_hi), HALF, RAW_X)
-            if i == 1:
-                a1, b1 = u, v
-            elif i == 2:
-                a2, b2 = u, v
-            else:
-                a3, b3 = u, v
-        ha = h_lo // H1  # (the first batch's first head again: the loop advances from it)
-        hb = h_lo % H1
-    hc = ha  # the head stored next
-    hd = hb
-    for i in tl.static_range(1, K):  # (ha, hb): the batch's last head
+    hc = h_lo // H1  # the head stored next
+    hd = h_lo % H1
+    if not LOADED:
+        _, _, pre = _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, hc, hd, h_lo, h_hi, mask, K, HALF, RAW_X)
+    a0, b0, a1, b1, a2, b2, a3, b3 = pre
+    ha = hc  # (ha, hb): the batch's last head
+    hb = hd
+    for i in tl.static_range(1, K):
         ha, hb = _next_head(ha, hb, H1)
     for h in range(h_lo, h_hi, K):
         # the next batch's loads
         ha, hb = _next_head(ha, hb, H1)
-        n0, p0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + K, h_hi), HALF, RAW_X)
-        n1, p1, n2, p2, n3, p3 = n0, p0, n0, p0, n0, p0
-        for i in tl.static_range(1, K):
-            ha, hb = _next_head(ha, hb, H1)
-            u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + K + i, h_hi), HALF,
-                                 RAW_X)
-            if i == 1:
-                n1, p1 = u, v
-            elif i == 2:
-                n2, p2 = u, v
-            else:
-                n3, p3 = u, v
+        ha, hb, nxt = _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, ha, hb, h + K, h_hi, mask, K, HALF, RAW_X)
         # this batch
         _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h, h_hi), a0, b0, ca, cb, sa, sb, HALF,
                      RAW_X, F64)
@@ -1658,7 +1654,7 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
             _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 3, h_hi), a3, b3, ca, cb, sa, sb,
                          HALF, RAW_X, F64)
             hc, hd = _next_head(hc, hd, H1)
-        a0, b0, a1, b1, a2, b2, a3, b3 = n0, p0, n1, p1, n2, p2, n3, p3
+        a0, b0, a1, b1, a2, b2, a3, b3 = nxt
 
 
 @triton.jit
@@ -1679,19 +1675,8 @@ def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, s
     ax_off = (t0 * a_sxt0 + t1 * a_sxt1)[:, None] + cols[None, :]
     q_lo = tl.minimum(h_lo, a_H)
     q_hi = tl.minimum(h_hi, a_H)
-    ha = q_lo // a_H1
-    hb = q_lo % a_H1
-    a0, b0 = _halves_fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo, q_hi), HALF, RAW_X)
-    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
-    for i in tl.static_range(1, K):
-        ha, hb = _next_head(ha, hb, a_H1)
-        u, v = _halves_fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + i, q_hi), HALF, RAW_X)
-        if i == 1:
-            a1, b1 = u, v
-        elif i == 2:
-            a2, b2 = u, v
-        else:
-            a3, b3 = u, v
+    _, _, pre = _halves_batch(a_x, ax_off, a_sxh0, a_sxh1, a_H1, q_lo // a_H1, q_lo % a_H1, q_lo, q_hi, mask, K,
+                              HALF, RAW_X)
     # cos at the halves, and sin as the partner multiplies: at the other half in the transpose
     # (scol = src), times the sign of each output column
     if POSITIONS == 0:
@@ -1721,11 +1706,11 @@ def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, s
         sb = s_hi * sign_b
     ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
     _halves_loop(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1, q_lo, q_hi, mask, ca, cb, sa, sb,
-                 (a0, b0, a1, b1, a2, b2, a3, b3), True, K, HALF, RAW_X, F64)
+                 pre, True, K, HALF, RAW_X, F64)
     bx_off = (t0 * b_sxt0 + t1 * b_sxt1)[:, None] + cols[None, :]
     bo_off = (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :]
     _halves_loop(b_x, b_o, bx_off, bo_off, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1, tl.maximum(h_lo, a_H) - a_H,
-                 h_hi - a_H, mask, ca, cb, sa, sb, (a0, b0, a1, b1, a2, b2, a3, b3), False, K, HALF, RAW_X, F64)
+                 h_hi - a_H, mask, ca, cb, sa, sb, pre, False, K, HALF, RAW_X, F64)
 
 
 @triton.jit
