@@ -10,6 +10,8 @@ own float64 arithmetic) or the float64 formula written here:
   per-batch tables, GQA, in place, both products bitwise.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -976,3 +978,47 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
     assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
     assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])
+def test_int64_offsets_give_the_same_bits(dtype, monkeypatch):
+    """The launch's I64 build (64-bit offsets inside a tile: some tensor spans 2**31 elements),
+    taken here for small tensors by lowering the limit: forward and backward the int32 build's
+    bits, the halves (16-bit x) and the partner form, tables and a cache at positions."""
+    from rome import launcher, ops
+
+    d = 32
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    q = torch.randn(2, 5, 7, d, device=DEVICE).to(dtype)
+    k = torch.randn(2, 3, 7, d, device=DEVICE).to(dtype)
+    cos, sin = random_tables((7, d))
+    cache_cos, cache_sin = random_tables((11, d))
+    pos = torch.randint(0, 11, (2, 1, 7, 1), device=DEVICE)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    seen = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, c, *rest: (seen.append(c["I64"]),
+                                                                             run(fn, grid, args, c, *rest))[1])
+
+    def go():
+        out = []
+        for at in (False, True):
+            qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+            y = rome.apply_qk_at(qg, kg, cache_cos, cache_sin, m, pos, backend="triton") if at else \
+                rome.apply_qk(qg, kg, cos, sin, m, backend="triton")
+            torch.autograd.backward(y, (dq, dk))
+            out += [*y, qg.grad, kg.grad]
+        return out
+
+    for form in (contextlib.nullcontext, launch.partner_form):
+        with form():
+            seen.clear()
+            want = go()
+            assert seen and not any(seen)
+            with monkeypatch.context() as mp:
+                mp.setattr(launcher, "_INT32_LIMIT", 1)
+                seen.clear()
+                got = go()
+            assert seen and all(seen)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
