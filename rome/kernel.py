@@ -673,6 +673,15 @@ def _norm_grad(g, xn, m, nw, eps, D, NORM: tl.constexpr):
 
 
 @triton.jit
+def _rotated(xw, c, r, s, x, o_ptr, SHORT: tl.constexpr, RAW_X: tl.constexpr, F64: tl.constexpr):
+    # xw*c + r*s exactly summed (xw: x as loaded, widened): _dot2_short where SHORT allows it and x
+    # and out are bf16 (x and its partner of 8 significant bits), else _dot2
+    if SHORT and o_ptr.dtype.element_ty == tl.bfloat16 and (RAW_X or x.dtype == tl.bfloat16):
+        return _dot2_short(xw, c, r, s, F64)
+    return _dot2(xw, c, r, s, F64)
+
+
+@triton.jit
 def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_heads, xn,
           PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr, OP_DTYPE: tl.constexpr,
           FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RAW_X: tl.constexpr,
@@ -711,12 +720,9 @@ def _head(o_ptr, x, g, ho, o_off, m, c, s, w, nw, nws, nb, nbs, eps, D, rstd_hea
     db = dw
     if NATIVE:
         y = _native(xw, c, r, s, o_ptr.dtype.element_ty, RAW_X)
-    elif NORM == NORM_NONE and NORM_GRAD == NORM_NONE and o_ptr.dtype.element_ty == tl.bfloat16 \
-            and (RAW_X or x.dtype == tl.bfloat16):
-        y = _dot2_short(xw, c, r, s, F64)  # bf16 in and out: x and its partner have 8 bits
     else:  # (the normalised values could take _dot2_short too: there it spilled 40-56 B at the
         # per-head prologue's 128 registers, triton 3.6, sm_90)
-        y = _dot2(xw, c, r, s, F64)
+        y = _rotated(xw, c, r, s, x, o_ptr, NORM == NORM_NONE and NORM_GRAD == NORM_NONE, RAW_X, F64)
     if NORM_GRAD != NORM_NONE:
         y, dw, db = _norm_grad(y, _widen(xn, RAW_X), m, nw, eps, D, NORM_GRAD)
     _store(o_ptr + ho, o_off, y, m, RAW_X)
@@ -1583,18 +1589,11 @@ def _halves_fetch(x_ptr, x_off, m, HALF: tl.constexpr, RAW_X: tl.constexpr):
 @triton.jit
 def _halves_head(o_ptr, o_off, m, a, b, ca, cb, sa, sb, HALF: tl.constexpr, RAW_X: tl.constexpr,
                  F64: tl.constexpr):
-    # one head's math and stores from its halves a, b (the sums as _head's: _dot2_short for bf16
-    # in and out, else _dot2)
+    # one head's math and stores from its halves a, b (the sums as _head's: _rotated)
     xa = _widen(a, RAW_X)
     xb = _widen(b, RAW_X)
-    if o_ptr.dtype.element_ty == tl.bfloat16 and (RAW_X or a.dtype == tl.bfloat16):
-        ya = _dot2_short(xa, ca, xb, sa, F64)
-        yb = _dot2_short(xb, cb, xa, sb, F64)
-    else:
-        ya = _dot2(xa, ca, xb, sa, F64)
-        yb = _dot2(xb, cb, xa, sb, F64)
-    _store(o_ptr, o_off, ya, m, RAW_X)
-    _store(o_ptr + HALF, o_off, yb, m, RAW_X)
+    _store(o_ptr, o_off, _rotated(xa, ca, xb, sa, a, o_ptr, True, RAW_X, F64), m, RAW_X)
+    _store(o_ptr + HALF, o_off, _rotated(xb, cb, xa, sb, b, o_ptr, True, RAW_X, F64), m, RAW_X)
 
 
 @triton.jit

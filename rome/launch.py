@@ -1017,8 +1017,8 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
 
 def halves_walk(heads: int, interpret: bool = False) -> bool:
     """Whether a launch whose programs walk ``heads`` heads takes its ``halves_config``: where
-    they walk more than bf16's batch of three (``HALVES_DEPTH``), so the loop's prefetch keeps
-    heads in flight; a decode step's three heads a program keep the SEAM build, whose time is its
+    they walk more than ``MIN_HEADS_PER_PROGRAM`` (a batch or more, so the loop's prefetch keeps
+    heads in flight); a decode step's three heads a program keep the SEAM build, whose time is its
     prologue's round trips (the model, bf16, sm_90, worst end: 1.9 us forward where the halves'
     twice the rows a program took 2.8). Under the interpreter (three heads a program) always, so
     the tests run it."""

@@ -563,8 +563,9 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     fn = kernel._rome_gather_kernel
     cfg = None
     over_heads = norm is not None and norm[0] == "rms_heads"
-    # the whole head's half rotation as its two halves (kernel._halves_heads, its own tile rows)
-    # where a launch's programs walk more heads than a batch (launch.halves_config)
+    # the whole head's half rotation as its two halves (kernel._halves_heads, its own tile rows:
+    # launch.halves_config) where a launch's programs walk more than a decode step's heads
+    # (launch.halves_walk)
     halves = launch.halves_config(plan, xs[0].dtype, norm=kind is not None, native=native, interpret=INTERPRET)
     picked = None
     for args, n_t, (ha, hb), i64, rows in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
@@ -583,18 +584,18 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             rows_plan = replace(plan, config=halves,
                                 candidates=launch.halves_candidates(halves, INTERPRET, len(plan.candidates) == 1))
         full = (*args, heads, kg)
-        c["SEAM"] = kg > 0
-        c["DEPTH"] = launch.dot_depth(cfg0, arch) if cfg0.product == "dot" else \
-            launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
-        c["KEPT_RUN"] = launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
-        c["AXES"] = launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
-                                         cfg0.product, arch)
-        # (the SEAM build and the dot issue their first batch first anyway: no second build)
-        c["FIRST"] = kg == 0 and cfg0.product == "gather" and launch.first_batch_first(arch, xs[0].dtype)
+        # (HALVES: its own first batch, KG read at run time: one build whatever KG, no partner)
         c["HALVES"] = halved
-        if halved:  # (its own first batch and groups: one build whatever KG)
-            c["SEAM"], c["FIRST"], c["KEPT_RUN"], c["AXES"] = False, False, 2, 0
-            c["DEPTH"] = launch.HALVES_DEPTH[xs[0].dtype]
+        c["SEAM"] = kg > 0 and not halved
+        c["DEPTH"] = launch.HALVES_DEPTH[xs[0].dtype] if halved else launch.dot_depth(cfg0, arch) \
+            if cfg0.product == "dot" else \
+            launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
+        c["KEPT_RUN"] = 2 if halved else launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
+        c["AXES"] = 0 if halved else launch.position_axes(cfg0.positions, 0 if positions is None else
+                                                          positions.shape[-1], transpose, cfg0.product, arch)
+        # (the SEAM build and the dot issue their first batch first anyway: no second build)
+        c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
+            and launch.first_batch_first(arch, xs[0].dtype)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -743,22 +744,11 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                         if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
                             out.append(launch.dot_kernel_config(cfg, label))
                 products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
-                # (16-bit x, D a power of two: the whole head's half rotation takes its halves at
-                # tables and one position axis, launch.halves_config; the partner form's build is
-                # a partial rotary's: both)
-                halves = x_dtype in launch.HALVES_DTYPES and d == triton.next_power_of_2(d) <= launch.HALVES_MAX_D \
-                    and launch.current_arch() in launch.HALVES_ARCHS
                 for product in products:
                     for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
                         out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product)
-                        if halves and product == "gather":
-                            out += _gather_configs(x_dtype, d, transpose, table_dtype, 0, False, product,
-                                                   partner=True)
                     for positions, angles in ((1, False), (2, False), (1, True), (2, True)):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product)
-                        if halves and product == "gather" and (positions, angles) == (1, False):
-                            out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, angles, product,
-                                                   partner=True)
                     # a decode step's few heads a program (the gather's SEAM build): fp32 tables and the
                     # positions; and a prefill's SEAM build where its batch depth is not the decode
                     # step's (launch.gather_depth: four heads a batch with four or more a program)
@@ -863,13 +853,17 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     if few and not first.consts.get("SEAM"):
         raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
                              f"build: {first.consts}")
-    alts = (launch.halves_candidates if first.consts.get("HALVES") else launch.candidates)(first.config)[1:]
+    halves = bool(first.consts.get("HALVES"))
+    alts = (launch.halves_candidates if halves else launch.candidates)(first.config)[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \
         + (f" sections={'/'.join(map(str, sections))}" if named else "") \
         + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "") \
-        + (" halves" if first.consts.get("HALVES") else "")  # (partner: the name the launch had before HALVES)
+        + (" halves" if halves else "")  # (partner: the name the launch had before HALVES)
+    # (a launch that took its halves: the partner form's build too, a partial rotary's)
+    partner_form = _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles, product, norm, alone,
+                                   heads, few, mode, sections if named else None, partner=True) if halves else []
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,
@@ -877,5 +871,5 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                                         tuned_candidate=c is not first.config, matrix="rotation",
                                         norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
                                         kept_run=first.consts["KEPT_RUN"], sections=tuple(sections), mode=mode,
-                                        seam=bool(first.consts.get("SEAM")), halves=bool(first.consts.get("HALVES"))))
-            for c in (first.config, *alts)]
+                                        seam=bool(first.consts.get("SEAM")), halves=halves))
+            for c in (first.config, *alts)] + partner_form
