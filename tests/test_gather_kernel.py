@@ -904,6 +904,7 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
     D = 256, off sm_90, nor by a decode step's three heads a program on a GPU."""
     from rome import launcher, ops
     from rome.precision import ulp_error
+    from rome.structure import describe
 
     d = 32
     m = rome.rotation_matrix((d,), "half", device=DEVICE)
@@ -966,6 +967,14 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
     if pos is None:
         for g, x in zip(got[:2], (q, k)):
             assert ulp_error(g, _oracle(x, cos, sin, m), dtype).max() <= 1
+
+    # the index: exactly the roll by D/2 (either pass: its own transpose), not pairs nor sections
+    assert launch.is_halves(torch.tensor([2, 3, 0, 1])) and launch.is_halves(torch.tensor([1, 0]))
+    assert not launch.is_halves(torch.tensor([1, 0, 3, 2])) and not launch.is_halves(torch.tensor([0, 2, 1]))
+    assert not launch.is_halves(torch.tensor([2, 3, 1, 0])) and not launch.is_halves(torch.tensor([0, 1, 2, 3]))
+    for sections, mode, want in (((32,), "half", True), ((16, 16), "half", False), ((32,), "interleave", False)):
+        info = describe(rome.rotation_matrix(sections, mode))
+        assert launch.is_halves(info.take) == launch.is_halves(info.take_t) == want, (sections, mode)
 
     def taken(x_dtype=BF16, sections=(128,), positions=0, angles=False, arch=90, **kw):
         with launch.target_arch(arch):
