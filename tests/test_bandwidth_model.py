@@ -380,6 +380,49 @@ def test_loads_are_classified_by_what_their_address_depends_on():
     assert by["R18"].kind == "dram" and by["R22"].kind == "dram" and by["R22"].gathered
 
 
+def test_a_pointer_selected_by_an_offset_into_the_parameters_is_still_that_pointer():
+    """Triton 3.9 selects q's or k's pointer (the SEAM build's swap) as a constant read at a
+    register offset, ``LDC.64 R, c[0x0][Rn+0x210]`` (or a uniform register's, ``ULDC.64``), Rn a
+    ``SEL`` of two offsets moved as immediates (one of them through ``HFMA2.MMA``'s fp16 halves).
+    x's loads through it read q's or k's pointer, so x's partner, gathered at src from the same
+    pointer, hits x's lines. (Read without the offsets, x had no pointer and the partner counted
+    as a DRAM round trip of its own: 11 DRAM loads in a decode step's program where triton 3.6's
+    build has 8 and 3 hits.)"""
+    names = ["p_src"] + [f"n{k}" for k in range(26)] + ["p_q", "p_k"]  # p_q at +0x70, p_k at +0x78
+    params = _params(*names)
+
+    def listing(move, r="R40", u=""):
+        return sass(("S2R R0, SR_CTAID.Y", None, 0),
+                    ("S2R R1, SR_TID.X", None, 0),
+                    (f"{u}ISETP.GE.AND {u}P5, {u}PT, R0, 0x4, {u}PT", None, 0),
+                    (move, None, 0),
+                    (f"{u}SEL {r}, {r}, 0x78, {u}P5", None, 0),              # q's offset or k's
+                    (f"{u}LDC.64 {r}, c[0x0][{r}+0x210]", 0, 0),
+                    ("IMAD.WIDE R2, R1, 0x4, c[0x0][0x210]", None, 0b1),  # src + tid
+                    ("LDG.E R3, desc[UR4][R2.64]", 1, 0),                  # src[j]
+                    ("IMAD R4, R0, 0x100, R1", None, 0),
+                    (f"IMAD.WIDE R6, R4, 0x2, {r}", None, 0),              # x + row
+                    ("LDG.E.128 R8, desc[UR4][R6.64]", 2, 0),
+                    ("IMAD R5, R0, 0x100, R3", None, 0b10),                # row + src[j]
+                    (f"IMAD.WIDE R12, R5, 0x2, {r}", None, 0),
+                    ("LDG.E.128 R16, desc[UR4][R12.64]", 3, 0),            # the partner
+                    ("EXIT", None, 0b1100))
+
+    def loads(text):
+        path = schedule.parse_sass(text)
+        return {path[i].operands.split(",")[0]: li for i, li in schedule.classify(path, params).items()}
+
+    for text in (listing("HFMA2.MMA R40, -RZ, RZ, 0, 6.67572021484375e-06"),  # 0x70 as two fp16 halves
+                 listing("IMAD.MOV.U32 R40, RZ, RZ, 0x70"), listing("MOV R40, 0x70"),
+                 listing("UMOV UR6, 0x70", "UR6", "U")):
+        by = loads(text)
+        assert by["R8"].kind == "dram" and by["R8"].pointers == ("p_q", "p_k"), text
+        assert by["R16"].kind == "hit" and by["R16"].gathered and by["R16"].distinct_bytes == 0, text
+    # an offset the path cannot name (here a loaded value): no pointer, as before
+    by = loads(listing("LDG.E R40, desc[UR4][R2.64]"))
+    assert by["R8"].pointers == () and by["R16"].kind == "dram"
+
+
 def test_a_load_of_an_address_read_before_is_an_l1_hit_or_an_l2_hit_past_l1():
     """Value numbering along the walk: the weights at the program's tensor (program id 1) read
     again, by a second load whose address is recomputed from the program id and on the second trip,

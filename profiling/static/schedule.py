@@ -45,6 +45,7 @@ import functools
 import heapq
 import math
 import re
+import struct
 
 from .nvidia import GLOBAL, WIDTH, Instr, branch_target, call_target, parse_sass, sass_labels, subroutines
 
@@ -521,10 +522,49 @@ class LoadInfo:
     wavefronts: int
 
 
+_INDEXED = re.compile(r"c\[0x0\]\[(U?R\d+)\s*\+\s*(0x[0-9a-f]+)\]")
+_IMM = r"(-?(?:0x[0-9a-f]+|\d+))"
+
+
+def _immediates(ins: Instr, known: dict) -> frozenset | None:
+    """The values an instruction may write to its first register where they are constants the
+    path can name: a move of an immediate (``MOV``, ``UMOV``, ``IMAD.MOV.U32 Rd, RZ, RZ, imm``, or
+    the ``HFMA2.MMA Rd, -RZ, RZ, hi, lo`` that writes two fp16 halves), or a ``SEL``/``USEL`` of two
+    such values; else None. (Triton 3.9 selects q's or k's pointer by such an offset into the
+    parameters: ``LDC.64 Rd, c[0x0][Rn+0x210]``, ``ULDC.64 URd, c[0x0][URn+0x210]``.)"""
+    tokens = [t.strip() for t in ins.operands.split(",")]
+    op = ins.opcode.split(".")
+    if op[0] in ("MOV", "UMOV") and len(tokens) == 2 and re.fullmatch(_IMM, tokens[1]):
+        return frozenset({int(tokens[1], 0) & 0xFFFFFFFF})
+    if ins.opcode == "IMAD.MOV.U32" and len(tokens) == 4 and tokens[1:3] == ["RZ", "RZ"] \
+            and re.fullmatch(_IMM, tokens[3]):
+        return frozenset({int(tokens[3], 0) & 0xFFFFFFFF})
+    if ins.opcode == "HFMA2.MMA" and len(tokens) == 5 and tokens[1] in ("-RZ", "RZ") and tokens[2] == "RZ":
+        try:
+            hi, lo = (int.from_bytes(struct.pack("<e", float(v)), "little") for v in tokens[3:5])
+        except (ValueError, OverflowError, struct.error):
+            return None
+        return frozenset({hi << 16 | lo})
+    if op[0] in ("SEL", "USEL") and len(tokens) == 4:
+        vals = set()
+        for t in tokens[1:3]:
+            if re.fullmatch(_IMM, t):
+                vals.add(int(t, 0) & 0xFFFFFFFF)
+            elif t in known:
+                vals |= known[t]
+            else:
+                return None
+        return frozenset(vals)
+    return None
+
+
 def taint_path(path: list[Instr], params: Params | None) -> dict[int, tuple]:
-    """Position in ``path`` -> (address taint, pointers) of every global load and store."""
+    """Position in ``path`` -> (address taint, pointers) of every global load and store. A
+    constant read at a register offset (``c[0x0][Rn+off]``) reads the parameter slots of the
+    values ``Rn`` may hold where they are immediates the path moved or selected (``_immediates``)."""
     ops: dict[int, _Op] = {}
     taint: dict[str, int] = {}
+    known: dict[str, frozenset] = {}  # registers holding one of a few constants
     shared = 0  # what was stored to shared memory (a layout conversion passes loaded values through it)
     out = {}
     base = params.base if params else None
@@ -537,9 +577,25 @@ def taint_path(path: list[Instr], params: Params | None) -> dict[int, tuple]:
             t |= taint.get(r, 0)
         slots = 0  # the kernel-argument slots the instruction's constants read
         if base is not None:
-            for c in op.consts:
+            consts = list(op.consts)
+            if "c[0x0][" in ins.operands:
+                for reg, off in _INDEXED.findall(ins.operands):
+                    consts += [v + int(off, 16) for v in known.get(reg, ())]
+            for c in consts:
                 if c >= base:
                     slots |= 1 << (_SLOT0 + (c - base) // 4)
+        if op.dests:
+            vals = _immediates(ins, known)
+            guard = ins.pred and ins.pred != "@PT"
+            d0 = op.dests[0]
+            if vals is not None and guard and d0 in known:
+                vals = vals | known[d0]  # (a predicated write: the old value or the new)
+            elif vals is not None and guard:
+                vals = None
+            for d in op.dests:
+                known.pop(d, None)
+            if vals is not None:
+                known[d0] = vals
         t |= slots
         if ins.base in GLOBAL or ins.base in ("LDG", "LD", "LDS", "LDSM"):
             a = slots
