@@ -1167,14 +1167,16 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
                 sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
+        # in range, in the positions' own type (int64's 2**32 + 3 narrowed first would be row 3),
+        # then narrowed for the offsets
+        c_ok = (cp >= 0) & (cp < n_pos)
+        s_ok = (sp >= 0) & (sp < n_pos)
         if I64:
             cp = cp.to(tl.int64)
             sp = sp.to(tl.int64)
         else:
             cp = cp.to(tl.int32)
             sp = sp.to(tl.int32)
-        c_ok = (cp >= 0) & (cp < n_pos)
-        s_ok = (sp >= 0) & (sp < n_pos)
         if ANGLES:
             c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
             if TRANSPOSE:  # sin at (pos[t, axis[src]], src) is the columns' own sin at src: moved
@@ -1684,11 +1686,11 @@ def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, s
         ok = mask
     else:
         p = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
+        ok = ((p >= 0) & (p < n_pos))[:, None] & mask  # (in the positions' own type: int64's 2**32 + 3 is out)
         if I64:
             p = p.to(tl.int64)
         else:
             p = p.to(tl.int32)
-        ok = ((p >= 0) & (p < n_pos))[:, None] & mask
         crow = (p * stride_pc)[:, None] + cols[None, :]
         srow = (p * stride_ps)[:, None] + cols[None, :]
     ca = _table(c_ptr, crow, mask, ok, RAW_C, POSITIONS)
