@@ -1137,12 +1137,14 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols, cmask, D,
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
-                F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0):
+                F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0,
+                pos=None, PRE_POS: tl.constexpr = False):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
     # to _signed_sin (0.0 here); a transpose without it (angles, the dot) has sin at src here.
-    # src2: src in the tiles' layout (PAIR: how it moves pairs)
+    # src2: src in the tiles' layout (PAIR: how it moves pairs). PRE_POS: POSITIONS == 1's
+    # positions already loaded by the caller (``pos``, [BLOCK_R])
     s = 0.0
     sp = t0
     s_ok = row_ok
@@ -1154,7 +1156,10 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
     else:
         prow = t0 * spt0 + t1 * spt1
         if POSITIONS == 1:
-            cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
+            if PRE_POS:
+                cp = pos[:, None]
+            else:
+                cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
             sp = cp
         else:
             ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
@@ -1749,11 +1754,11 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                            tl.minimum(h_hi, a_H), mask, x0, x1, x2, x3, 3, PAIR, DOT, RAW_X, K, DEPTH, XN)
     if LATE_TABLES:
         (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
-         axis_ptr, stride_ax, row_ok, cmask) = tables
+         axis_ptr, stride_ax, row_ok, cmask, pos) = tables
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D, AXES)
+                                     BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
@@ -1949,8 +1954,17 @@ def _rome_gather_kernel(
         t0 = t0.to(tl.int64)
         t1 = t1.to(tl.int64)
 
-    # q's first head: its load issued before anything else (the next ones in _rotate_heads, where
-    # the permutation's class, read below, tells how many; EARLY's, below, here)
+    # the SEAM build's positions (POSITIONS == 1: a cache row, or the angles' position, a row),
+    # used by the tables read in _gather_body (LATE_TABLES): their load issued first, as the head
+    # of the chain positions -> cache rows (two round trips beside x's one). Loaded there, behind
+    # the class's branch, ptxas (triton 3.9) issued it only once x's first batch was in: a
+    # register it reused was the destination of src's load, which shared x's scoreboard (a decode
+    # step's third round trip)
+    pos = t0  # (unused elsewhere)
+    if SEAM and POSITIONS == 1:
+        pos = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
+    # q's first head: its load issued before anything else but those positions (the next ones in
+    # _rotate_heads, where the permutation's class, read below, tells how many; EARLY's, below, here)
     if I64:  # (else every offset of x and out, a head's too, fits in int32: fewer registers)
         # every head stride, q's and k's, x's and out's: a head offset h * stride is formed in the
         # strides' type (out's left int32 wrapped past 2**31 elements: those rows were never
@@ -2022,7 +2036,7 @@ def _rome_gather_kernel(
     # moved there from the columns' by _row_tables)
     SIN_AT_SRC: tl.constexpr = TRANSPOSE and not ANGLES and POSITIONS != 2 and not DOT
     tables = (c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc, stride_ps, n_pos,
-              axis_ptr, stride_ax, row_ok, cmask)
+              axis_ptr, stride_ax, row_ok, cmask, pos)
     # (with a program's few heads the tables are read in _gather_body after the first batch's
     # loads: the class's branch, and what waits on the tables' values before it (caches at
     # positions: their rows; triton 3.6: cos's layout conversion through shared memory, a

@@ -878,6 +878,25 @@ def test_workload_launches_refuses_a_variant_it_does_not_have():
         launches.workload_launches("wan-qknorm", variants=("rome.apply_qk", "rome.nope"))
 
 
+def test_a_decode_steps_cache_at_positions_is_two_round_trips():
+    """Issue 27's decode target: ``rome.apply_qk_at`` of a decode step (Llama's 64 sequences of one
+    token, 32 + 8 heads x 128, bf16, one position a sequence into a cache), compiled for sm_90
+    under the installed triton, runs within 2.5 us at the worst end (800 ns, 1.755 GHz) forward and
+    backward on its slowest SM, by the model: positions -> cache rows, two DRAM round trips, with
+    x's loads beside them (three in a row took 2.8 us under triton 3.9, whose build issued the
+    positions' load only once x's first batch was in), and no spill."""
+    with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
+        cap = pool.submit(launches.workload_launches, "decode", {"dtype": "bf16"}, cc=90,
+                          variants=("rome.apply_qk_at",), liger=False).result()["launches"]
+        results = aot.compile_all(pool, [L["job"] for L in cap])
+    assert sorted(L["pass"] for L in cap) == ["backward", "forward"]
+    for L in cap:
+        row = launches.launch_row(L, archs.ARCHS[90], results[L["job"]])
+        assert row["ok"] and row["spill_bytes"] == 0, (L["pass"], row.get("error"), row.get("spill_bytes"))
+        us = row["schedule"]["ends"]["800ns@1.755GHz"]["us"]
+        assert us <= 2.5, (L["pass"], us)
+
+
 def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     """Liger-Kernel's rope kernel (the installed one, compiled for sm_90 as ``liger_rotary_pos_emb``
     launches it on the default workload's shape): 0.95-1.00 of copy at every end (the independent

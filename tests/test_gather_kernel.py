@@ -990,6 +990,54 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("mode, sections", [("half", (16, 16)), ("interleave", (32,)), ("half", (6, 26))],
+                         ids=["kept", "swapped", "none"])
+def test_a_seam_builds_positions_read_at_its_top_give_the_tables_bits(dtype, mode, sections, monkeypatch):
+    """The SEAM build (a decode step's few heads a program) with a cache at one position a row
+    loads the positions at the kernel's top, before x's first batch, and hands them to the tables
+    read after the class's branch: the same bits as tables gathered at those positions on the
+    host, in each pair class (kept pairs, swapped pairs, neither), forward and backward, 7 rows (a
+    tile's last rows masked off); a position outside the cache (unchecked) NaN in its row only."""
+    from rome import ops
+
+    d = 32
+    m = rome.rotation_matrix(sections, mode, device=DEVICE)
+    q = torch.randn(2, 5, 7, d, device=DEVICE).to(dtype)
+    k = torch.randn(2, 2, 7, d, device=DEVICE).to(dtype)
+    cache_c, cache_s = random_tables((11, d))
+    pos = torch.randint(0, 11, (2, 1, 7, 1), device=DEVICE)
+    pos[0, 0, 3], pos[1, 0, 6] = 11, -1
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    seen = []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, c, *rest: (
+        seen.append((c["SEAM"], c["POSITIONS"], c["HALVES"])), run(fn, grid, args, c, *rest))[1])
+
+    def go(at):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        if at:
+            with ops.position_checks("kernel"):
+                y = rome.apply_qk_at(qg, kg, cache_c, cache_s, m, pos, backend="triton")
+        else:  # (the in-range rows' tables gathered on the host)
+            ok = pos.clamp(0, 10)[..., 0]
+            y = rome.apply_qk(qg, kg, cache_c[ok], cache_s[ok], m, backend="triton")
+        torch.autograd.backward(y, (dq, dk))
+        return (*y, qg.grad, kg.grad)
+
+    with launch.partner_form():
+        got = go(True)
+        assert seen and all(s == (True, 1, False) for s in seen), seen
+        want = go(False)
+    bad = ((pos < 0) | (pos > 10)).expand(2, 1, 7, d)
+    for g, w in zip(got[:2], want[:2]):
+        assert torch.isnan(g).eq(bad.expand_as(g)).all()
+        assert torch.equal(g[~bad.expand_as(g)], w[~bad.expand_as(g)])
+    rows = ~bad.expand_as(got[2])  # (the backward: a row outside the cache is NaN, the rest read)
+    for g, w in zip(got[2:], want[2:]):
+        assert torch.equal(g[rows[:, :1].expand_as(g)], w[rows[:, :1].expand_as(g)])
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])
 def test_int64_offsets_give_the_same_bits(dtype, monkeypatch):
     """The launch's I64 build (64-bit offsets inside a tile: some tensor spans 2**31 elements),
     taken here for small tensors by lowering the limit: forward and backward the int32 build's
