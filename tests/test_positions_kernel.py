@@ -367,18 +367,24 @@ def test_positions_outside_the_cache_raise_by_default_and_are_nan_unchecked(back
     if DEVICE == "cpu":  # (on a GPU the default's failure is a device-side assert: not testable here)
         with pytest.raises(RuntimeError, match=rf"rome: positions must lie in \[0, the caches' rows P={P}\)"):
             ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
-    with ops.position_checks("kernel"):
-        qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
     bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
     bad[0, 0, 1] = axis == 2
     bad[0, 0, 3] = axis == 0
+    _assert_nan_outside(q, k, cos, sin, m, pos, axis, bad, backend)
+
+
+def _assert_nan_outside(q, k, cos, sin, m, pos, axis, bad, backend):
+    """With checks off, apply_qk_at's outputs are NaN exactly where ``bad`` ([1, 1, S, D]) says a
+    position is outside the cache, elsewhere the table path's bits at the clamped positions; the
+    backward reads nothing outside either: the tokens whose every column is in range get the
+    in-range grads, bitwise."""
+    with ops.position_checks("kernel"):
+        qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
     ok = pos.clamp(0, P - 1)
     want = rome.apply_qk(q, k, gather_rows(cos, ok, axis), gather_rows(sin, ok, axis), m, backend=backend)
     for out, w in zip((qo, ko), want):
         assert torch.isnan(out).eq(bad.expand_as(out)).all()
         assert torch.equal(out[~bad.expand_as(out)], w[~bad.expand_as(out)])
-    # the backward reads nothing outside either: the tokens whose every column is in range get
-    # the in-range grads, bitwise
     g = torch.randn_like(qo)
     (dq,) = torch.autograd.grad(qo, q, g)
     (dw,) = torch.autograd.grad(want[0], q, g)
@@ -411,11 +417,11 @@ def test_kernel_never_reads_outside_the_cache():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("name", ["1d-half-32", "mrope-4/6/6"])
 def test_int64_positions_past_int32_are_outside_the_cache(backend, dtype, name):
-    """int64 positions are compared with the cache's rows in int64, before any narrowing to the
-    kernel's 32-bit offsets: 2**32 + 3 and 3 - 2**32 (which narrowed are row 3) are outside the
-    cache, NaN in their elements with checks off (``position_checks("kernel")``), forward and
-    backward, the other elements bitwise the table path's; one axis (the head groups' SEAM build
-    and, for bf16, the whole head's halves) and several."""
+    """int64 positions outside the cache stay outside when the kernel narrows them to its 32-bit
+    offsets: 2**32 + 3 and 3 - 2**32 (whose low 32 bits are row 3) are NaN in their elements with
+    checks off (``position_checks("kernel")``), forward and backward, the other elements bitwise
+    the table path's; one axis (the head groups' SEAM build and, for bf16, the whole head's
+    halves) and several."""
     layout = LAYOUTS[name]()
     cos, sin = _caches(layout)
     m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
@@ -424,22 +430,11 @@ def test_int64_positions_past_int32_are_outside_the_cache(backend, dtype, name):
     pos = torch.randint(0, P, (1, 1, 4, layout.n_axes), device=DEVICE)
     pos[0, 0, 1, -1] = 2**32 + 3
     pos[0, 0, 2, 0] = 3 - 2**32
-    with ops.position_checks("kernel"):
-        qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
     ax = axis if axis is not None else torch.zeros(32, dtype=torch.long, device=DEVICE)
     bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
     bad[0, 0, 1] = ax == layout.n_axes - 1
     bad[0, 0, 2] = ax == 0
-    ok = pos.clamp(0, P - 1)
-    want = rome.apply_qk(q, k, gather_rows(cos, ok, axis), gather_rows(sin, ok, axis), m, backend=backend)
-    for out, w in zip((qo, ko), want):
-        assert torch.isnan(out).eq(bad.expand_as(out)).all()
-        assert torch.equal(out[~bad.expand_as(out)], w[~bad.expand_as(out)])
-    g = torch.randn_like(qo)
-    (dq,) = torch.autograd.grad(qo, q, g)
-    (dw,) = torch.autograd.grad(want[0], q, g)
-    rows = ~bad.any(-1, keepdim=True).expand_as(dq)
-    assert torch.equal(dq[rows], dw[rows])
+    _assert_nan_outside(q, k, cos, sin, m, pos, axis, bad, backend)
 
 
 def test_inputs_untouched():
