@@ -1133,16 +1133,20 @@ def _moved_to_src(s, src2, PAIR: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: t
 
 
 @triton.jit
-def _in_cache(p, n_pos):
-    # position p (int32 or int64) in [0, n_pos), where offsets are int32 (n_pos < 2**31): compared
-    # narrowed to int32, and an int64's high word 0 (2**32 + 3 narrowed is row 3; [2**31, 2**32)
-    # narrows negative). (Compared in int64 instead, a [BLOCK_R, BLOCK_D] tile of positions a
-    # backward reads cost it 0.3-1.4 points of an H200's copy by the model: more instructions)
+def _cache_index(p, n_pos, I64: tl.constexpr):
+    # positions p (int32 or int64) as the offsets' type (int64 under I64, else int32) and whether
+    # each is in [0, n_pos). Narrowed to int32, an int64's high word must be 0 as well (2**32 + 3
+    # narrowed is row 3; [2**31, 2**32) narrows negative; n_pos < 2**31 there). (Compared in
+    # int64 instead, a [BLOCK_R, BLOCK_D] tile of positions a backward reads cost it 0.3-1.4
+    # points of an H200's copy by the model: more instructions)
+    if I64:
+        p = p.to(tl.int64)
+        return p, (p >= 0) & (p < n_pos)
     lo = p.to(tl.int32)
     ok = (lo >= 0) & (lo < n_pos)
     if p.dtype.is_int64():
         ok = ok & ((p >> 32).to(tl.int32) == 0)
-    return ok
+    return lo, ok
 
 
 @triton.jit
@@ -1185,16 +1189,8 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
                 sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
-        if I64:
-            cp = cp.to(tl.int64)
-            sp = sp.to(tl.int64)
-            c_ok = (cp >= 0) & (cp < n_pos)
-            s_ok = (sp >= 0) & (sp < n_pos)
-        else:
-            c_ok = _in_cache(cp, n_pos)
-            s_ok = _in_cache(sp, n_pos)
-            cp = cp.to(tl.int32)
-            sp = sp.to(tl.int32)
+        cp, c_ok = _cache_index(cp, n_pos, I64)
+        sp, s_ok = _cache_index(sp, n_pos, I64)
         if ANGLES:
             c, s = _angle_tables(c_ptr, stride_pc, s_ptr, stride_ps, cp, c_ok, cols, D, F64)
             if TRANSPOSE:  # sin at (pos[t, axis[src]], src) is the columns' own sin at src: moved
@@ -1703,13 +1699,8 @@ def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, s
         srow = (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :]
         ok = mask
     else:
-        p = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
-        if I64:
-            p = p.to(tl.int64)
-            ok = ((p >= 0) & (p < n_pos))[:, None] & mask
-        else:
-            ok = _in_cache(p, n_pos)[:, None] & mask
-            p = p.to(tl.int32)
+        p, ok = _cache_index(tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0), n_pos, I64)
+        ok = ok[:, None] & mask
         crow = (p * stride_pc)[:, None] + cols[None, :]
         srow = (p * stride_ps)[:, None] + cols[None, :]
     ca = _table(c_ptr, crow, mask, ok, RAW_C, POSITIONS)
@@ -1974,8 +1965,9 @@ def _rome_gather_kernel(
     # the class's branch, ptxas (triton 3.9) issued it only once x's first batch was in: a
     # register it reused was the destination of src's load, which shared x's scoreboard (a decode
     # step's third round trip)
+    LATE_TABLES: tl.constexpr = SEAM  # (the tables read in _gather_body, after the first batch's loads)
     pos = t0  # (unused elsewhere)
-    if SEAM and POSITIONS == 1:
+    if LATE_TABLES and POSITIONS == 1:
         pos = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
     # q's first head: its load issued before anything else but those positions (the next ones in
     # _rotate_heads, where the permutation's class, read below, tells how many; EARLY's, below, here)
@@ -2055,7 +2047,6 @@ def _rome_gather_kernel(
     # loads: the class's branch, and what waits on the tables' values before it (caches at
     # positions: their rows; triton 3.6: cos's layout conversion through shared memory, a
     # barrier), no longer hold the partners' loads back by a round trip)
-    LATE_TABLES: tl.constexpr = SEAM
     if LATE_TABLES:
         c = sign2
         s = sign2
