@@ -526,36 +526,48 @@ _INDEXED = re.compile(r"c\[0x0\]\[(U?R\d+)\s*\+\s*(0x[0-9a-f]+)\]")
 _IMM = r"(-?(?:0x[0-9a-f]+|\d+))"
 
 
-def _immediates(ins: Instr, known: dict) -> frozenset | None:
-    """The values an instruction may write to its first register where they are constants the
-    path can name: a move of an immediate (``MOV``, ``UMOV``, ``IMAD.MOV.U32 Rd, RZ, RZ, imm``, or
-    the ``HFMA2.MMA Rd, -RZ, RZ, hi, lo`` that writes two fp16 halves), or a ``SEL``/``USEL`` of two
-    such values; else None. (Triton 3.9 selects q's or k's pointer by such an offset into the
-    parameters: ``LDC.64 Rd, c[0x0][Rn+0x210]``, ``ULDC.64 URd, c[0x0][URn+0x210]``.)"""
-    tokens = [t.strip() for t in ins.operands.split(",")]
-    op = ins.opcode.split(".")
-    if op[0] in ("MOV", "UMOV") and len(tokens) == 2 and re.fullmatch(_IMM, tokens[1]):
-        return frozenset({int(tokens[1], 0) & 0xFFFFFFFF})
-    if ins.opcode == "IMAD.MOV.U32" and len(tokens) == 4 and tokens[1:3] == ["RZ", "RZ"] \
-            and re.fullmatch(_IMM, tokens[3]):
-        return frozenset({int(tokens[3], 0) & 0xFFFFFFFF})
-    if ins.opcode == "HFMA2.MMA" and len(tokens) == 5 and tokens[1] in ("-RZ", "RZ") and tokens[2] == "RZ":
+@functools.lru_cache(maxsize=1 << 16)
+def _immediate_form(opcode: str, operands: str) -> tuple | None:
+    """What an instruction's text writes to its first register where it is a constant the path
+    can name: a move of an immediate (``MOV``, ``UMOV``, ``IMAD.MOV.U32 Rd, RZ, RZ, imm``, or the
+    ``HFMA2.MMA Rd, -RZ, RZ, hi, lo`` that writes two fp16 halves) as (value,), or a ``SEL``/``USEL``
+    of two immediates or registers as its two items (ints, or register names); else None. Read
+    once per text (the walk meets each text many times)."""
+    tokens = [t.strip() for t in operands.split(",")]
+    op = opcode.split(".")[0]
+    imm = lambda t: re.fullmatch(_IMM, t) is not None
+    if op in ("MOV", "UMOV") and len(tokens) == 2 and imm(tokens[1]):
+        return (int(tokens[1], 0) & 0xFFFFFFFF,)
+    if opcode == "IMAD.MOV.U32" and len(tokens) == 4 and tokens[1:3] == ["RZ", "RZ"] and imm(tokens[3]):
+        return (int(tokens[3], 0) & 0xFFFFFFFF,)
+    if opcode == "HFMA2.MMA" and len(tokens) == 5 and tokens[1] in ("-RZ", "RZ") and tokens[2] == "RZ":
         try:
             hi, lo = (int.from_bytes(struct.pack("<e", float(v)), "little") for v in tokens[3:5])
         except (ValueError, OverflowError, struct.error):
             return None
-        return frozenset({hi << 16 | lo})
-    if op[0] in ("SEL", "USEL") and len(tokens) == 4:
-        vals = set()
-        for t in tokens[1:3]:
-            if re.fullmatch(_IMM, t):
-                vals.add(int(t, 0) & 0xFFFFFFFF)
-            elif t in known:
-                vals |= known[t]
-            else:
-                return None
-        return frozenset(vals)
+        return (hi << 16 | lo,)
+    if op in ("SEL", "USEL") and len(tokens) == 4:
+        return tuple(int(t, 0) & 0xFFFFFFFF if imm(t) else t for t in tokens[1:3])
     return None
+
+
+def _immediates(ins: Instr, known: dict) -> frozenset | None:
+    """The values an instruction may write to its first register (``_immediate_form``, a
+    register's from ``known``: the registers holding one of a few constants), or None. (Triton
+    3.9 selects q's or k's pointer by such an offset into the parameters: ``LDC.64 Rd,
+    c[0x0][Rn+0x210]``, ``ULDC.64 URd, c[0x0][URn+0x210]``.)"""
+    form = _immediate_form(ins.opcode, ins.operands)
+    if form is None:
+        return None
+    vals = set()
+    for item in form:
+        if isinstance(item, int):
+            vals.add(item)
+        elif item in known:
+            vals |= known[item]
+        else:
+            return None
+    return frozenset(vals)
 
 
 def taint_path(path: list[Instr], params: Params | None) -> dict[int, tuple]:
