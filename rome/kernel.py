@@ -1109,16 +1109,51 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
 
 
 @triton.jit
-def _by_axis(p_ptr, prow, stride_pa, row_ok, ax, AXES: tl.constexpr):
-    # pos[r, ax[j]] ([BLOCK_R, BLOCK_D]) for positions on AXES (2-4) axes: a row's AXES positions
-    # read once each (one load an axis a thread), a column's picked by its axis in registers. (Read
-    # per element, ptxas issued each position's load just before its cache rows' loads, which wait
-    # on it: a round trip an element in the prologue, ~6.7 us a program by the model)
-    p = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None] + (ax * 0)[None, :]
-    for k in tl.static_range(1, AXES):
-        pk = tl.load(p_ptr + prow + k * stride_pa, mask=row_ok, other=0)[:, None]
-        p = tl.where(ax[None, :] == k, pk, p)
+def _row_positions(p_ptr, prow, stride_pa, row_ok, AXES: tl.constexpr):
+    # a row's positions on AXES (2-4) axes, the forward's: [BLOCK_R] each, one load an axis a
+    # thread (_by_axis picks a column's)
+    p0 = tl.load(p_ptr + prow, mask=row_ok, other=0)
+    p1 = p0
+    p2 = p0
+    p3 = p0
+    if AXES >= 2:
+        p1 = tl.load(p_ptr + prow + stride_pa, mask=row_ok, other=0)
+    if AXES >= 3:
+        p2 = tl.load(p_ptr + prow + 2 * stride_pa, mask=row_ok, other=0)
+    if AXES >= 4:
+        p3 = tl.load(p_ptr + prow + 3 * stride_pa, mask=row_ok, other=0)
+    return p0, p1, p2, p3
+
+
+@triton.jit
+def _by_axis(rows, ax, AXES: tl.constexpr):
+    # pos[r, ax[j]] ([BLOCK_R, BLOCK_D]) from _row_positions' rows: a column's position picked by
+    # its axis ax ([BLOCK_R, BLOCK_D]) in registers. (Read per element, ptxas issued each
+    # position's load just before the cache rows' loads that wait on it: a round trip an element
+    # in the prologue, ~6.7 us a program by the model)
+    p0, p1, p2, p3 = rows
+    p = p0[:, None] + ax * 0
+    if AXES >= 2:
+        p = tl.where(ax == 1, p1[:, None], p)
+    if AXES >= 3:
+        p = tl.where(ax == 2, p2[:, None], p)
+    if AXES >= 4:
+        p = tl.where(ax == 3, p3[:, None], p)
     return p
+
+
+@triton.jit
+def _run_rows(t_ptr, p, stride_p, tcols, mask, ok, n_pos, RAW_T: tl.constexpr, RUN: tl.constexpr):
+    # a cache at rows p and columns tcols ([BLOCK_R, BLOCK_D]; AXES: RUN-wide vectors, p the same
+    # over each RUN columns from a multiple of RUN, stride_p a multiple of RUN:
+    # rome.launch.launch_axis_run), in x's register layout (read element by element, the compiler
+    # chose a layout of its own: the offsets and masks through shared memory, the values back). A
+    # position out of range (not ok) reads row 0 in its place, so the mask keeps its runs whole
+    # (the caller makes it NaN: a position outside the cache is never read; n_pos == 0: nothing is)
+    off = tl.where(ok, p, 0) * stride_p + tcols
+    if RUN > 1:
+        off = tl.max_contiguous(tl.multiple_of(off, [1, RUN]), [1, RUN])
+    return _load(t_ptr, off, mask & (tl.zeros([1, 1], dtype=tl.int32) < n_pos), RAW_T)
 
 
 @triton.jit
@@ -1155,13 +1190,14 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
                 F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0,
-                pos=None, PRE_POS: tl.constexpr = False):
+                pos=None, PRE_POS: tl.constexpr = False, AXIS_RUN: tl.constexpr = 1):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
     # to _signed_sin (0.0 here); a transpose without it (angles, the dot) has sin at src here.
-    # src2: src in the tiles' layout (PAIR: how it moves pairs). PRE_POS: POSITIONS == 1's
-    # positions already loaded by the caller (``pos``, [BLOCK_R])
+    # src2: src in the tiles' layout (PAIR: how it moves pairs). PRE_POS: the positions already
+    # loaded by the caller (``pos``: POSITIONS == 1's [BLOCK_R], AXES's _row_positions). AXIS_RUN:
+    # AXES's cache rows as vectors of that many columns (_run_rows)
     s = 0.0
     sp = t0
     s_ok = row_ok
@@ -1179,10 +1215,17 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
             sp = cp
         else:
-            ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
-            if AXES > 0:  # (AXES axes, the forward: a row's positions once, _by_axis)
-                cp = _by_axis(p_ptr, prow, stride_pa, row_ok, ax, AXES)
+            if AXES > 0:  # (AXES axes, the forward: a row's positions once, _by_axis; the columns'
+                # axes in x's layout, as src2: read as a [D] vector, they went through shared
+                # memory into the positions' layout, and the cache rows' loads waited on it. Not
+                # read at the kernel's top with the row positions: 16 more registers held through
+                # the first batch's loads)
+                if not PRE_POS:
+                    pos = _row_positions(p_ptr, prow, stride_pa, row_ok, AXES)
+                cols2 = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.int32) + cols[None, :]
+                cp = _by_axis(pos, tl.load(axis_ptr + cols2 * stride_ax, mask=cols2 < D, other=0), AXES)
             else:
+                ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
                 cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
             sp = cp
             if TRANSPOSE and not ANGLES:  # (angles: sin at src is moved from the columns' below)
@@ -1198,6 +1241,12 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 # not evaluated again from src's frequency, scale and position (a dependent
                 # chain of loads and a second polynomial in the program's prologue)
                 s = _moved_to_src(s, src2, PAIR, BLOCK_R, BLOCK_D)
+        elif AXES > 0:  # (the forward: sin at the columns, sp = cp; both rows' loads issued before
+            # either is made NaN where out of range: with each one's select between them, ptxas
+            # (triton 3.9) issued sin's last load only once cos's values were in)
+            bad = tl.where(c_ok, -0.0, float("nan"))  # (v + -0.0 is v, +-0 too)
+            s = _run_rows(s_ptr, cp, stride_ps, cols[None, :], mask, c_ok, n_pos, RAW_S, AXIS_RUN) + bad
+            c = _run_rows(c_ptr, cp, stride_pc, cols[None, :], mask, c_ok, n_pos, RAW_C, AXIS_RUN) + bad
         else:
             if TRANSPOSE and POSITIONS == 2:  # several axes: sin at (pos[t, axis[src]], src)
                 s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
@@ -1736,7 +1785,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr,
-                 AXES: tl.constexpr, FIRST: tl.constexpr):
+                 AXES: tl.constexpr, FIRST: tl.constexpr, AXIS_RUN: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
@@ -1763,7 +1812,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1)
+                                     BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1 or AXES > 0, AXIS_RUN)
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
@@ -1863,6 +1912,9 @@ def _rome_gather_kernel(
     AXES: tl.constexpr = 0,  # the forward's POSITIONS == 2 on 2-4 axes (rome.launch.position_axes): a
     # row's positions read once an axis, a column's picked by its axis (_by_axis); 0: pos[r, axis[j]]
     # read per element
+    AXIS_RUN: tl.constexpr = 1,  # AXES: axis[j] is the same over each AXIS_RUN columns from a
+    # multiple of it (1, 2 or 4), and the caches' row strides are multiples of it
+    # (rome.launch.axis_run): their rows read as AXIS_RUN-wide vectors in x's layout (_run_rows)
     FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
     # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
     HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables or a
@@ -1959,16 +2011,24 @@ def _rome_gather_kernel(
         t0 = t0.to(tl.int64)
         t1 = t1.to(tl.int64)
 
-    # the SEAM build's positions (POSITIONS == 1: a cache row, or the angles' position, a row),
-    # used by the tables read in _gather_body (LATE_TABLES): their load issued first, as the head
-    # of the chain positions -> cache rows (two round trips beside x's one). Loaded there, behind
-    # the class's branch, ptxas (triton 3.9) issued it only once x's first batch was in: a
-    # register it reused was the destination of src's load, which shared x's scoreboard (a decode
-    # step's third round trip)
-    LATE_TABLES: tl.constexpr = SEAM  # (the tables read in _gather_body, after the first batch's loads)
+    # the positions of the SEAM build (POSITIONS == 1: a cache row, or the angles' position, a
+    # row) and of AXES (a row's on each axis), used by the tables read in
+    # _gather_body (LATE_TABLES): their loads issued first, as the head of the chain positions ->
+    # cache rows (two round trips beside x's one). Loaded there, behind the class's branch, ptxas
+    # (triton 3.9) issued a SEAM build's only once x's first batch was in: a register it reused
+    # was the destination of src's load, which shared x's scoreboard (a decode step's third round
+    # trip). Where the whole first batch is issued here (FIRST, the dot) and the tables were read
+    # before the branch, ptxas put AXES's position arithmetic, or the cache rows' loads and what
+    # waits on them, ahead of that batch (three round trips in a row): read after it, x's loads
+    # are issued beside the positions'. (Not for builds issuing one head here: fp16's forwards on
+    # sm_90 then spilled 8 B under triton 3.9)
+    LATE_TABLES: tl.constexpr = SEAM or (AXES > 0 and (FIRST or DOT))  # (the tables read in _gather_body,
+    # after the first batch's loads)
     pos = t0  # (unused elsewhere)
     if LATE_TABLES and POSITIONS == 1:
         pos = tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0)
+    if LATE_TABLES and AXES > 0:
+        pos = _row_positions(p_ptr, t0 * spt0 + t1 * spt1, stride_pa, row_ok, AXES)
     # q's first head: its load issued before anything else but those positions (the next ones in
     # _rotate_heads, where the permutation's class, read below, tells how many; EARLY's, below, here)
     if I64:  # (else every offset of x and out, a head's too, fits in int32: fewer registers)
@@ -2056,7 +2116,7 @@ def _rome_gather_kernel(
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIRS_NONE, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D, AXES)
+                                     BLOCK_R, BLOCK_D, AXES, AXIS_RUN=AXIS_RUN)
 
     # q's heads of the group, then k's, for the way this permutation's partner is read
     ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
@@ -2067,7 +2127,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2075,7 +2135,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2083,7 +2143,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2091,7 +2151,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

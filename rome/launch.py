@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from . import kernel
+from .positions import AXIS_RUNS
 from .settings import ThreadSetting
 from .structure import describe
 
@@ -918,6 +919,19 @@ def position_axes(positions: int, axes: int, transpose: bool, product: str = "ga
     if product == "dot" and arch in HIP_ARCHS:
         return 0
     return axes if positions == 2 and not transpose and 2 <= axes <= MAX_ROW_AXES else 0
+
+
+def launch_axis_run(run: int, axes: int, angles: bool, *strides: int) -> int:
+    """The gather kernel's ``AXIS_RUN``: ``run`` (``rome.positions.axis_run`` of the launch's axis,
+    which the op read on the host) where the build reads positions by row (``AXES`` > 0) from
+    caches (not ``angles``) whose row ``strides`` are multiples of it (the vectors then start at
+    multiples of it; else the largest power of two dividing them), else 1. The kernel reads a
+    row's runs as run-wide vectors: a wrong run reads wrong columns on a GPU."""
+    if axes == 0 or angles or run not in AXIS_RUNS:
+        return 1
+    while run > 1 and any(st % run for st in strides):
+        run //= 2
+    return run
 
 
 KEPT_RUNS = (2, 4, 8)  # the runs kept_run looks for (8 bf16 / fp16 or 4 fp32 columns: 16 B, one load)

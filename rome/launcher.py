@@ -28,6 +28,7 @@ import torch
 import triton
 
 from . import kernel, launch, tuning
+from .positions import axis_run as _axis_run
 from .settings import ThreadSetting
 
 INTERPRET = kernel.INTERPRET
@@ -284,7 +285,7 @@ _DOT_OUT = tuple(kernel._rome_kernel.arg_names.index(n) for n in ("a_o", "b_o"))
 
 
 def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=None, angles=False,
-           norm=None, native: bool = False, norm_grad=None):
+           norm=None, native: bool = False, norm_grad=None, axis_run: int = 1):
     """Fill ``outs[i]`` with the (transposed) rotation of ``xs[i]``; one launch for q and k.
 
     Without positions, cos/sin are per-row tables broadcasting to every x. With positions
@@ -312,6 +313,10 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
     transposed rotation of dy in fp32, then the norm's backward as the epilogue). Returns per x
     the fp32 ``[2, W]`` sums ``(Σ g·x̂, Σ g)`` over its rows (W the weight's length: D, or H·D for
     rms_heads, whose second row is zeros): dweight and dbias.
+
+    ``axis_run`` (positions on several axes): ``rome.positions.axis_run`` of axis's values, which
+    the caller read on the host (the ops: once per axis tensor); the forward reads its cache rows
+    in runs of it (the kernel's ``AXIS_RUN``). 1 (the default) claims nothing.
 
     ``native`` (``rounding="native"``): the eager chain's rounding (``kernel._native``): the tables
     rounded to x's dtype, each product rounded to it, then the sum; a signed permutation only. Not
@@ -362,7 +367,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                        candidates=tuple(replace(c, maxnreg=cap) for c in plan.candidates))
     if plan.config.heads:  # (norm_grad's sums: its launches are this kernel's, checked above)
         return _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm, native,
-                              norm_grad)
+                              norm_grad, axis_run)
     else:
         _rotate_dot(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, mode, native)
 
@@ -546,7 +551,7 @@ NORM_GRAD_HEADS_TILE = (4, 2)
 
 
 def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose, elements, norm=None,
-                   native=False, norm_grad=None):
+                   native=False, norm_grad=None, axis_run=1):
     cfg0 = plan.config
     arch = plan.arch  # (asked once a launch, by launch.plan)
     kind = norm_grad[0] if norm_grad is not None else None if norm is None else norm[0]
@@ -593,6 +598,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["KEPT_RUN"] = 2 if halved else launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
         c["AXES"] = 0 if halved else launch.position_axes(cfg0.positions, 0 if positions is None else
                                                           positions.shape[-1], transpose, cfg0.product, arch)
+        c["AXIS_RUN"] = launch.launch_axis_run(axis_run, c["AXES"], angles, cos.stride(0), sin.stride(0))
         # (the SEAM build and the dot issue their first batch first anyway: no second build)
         c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
             and launch.first_batch_first(arch, xs[0].dtype)
@@ -609,6 +615,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             c["HEADS_B"], c["BLOCKS"], c["PAIRS"] = tile[0], tile[1], plan.pair
             c["KEPT_RUN"] = 2  # (the token tile reads no partner at src: one build)
             c["AXES"] = 0  # (nor positions by row: _token_rows keeps the per-element read)
+            c["AXIS_RUN"] = 1
             c["FIRST"] = False  # (nor the head groups' loop)
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
             c["FULL"] = unmasked and tile[0] * tile[1] == ha
@@ -764,6 +771,11 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 # several axes (32/48/48 sections; launch.kept_run), forward and backward
                 for transpose in (False, True):
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(32, 48, 48))[:1]
+            if d == 128:  # the forward's cache rows at positions on several axes in runs of 2 (wan's
+                # 44/42/42 sections) and of 1 (an axis alternating by column); the sections' axes
+                # above read runs of 4 (rome.positions.axis_run, the kernel's AXIS_RUN)
+                out += _gather_configs(x_dtype, d, False, torch.float32, 2, False, sections=(44, 42, 42))[:1]
+                out += _gather_configs(x_dtype, d, False, torch.float32, 2, False, axis_by_column=True)[:1]
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
@@ -803,7 +815,7 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                     product: str = "gather", norm: str | None = None,
                     alone: bool = False, heads: tuple = (4, 2), few: bool | str = False,
                     mode: str = "half", sections: tuple | None = None,
-                    partner: bool = False) -> list[launch.KernelConfig]:
+                    partner: bool = False, axis_by_column: bool = False) -> list[launch.KernelConfig]:
     """The head-group kernel's launch of a representative BNSD q/k (see ``kernel_configs``) with
     ``product`` ("gather", or "dot" for the seed's dot), and its autotuning candidates,
     specialised as those launches would be. ``alone``: q's launch without k (b's arguments
@@ -813,7 +825,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     prefill's SEAM build, q/k [1, 32 | 8, 2048, D] on 132 SMs: 5-20 heads a program); ``mode``: the
     rotation's ("half": its pairs kept; "interleave": swapped, which the token tile builds apart);
     ``sections``: the rotation's sections (else the whole head, or ``_axis_sections`` at positions
-    on several axes)."""
+    on several axes), each section's columns one position axis (``axis_by_column``: the next axis
+    each column, runs of 1)."""
     from .matrices import rotation_matrix
 
     if few == "prefill":
@@ -836,7 +849,10 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         a = 1 if positions == 1 else 3
         pos = torch.zeros(b, 1, s, a, dtype=torch.int64)
         cos = sin = torch.zeros(2 if angles else 2 * max(s, b), d, dtype=torch.float32)
-        axis = torch.arange(d, dtype=torch.int64) % a if a > 1 else None
+        if a > 1:  # each section's columns one axis (a video's layout: the forward's cache rows in
+            # runs of rome.positions.axis_run), or with axis_by_column the next axis each column
+            axis = torch.arange(d, dtype=torch.int64) % a if axis_by_column else \
+                torch.repeat_interleave(torch.arange(len(sections)) % a, torch.tensor(sections))
     nargs = {}
     if norm is not None:
         over = norm == "rms_heads"
@@ -848,7 +864,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
     form = launch.partner_form() if partner else contextlib.nullcontext()
     with capture(num_sms=132 if few else 1) as got, launch.product(product), form:
         rotate(xs, [torch.empty_like(x) for x in xs], cos, sin, m, transpose=transpose,
-               positions=pos, axis=axis, angles=angles, **nargs)
+               positions=pos, axis=axis, angles=angles, axis_run=1 if axis is None else _axis_run(axis.tolist()),
+               **nargs)
     (first,) = got
     if few and not first.consts.get("SEAM"):
         raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
@@ -859,11 +876,13 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \
         + (f" sections={'/'.join(map(str, sections))}" if named else "") \
+        + (" axis by column" if axis_by_column else "") \
         + (" decode (SEAM)" if few is True else " prefill (SEAM)" if few else "") \
         + (" halves" if halves else "")  # (partner: the name the launch had before HALVES)
     # (a launch that took its halves: the partner form's build too, a partial rotary's)
     partner_form = _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles, product, norm, alone,
-                                   heads, few, mode, sections if named else None, partner=True) if halves else []
+                                   heads, few, mode, sections if named else None, partner=True,
+                                   axis_by_column=axis_by_column) if halves else []
     return [launch.specialise(kernel._rome_gather_kernel, first.args, first.consts | {"BLOCK_R": c.block_r}, c,
                               name=c.name + label + (f" tuned {launch.tile_name(c)}" if c is not first.config else ""),
                               meta=dict(first.kernel_config.meta, block_r=c.block_r,

@@ -50,7 +50,7 @@ from torch import Tensor
 from . import torch_backend
 from .checks import DTYPES, check_arguments, check_position_types, check_rounding, check_types
 from .matrices import check_mode, check_size, kept_rotation_matrix
-from .positions import angle_rows, cache_index, check_range, gather_rows, rows_of, scatter_rows
+from .positions import angle_rows, axis_run, cache_index, check_range, gather_rows, rows_of, scatter_rows
 from .settings import ThreadSetting
 from .types import BACKENDS, Backend, Mode, Rounding
 
@@ -145,7 +145,8 @@ def _check_axis_values(axis: Tensor, a: int) -> None:
 # ``positions_checked()`` (rome.RoPE) says the caller checked them already (in range: the torch
 # backend then gathers without clamping); a backward checks nothing its forward checked.
 # axis, which the kernel reads unmasked, is read on the host once per axis tensor (remembered by
-# identity, version and address, as a model passes one kept tensor), never while capturing.
+# identity, version and address, as a model passes one kept tensor), never while capturing; the
+# same read gives the runs of columns the forward reads its cache rows in (``_check_axis_once``).
 #
 # The default is "device": an out-of-range position is an error, never a quiet NaN, and still no
 # sync. Its few ops run once per positions tensor (remembered, as axis is, by identity, version
@@ -183,7 +184,7 @@ def position_checks(how: str):
         yield
 
 
-_AXES: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, A): axis tensors read already
+_AXES: dict = {}  # id(axis) -> (weakref(axis), (version, data_ptr, A), run, checked): axis tensors read already
 _AXES_LOCK = threading.Lock()
 
 
@@ -198,48 +199,60 @@ def _axis_key(axis: Tensor, a: int):
         return None
 
 
-def _axis_checked(axis: Tensor, a: int) -> bool:
+def _axis_read(axis: Tensor, a: int):
+    """The entry of ``_AXES`` for ``axis`` where its values were read already (and not written
+    since), else None."""
     entry = _AXES.get(id(axis))
-    return entry is not None and entry[0]() is axis and entry[1] == _axis_key(axis, a)
+    return entry if entry is not None and entry[0]() is axis and entry[1] == _axis_key(axis, a) else None
 
 
-def _check_axis_once(axis: Tensor, a: int) -> None:
-    """``0 <= axis < A``, read on the host once per axis tensor (again after an in-place write;
-    inference tensors, which have no version counter, on every call); not while a CUDA graph is
-    captured (no read can run there) nor for meta tensors (no values)."""
-    if axis.device.type == "meta" or _axis_checked(axis, a):
-        return
+def _check_axis_once(axis: Tensor, a: int, check: bool = True) -> int:
+    """``0 <= axis < A`` (``check``), read on the host once per axis tensor (again after an
+    in-place write; inference tensors, which have no version counter, on every call, and not at
+    all where nothing is checked); not while a CUDA graph is captured (no read can run there) nor
+    for meta tensors (no values). Returns ``rome.positions.axis_run`` of its values (1 where they
+    were not read): the runs the gather kernel reads its cache rows in."""
+    if axis.device.type == "meta":
+        return 1
+    entry = _axis_read(axis, a)
+    if entry is not None and (entry[3] or not check):
+        return entry[2]
     if axis.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    _check_axis_values(axis, a)
+        return 1
     key = _axis_key(axis, a)
-    if key is None:
-        return
-    with _AXES_LOCK:
-        if len(_AXES) >= 64:
-            _AXES.clear()
-        _AXES[id(axis)] = (weakref.ref(axis), key)
+    if key is None and not check:
+        return 1
+    values = axis.tolist()
+    if check and values and (min(values) < 0 or max(values) >= a):
+        raise ValueError(f"axis values must lie in [0, A) = [0, {a}), got min {min(values)} max {max(values)}")
+    run = axis_run(values)
+    if key is not None:
+        with _AXES_LOCK:
+            if len(_AXES) >= 64:
+                _AXES.clear()
+            _AXES[id(axis)] = (weakref.ref(axis), key, run, check)
+    return run
 
 
-def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> None:
-    """The value checks of a position op's call (see above)."""
+def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> int:
+    """The value checks of a position op's call (see above); returns the axis's run
+    (``_check_axis_once``; 1 without an axis)."""
+    run = 1 if axis is None else _check_axis_once(axis, positions.shape[-1], check=not _CHECKED.get())
     if _CHECKED.get():
-        return
-    if axis is not None:
-        _check_axis_once(axis, positions.shape[-1])
+        return run
     how = _POSITION_CHECK.get()
     if how == "kernel" or positions.device.type == "meta" or not positions.numel():
-        return
+        return run
     if positions.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
+        return run
     if how == "host":
         _check_position_values(positions, None, rows, angles)
-        return
+        return run
     limit = ANGLE_POSITIONS if angles else rows
     key = _axis_key(positions, limit)
     entry = _POSITIONS_OK.get(id(positions))
     if key is not None and entry is not None and entry[0]() is positions and entry[1] == key:
-        return  # this tensor's values were asserted in range already
+        return run  # this tensor's values were asserted in range already
     what = "2**24 (angles)" if angles else f"the caches' rows P={rows}"
     torch._assert_async(torch.logical_and(positions >= 0, positions < limit).all(),
                         f"rome: positions must lie in [0, {what})")
@@ -248,6 +261,7 @@ def _check_values(positions: Tensor, axis, rows: int, angles: bool) -> None:
             if len(_POSITIONS_OK) >= 64:
                 _POSITIONS_OK.clear()
             _POSITIONS_OK[id(positions)] = (weakref.ref(positions), key)
+    return run
 
 
 def _out_like(x: Tensor) -> Tensor:
@@ -281,8 +295,9 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
     check_rounding(rounding)
     names = ("q", "k") if len(xs) == 2 else ("x",)
     backend = _check(dict(zip(names, xs)), cos, sin, matrix, backend, positions, axis, angles)
+    run = 1
     if positions is not None:
-        _check_values(positions, axis, cos.shape[0], angles)
+        run = _check_values(positions, axis, cos.shape[0], angles)
     outs = [_out_like(x) for x in xs] if outs is None else list(outs)
     learn = _LEARN.get()
     if learn is not None:
@@ -298,7 +313,7 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
             with kernel.recording() if learn is not None else contextlib.nullcontext() as rec:
                 kernel.rotate(
                     [_unit_last(x) for x in xs], outs, _unit_last(cos), _unit_last(sin), matrix,
-                    transpose=transpose, positions=positions, axis=axis, angles=angles,
+                    transpose=transpose, positions=positions, axis=axis, angles=angles, axis_run=run,
                     **({} if norm is None else {"norm": norm}),
                     **({"native": True} if rounding == "native" else {}),
                 )
@@ -772,8 +787,10 @@ def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *
 # tensor that requires grad under grad mode, through ``_Lean``, an autograd.Function with the
 # ops' backward. The signature: per tensor its type, shape, strides, dtype, device and
 # requires_grad; the matrix by identity and version (its values choose the plan); the backend,
-# the thread's product and warp size, ``capture``'s state and the functions a test may replace.
-# Values are never part of it: positions are checked per call as ``_check_values`` says.
+# the thread's product and warp size, ``capture``'s state and the functions a test may replace;
+# with positions on several axes the axis's run (``_check_axis_once``: read once per axis tensor,
+# a constexpr of the launch; a call whose axis was not read takes the full path). No other values
+# are part of it: positions are checked per call as ``_check_values`` says.
 
 _LEAN: dict = {}
 _LEAN_MAX = 1024
@@ -838,6 +855,13 @@ def _key(kind, tensors, backend, mode, rounding="exact"):
                 sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
             else:
                 return None
+        positions, axis = tensors[-2], tensors[-1]
+        if axis is not None and positions is not None:  # the axis's run, a constexpr of the launch
+            # (_check_axis_once): known only once its values were read (else the full path reads them)
+            read = _axis_read(axis, positions.shape[-1])
+            if read is None:
+                return None
+            sig.append(read[2])
         return tuple(sig)  # (hashed by the lookup: an unhashable argument is a TypeError there)
     except (RuntimeError, TypeError, NotImplementedError):
         return None

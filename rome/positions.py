@@ -301,6 +301,23 @@ def rows_of(caches, positions: Tensor, axis: Tensor | None = None) -> list[Tenso
     return [torch.take(c, flat) for c in caches]
 
 
+AXIS_RUNS = (4, 2)  # the runs axis_run looks for (4 fp32 cache columns: 16 B, one load)
+
+
+def axis_run(axis: Sequence[int]) -> int:
+    """The longest run n of ``AXIS_RUNS`` over which the position axis of the columns, ``axis``
+    (D ints, read on the host), stays the same: ``axis[j] == axis[j - j % n]`` for every j and D a
+    multiple of n; else 1. The gather kernel's forward on several axes reads its cache rows as
+    vectors of that many columns (``rome.launch.launch_axis_run``). Video RoPE's sections give
+    such runs where their sizes are multiples of them (default's 44/44/40: 4; hunyuan-video's
+    16/56/56: 8, taken as 4; wan's 44/42/42: 2)."""
+    d = len(axis)
+    for n in AXIS_RUNS:
+        if d % n == 0 and all(axis[j] == axis[j - j % n] for j in range(d)):
+            return n
+    return 1
+
+
 _RUNS: dict = {}  # id(axis) -> (weakref(axis), version, data_ptr, runs): axis read once per tensor
 
 

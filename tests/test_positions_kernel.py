@@ -685,3 +685,61 @@ def test_the_forward_reads_a_rows_positions_once_an_axis(monkeypatch):
                                                grads=(torch.randn_like(q), torch.randn_like(k)))
         _assert_equal(got, ref, name)
         _assert_equal(grads, ref_grads, name)
+
+
+def test_the_forward_reads_its_cache_rows_in_the_axis_runs(monkeypatch):
+    """``rome.positions.axis_run``: the runs of columns over which the columns' axis stays (4, 2 or
+    1), which the ops read once per axis tensor; ``launch.launch_axis_run``: the kernel's
+    ``AXIS_RUN`` where AXES reads caches whose row strides are multiples of it (a row's runs as
+    vectors). The interpreter ignores the hint that makes them vectors, so a wrong run (wrong
+    columns on a GPU) would pass the bitwise tests: the runs are pinned here, and a remembered call
+    is keyed on its axis's run, so the same shapes with an axis of other runs launch their own."""
+    from rome import launch, launcher
+    from rome.positions import axis_run
+
+    assert axis_run([0] * 44 + [1] * 44 + [2] * 40) == 4  # default's 44/44/40
+    assert axis_run([0] * 16 + [1] * 56 + [2] * 56) == 4  # hunyuan-video's (runs of 8: one vector 4)
+    assert axis_run([0] * 44 + [1] * 42 + [2] * 42) == 2  # wan's
+    assert axis_run([j % 3 for j in range(12)]) == 1
+    assert axis_run([0] * 4 + [1] * 4 + [0] * 2) == 2  # D = 10: not a multiple of 4
+    assert launch.launch_axis_run(4, 3, False, 128, 128) == 4
+    assert launch.launch_axis_run(4, 3, False, 128, 130) == 2  # a row stride of 2 mod 4
+    assert launch.launch_axis_run(4, 3, False, 129, 128) == 1
+    assert launch.launch_axis_run(4, 0, False, 128, 128) == 1  # no AXES (the backward, one axis)
+    assert launch.launch_axis_run(4, 3, True, 128, 128) == 1  # angles: no cache rows
+    assert launch.launch_axis_run(3, 3, False, 128, 128) == 1  # not a run the kernel knows
+    seen = []
+    run = launcher._run
+
+    def spy(fn, grid, args, consts, cfg, transpose, *rest, **kw):
+        if "AXES" in consts:
+            seen.append((transpose, consts["AXES"], consts["AXIS_RUN"]))
+        return run(fn, grid, args, consts, cfg, transpose, *rest, **kw)
+
+    layout = LAYOUTS["video-8/12/12-interleave"]()  # sections 8/12/12: runs of 4
+    m = layout.matrix(torch.float32, DEVICE)
+    q = torch.randn(1, 2, 4, 32, device=DEVICE)
+    k = torch.randn(1, 1, 4, 32, device=DEVICE)
+    positions = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
+    cos, sin = _caches(layout)
+    wide_c, wide_s = torch.zeros(P, 34, device=DEVICE), torch.zeros(P, 34, device=DEVICE)
+    wide_c[:, :32], wide_s[:, :32] = cos, sin
+    pairs = (torch.arange(32, device=DEVICE) // 2) % 3  # the pairs' axes: runs of 2
+    for axis, c, s, want in ((_axis(layout), cos, sin, 4), (_axis(LAYOUTS["mrope-4/6/6"]()), cos, sin, 2),
+                             (pairs, cos, sin, 2), (_axis(layout), wide_c[:, :32], wide_s[:, :32], 2)):
+        with monkeypatch.context() as mp:
+            mp.setattr(launcher, "_run", spy)
+            seen.clear()
+            got = ops.apply_qk_at(q, k, c, s, m, positions, axis=axis, backend="triton")
+        assert seen == [(False, 3, want)], (want, seen)
+        _assert_equal(got, ops.apply_qk_at(q, k, c, s, m, positions, axis=axis, backend="torch"), want)
+    # remembered calls (no spy: the lean path runs): the same signature with axes of runs 4 and 1
+    # is two entries, each replaying its own run
+    monkeypatch.setattr(ops, "_LEAN", {})
+    cols = torch.arange(32, device=DEVICE) % 3  # every column its own: runs of 1
+    for axis in (_axis(layout), cols, _axis(layout), cols):
+        got = ops.apply_qk_at(q, k, cos, sin, m, positions, axis=axis, backend="triton")
+        _assert_equal(got, ops.apply_qk_at(q, k, cos, sin, m, positions, axis=axis, backend="torch"), "lean")
+    runs = sorted(consts["AXIS_RUN"] for key, e in ops._LEAN.items() if key[0] == "apply_qk_at" and e.triton
+                  for _, _, _, _, consts, *_ in e.recipe.launches)
+    assert runs == [1, 4], runs
