@@ -1110,7 +1110,7 @@ def _heads_norm_grad(x_ptr, o_ptr, xn_ptr, dw_ptr, x_off, g_off, o_off, sxh0, sx
 
 @triton.jit
 def _row_positions(p_ptr, prow, stride_pa, row_ok, AXES: tl.constexpr):
-    # a row's positions on AXES (2-4) axes, the forward's: [BLOCK_R] each, one load an axis a
+    # a row's positions on AXES (2-4) axes: [BLOCK_R] each, one load an axis a
     # thread (_by_axis picks a column's)
     p0 = tl.load(p_ptr + prow, mask=row_ok, other=0)
     p1 = p0
@@ -1190,7 +1190,7 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
                 F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0,
-                pos=None, PRE_POS: tl.constexpr = False, AXIS_RUN: tl.constexpr = 1):
+                pos=None, PRE_POS: tl.constexpr = False, AXIS_RUN: tl.constexpr = 1, S_RUN: tl.constexpr = 1):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
@@ -1201,6 +1201,8 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
     s = 0.0
     sp = t0
     s_ok = row_ok
+    # (AXES's transpose reading sin at src: its range folded into the sign by _gather_body)
+    SIN_SRC_FOLD: tl.constexpr = AXES > 0 and TRANSPOSE and not ANGLES and (PAIR != PAIRS_SWAPPED or AXIS_RUN == 1)
     if POSITIONS == 0:  # (sin issued before cos: cos's layout conversion for the pair-class
         # branches, a shared-memory round trip and a barrier, no longer holds sin's load back)
         if not SIN_AT_SRC:
@@ -1215,7 +1217,7 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 cp = tl.load(p_ptr + prow, mask=row_ok, other=0)[:, None]
             sp = cp
         else:
-            if AXES > 0:  # (AXES axes, the forward: a row's positions once, _by_axis; the columns'
+            if AXES > 0:  # (AXES axes: a row's positions once, _by_axis; the columns'
                 # axes in x's layout, as src2: read as a [D] vector, they went through shared
                 # memory into the positions' layout, and the cache rows' loads waited on it. Not
                 # read at the kernel's top with the row positions: 16 more registers held through
@@ -1228,7 +1230,10 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 ax = tl.load(axis_ptr + cols * stride_ax, mask=cmask, other=0)
                 cp = tl.load(p_ptr + prow[:, None] + ax[None, :] * stride_pa, mask=mask, other=0)
             sp = cp
-            if TRANSPOSE and not ANGLES:  # (angles: sin at src is moved from the columns' below)
+            if TRANSPOSE and not ANGLES and AXES > 0:  # sin at src: src's axis in x's layout (src2)
+                if PAIR != PAIRS_SWAPPED or AXIS_RUN == 1:
+                    sp = _by_axis(pos, tl.load(axis_ptr + src2 * stride_ax, mask=src2 < D, other=0), AXES)
+            elif TRANSPOSE and not ANGLES:  # (angles: sin at src is moved from the columns' below)
                 src = tl.load(src_ptr + cols, mask=cmask, other=0)
                 sax = tl.load(axis_ptr + src * stride_ax, mask=cmask, other=0)
                 sp = tl.load(p_ptr + prow[:, None] + sax[None, :] * stride_pa, mask=mask, other=0)
@@ -1241,12 +1246,20 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 # not evaluated again from src's frequency, scale and position (a dependent
                 # chain of loads and a second polynomial in the program's prologue)
                 s = _moved_to_src(s, src2, PAIR, BLOCK_R, BLOCK_D)
-        elif AXES > 0:  # (the forward: sin at the columns, sp = cp; both rows' loads issued before
-            # either is made NaN where out of range: with each one's select between them, ptxas
-            # (triton 3.9) issued sin's last load only once cos's values were in)
+        elif AXES > 0:  # sin at the columns (the forward, sp = cp; the transpose's interleave,
+            # whose pairs share their axis, then swapped) or at src (src2: KEPT_RUN's runs), cos at
+            # the columns. Out of range: row 0 read, made NaN by adding where(ok, -0.0, nan) after
+            # both rows' loads (a select after each load had ptxas (triton 3.9) issue sin's last
+            # load only once cos's values were in); sin at src is left to _gather_body, which
+            # folds s_ok into the sign (added there, its loads went one round trip each, 3.9)
             bad = tl.where(c_ok, -0.0, float("nan"))  # (v + -0.0 is v, +-0 too)
-            s = _run_rows(s_ptr, cp, stride_ps, cols[None, :], mask, c_ok, n_pos, RAW_S, AXIS_RUN) + bad
+            if SIN_SRC_FOLD:
+                s = _run_rows(s_ptr, sp, stride_ps, src2, mask, s_ok, n_pos, RAW_S, S_RUN)
+            else:
+                s = _run_rows(s_ptr, cp, stride_ps, cols[None, :], mask, c_ok, n_pos, RAW_S, AXIS_RUN) + bad
             c = _run_rows(c_ptr, cp, stride_pc, cols[None, :], mask, c_ok, n_pos, RAW_C, AXIS_RUN) + bad
+            if TRANSPOSE and PAIR == PAIRS_SWAPPED and AXIS_RUN > 1:
+                s = _pair_swap(s, BLOCK_R, BLOCK_D)
         else:
             if TRANSPOSE and POSITIONS == 2:  # several axes: sin at (pos[t, axis[src]], src)
                 s = _table(s_ptr, sp * stride_ps + src[None, :], mask, s_ok, RAW_S, POSITIONS)
@@ -1812,7 +1825,13 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1 or AXES > 0, AXIS_RUN)
+                                     BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1 or AXES > 0, AXIS_RUN,
+                                     min(AXIS_RUN, KEPT_RUN) if PAIR == PAIRS_KEPT else 1)
+    # sin at src (_row_tables' SIN_SRC_FOLD, for the class it was read for: this branch's where
+    # LATE_TABLES, else PAIRS_NONE's at the kernel's top): NaN where its position is out of range,
+    # folded into the sign, from the positions alone, before the rows are in
+    if AXES > 0 and TRANSPOSE and not ANGLES and (not LATE_TABLES or PAIR != PAIRS_SWAPPED or AXIS_RUN == 1):
+        sign2 = sign2 * tl.where(s_ok, 1.0, float("nan"))
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
     xrow_b = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
@@ -1909,9 +1928,9 @@ def _rome_gather_kernel(
     # from multiples of it (``rome.launch.kept_run``: the launch knows it), so the partner's loads
     # are KEPT_RUN elements wide (a half rotation of the whole head in bf16: one 16-byte load per
     # 8 elements where runs of 2 took four 4-byte ones)
-    AXES: tl.constexpr = 0,  # the forward's POSITIONS == 2 on 2-4 axes (rome.launch.position_axes): a
-    # row's positions read once an axis, a column's picked by its axis (_by_axis); 0: pos[r, axis[j]]
-    # read per element
+    AXES: tl.constexpr = 0,  # POSITIONS == 2 on 2-4 axes (rome.launch.position_axes: the forward and
+    # the gather's transpose): a row's positions read once an axis, a column's picked by its axis
+    # (_by_axis); 0: pos[r, axis[j]] read per element
     AXIS_RUN: tl.constexpr = 1,  # AXES: axis[j] is the same over each AXIS_RUN columns from a
     # multiple of it (1, 2 or 4), and the caches' row strides are multiples of it
     # (rome.launch.axis_run): their rows read as AXIS_RUN-wide vectors in x's layout (_run_rows)

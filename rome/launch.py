@@ -899,26 +899,30 @@ def pair_class(src: torch.Tensor) -> int:
     return PAIRS_NONE
 
 
-# positions on several axes, the forward: up to MAX_ROW_AXES of them, a row's positions read once an
-# axis and a column's picked in registers (kernel._by_axis). Read per element, ptxas issued each
-# position's load just before the cache rows' loads that wait on it: a DRAM round trip an element
-# in the program's prologue. By the model (sm_90, worst end, H100 / H200), apply_qk_at's forward on
+# positions on several axes: up to MAX_ROW_AXES of them, a row's positions read once an axis and a
+# column's picked in registers (kernel._by_axis). Read per element, ptxas issued each position's
+# load just before the cache rows' loads that wait on it: a DRAM round trip an element in the
+# program's prologue. By the model (sm_90, worst end, H100 / H200), apply_qk_at's forward on
 # default: 92.1 / 81.9 -> 95.5 / 88.6% of copy (triton 3.6), 94.2 / 85.8 -> 96.0 / 89.7 (3.9);
-# wan and hunyuan-video's +1-6 points. The backward keeps the per-element read: under triton 3.9
-# the row read cost it 0.8-1.7 points (3.6: +0.3-0.5). So does the head groups' dot on AMD: its
-# gfx942 builds spilled 1-9 SGPRs with it (triton 3.9) (profiling/results/cpu/positions-by-row/)
+# wan and hunyuan-video's +1-6 points (profiling/results/cpu/positions-by-row/). The gather's
+# backward too, since its cache rows are read as the axis's runs in x's layout and sin at src's
+# out-of-range NaN is folded into the sign (kernel._row_tables; before, the row read cost it
+# 0.8-1.7 points under triton 3.9) (profiling/results/cpu/axis-runs/). The dot's backward keeps
+# the per-element read, and so does the head groups' dot on AMD: its gfx942 builds spilled 1-9
+# SGPRs with it (triton 3.9)
 MAX_ROW_AXES = 4
 
 
 def position_axes(positions: int, axes: int, transpose: bool, product: str = "gather",
                   arch: int | str | None = None) -> int:
     """The gather kernel's ``AXES`` for ``positions`` (0, 1 or 2: ``Config.positions``) on ``axes``
-    position axes (``positions.shape[-1]``): that count in the forward (not ``transpose``) where
-    ``positions`` is 2 and it is at most ``MAX_ROW_AXES``, but for the dot (``product``) on an AMD
-    ``arch``; else 0 (the per-element read)."""
-    if product == "dot" and arch in HIP_ARCHS:
+    position axes (``positions.shape[-1]``): that count where ``positions`` is 2 and it is at most
+    ``MAX_ROW_AXES``, but for the dot (``product``) on an AMD ``arch`` or in its ``transpose``; else
+    0 (the per-element read). (The launcher also gives 0 to the norm's backward epilogue and to
+    the angles' transpose.)"""
+    if product == "dot" and (arch in HIP_ARCHS or transpose):
         return 0
-    return axes if positions == 2 and not transpose and 2 <= axes <= MAX_ROW_AXES else 0
+    return axes if positions == 2 and 2 <= axes <= MAX_ROW_AXES else 0
 
 
 def launch_axis_run(run: int, axes: int, angles: bool, *strides: int) -> int:

@@ -596,8 +596,11 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             if cfg0.product == "dot" else \
             launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
         c["KEPT_RUN"] = 2 if halved else launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
-        c["AXES"] = 0 if halved else launch.position_axes(cfg0.positions, 0 if positions is None else
-                                                          positions.shape[-1], transpose, cfg0.product, arch)
+        # (not the norm's backward epilogue, nor the angles' transpose: its bf16 builds spilled 64 B
+        # on sm_90 under triton 3.9 with it)
+        c["AXES"] = 0 if halved or norm_grad is not None or (transpose and angles) else \
+            launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
+                                 cfg0.product, arch)
         c["AXIS_RUN"] = launch.launch_axis_run(axis_run, c["AXES"], angles, cos.stride(0), sin.stride(0))
         # (the SEAM build and the dot issue their first batch first anyway: no second build)
         c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
@@ -771,11 +774,12 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 # several axes (32/48/48 sections; launch.kept_run), forward and backward
                 for transpose in (False, True):
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(32, 48, 48))[:1]
-            if d == 128:  # the forward's cache rows at positions on several axes in runs of 2 (wan's
-                # 44/42/42 sections) and of 1 (an axis alternating by column); the sections' axes
-                # above read runs of 4 (rome.positions.axis_run, the kernel's AXIS_RUN)
-                out += _gather_configs(x_dtype, d, False, torch.float32, 2, False, sections=(44, 42, 42))[:1]
-                out += _gather_configs(x_dtype, d, False, torch.float32, 2, False, axis_by_column=True)[:1]
+            if d == 128:  # the cache rows at positions on several axes in runs of 2 (wan's 44/42/42
+                # sections) and of 1 (an axis alternating by column), forward and backward; the
+                # sections' axes above read runs of 4 (rome.positions.axis_run, the kernel's AXIS_RUN)
+                for transpose in (False, True):
+                    out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(44, 42, 42))[:1]
+                    out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, axis_by_column=True)[:1]
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):

@@ -899,24 +899,29 @@ def test_a_decode_steps_cache_at_positions_is_two_round_trips():
 
 
 def test_a_videos_positions_on_three_axes_need_no_shared_memory_before_the_heads():
-    """Issue 27: ``rome.RoPE``'s forward on the default workload (bf16 q/k, positions on three axes
-    into fp32 caches, 44/44/40 sections), compiled for sm_90 under the installed triton: the
-    program's walked path has no barrier and no shared-memory access (a row's positions, the
-    columns' axes and the cache rows read in x's register layout, the rows as 16-byte runs of
-    four columns: ``rome.positions.axis_run``; the columns' axis read as a [D] vector and the rows
-    read element by element took 11 barriers and 94 shared-memory accesses a program, both
-    compilers), no spill, and by the model the forward is not below the partner form's bound by
-    more than it was (H200, worst end: >= 0.905; 0.896 under triton 3.6 before, 0.906 under 3.9)."""
+    """Issue 27: ``rome.RoPE`` on the default workload (bf16 q/k, positions on three axes into fp32
+    caches, 44/44/40 sections), compiled for sm_90 under the installed triton. The forward's
+    walked path has no barrier and no shared-memory access (a row's positions, the columns' axes
+    and the cache rows read in x's register layout, the rows as 16-byte runs of four columns:
+    ``rome.positions.axis_run``; the columns' axis read as a [D] vector and the rows read element
+    by element took 11 barriers and 94 shared-memory accesses a program, both compilers), the
+    backward's at most 3 barriers (11 before: it read its positions per element; 3 under triton
+    3.6, none under 3.9), no spill, and by the model each pass is at least 0.90 of an H200's copy
+    at the worst end (forward 0.896 under triton 3.6 before, backward 0.887)."""
     with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
         cap = pool.submit(launches.workload_launches, "default", {"dtype": "bf16"}, cc=90,
                           variants=("rome.RoPE",), liger=False).result()["launches"]
-        (fwd,) = [L for L in cap if L["pass"] == "forward"]
-        results = aot.compile_all(pool, [fwd["job"]])
-    row = launches.launch_row(fwd, archs.ARCHS[90], results[fwd["job"]])
-    assert row["ok"] and row["spill_bytes"] == 0, (row.get("error"), row.get("spill_bytes"))
-    (path,) = row["schedule"]["paths"][:1]
-    assert path["barriers"] == 0 and path["shared_accesses"] == 0, (path["barriers"], path["shared_accesses"])
-    assert row["estimate_h200"] >= 0.905, row["estimate_h200"]
+        results = aot.compile_all(pool, [L["job"] for L in cap])
+    assert sorted(L["pass"] for L in cap) == ["backward", "forward"]
+    for L in cap:
+        row = launches.launch_row(L, archs.ARCHS[90], results[L["job"]])
+        assert row["ok"] and row["spill_bytes"] == 0, (L["pass"], row.get("error"), row.get("spill_bytes"))
+        path = row["schedule"]["paths"][0]
+        if L["pass"] == "forward":
+            assert path["barriers"] == 0 and path["shared_accesses"] == 0, (path["barriers"], path["shared_accesses"])
+        else:
+            assert path["barriers"] <= 3, path["barriers"]
+        assert row["estimate_h200"] >= 0.90, (L["pass"], row["estimate_h200"])
 
 def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     """Liger-Kernel's rope kernel (the installed one, compiled for sm_90 as ``liger_rotary_pos_emb``

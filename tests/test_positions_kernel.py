@@ -350,20 +350,23 @@ def _on_device(fn, *args, **kwargs):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_positions_outside_the_cache_raise_by_default_and_are_nan_unchecked(backend):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["mrope-4/6/6", "video-8/12/12-interleave"])
+def test_positions_outside_the_cache_raise_by_default_and_are_nan_unchecked(backend, dtype, name):
     """Positions are never read on the host. By default their range is asserted on the device
     (on the CPU: a RuntimeError at once). Without a check (``position_checks("kernel")``) the
     elements that would read a row outside the cache are NaN on either backend (the kernel's
-    masked load; the torch backend's clamped gather and mask), the others bitwise the in-range
-    result; q and k, forward and backward."""
-    layout = LAYOUTS["mrope-4/6/6"]()
+    row 0 read in its place and made NaN; the torch backend's clamped gather and mask), the
+    others bitwise the in-range result; q and k, forward and backward, each pair class (kept,
+    swapped) and dtype (fp16's builds read their tables before the class's branch)."""
+    layout = LAYOUTS[name]()
     cos, sin = _caches(layout)
     m, axis = layout.matrix(torch.float32, DEVICE), _axis(layout)
-    q = torch.randn(1, 2, 4, 32, device=DEVICE, requires_grad=True)
-    k = torch.randn(1, 1, 4, 32, device=DEVICE, requires_grad=True)
+    q = torch.randn(1, 2, 4, 32, device=DEVICE).to(dtype).requires_grad_()
+    k = torch.randn(1, 1, 4, 32, device=DEVICE).to(dtype).requires_grad_()
     pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
-    pos[0, 0, 1, 2] = P + 5  # token 1's axis 2 (its last 12 columns) past the end
-    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its first 8 columns) before the start
+    pos[0, 0, 1, 2] = P + 5  # token 1's axis 2 (its columns of axis 2) past the end
+    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its columns of axis 0) before the start
     if DEVICE == "cpu":  # (on a GPU the default's failure is a device-side assert: not testable here)
         with pytest.raises(RuntimeError, match=rf"rome: positions must lie in \[0, the caches' rows P={P}\)"):
             ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
@@ -390,7 +393,40 @@ def _assert_nan_outside(q, k, cos, sin, m, pos, axis, bad, backend):
     (dw,) = torch.autograd.grad(want[0], q, g)
     rows = ~bad.any(-1, keepdim=True).expand_as(dq)
     assert torch.equal(dq[rows], dw[rows])
+    # (the layouts' pairs share their axis: dx[j] reads cos at j's position and sin at its
+    # partner's, the same one, so dx is NaN exactly where the forward is)
+    assert torch.isnan(dq).eq(bad.expand_as(dq)).all()
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", ["mrope-4/6/6", "video-8/12/12-interleave"])
+def test_out_of_range_with_a_pairs_columns_on_two_axes_is_the_torch_backends_nan(dtype, name):
+    """An axis by column (a pair's two columns on different axes: the transpose reads sin at src
+    at another position than cos) with positions out of range, checks off: the kernel's outputs
+    and q's grad are NaN where the torch backend's are and bitwise equal elsewhere, each pair class
+    and dtype (the backward's NaN for sin at src is folded into the sign, whichever class's branch
+    read it)."""
+    layout = LAYOUTS[name]()
+    cos, sin = _caches(layout)
+    m = layout.matrix(torch.float32, DEVICE)
+    axis = torch.arange(32, device=DEVICE) % 3
+    q = torch.randn(1, 2, 4, 32, device=DEVICE).to(dtype).requires_grad_()
+    k = torch.randn(1, 1, 4, 32, device=DEVICE).to(dtype).requires_grad_()
+    pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
+    pos[0, 0, 1, 2] = P + 5
+    pos[0, 0, 3, 0] = -1
+    g = torch.randn(1, 2, 4, 32, device=DEVICE).to(dtype)
+    got = {}
+    with ops.position_checks("kernel"):
+        for backend in ("triton", "torch"):
+            qo, ko = ops.apply_qk_at(q, k, cos, sin, m, pos, axis=axis, backend=backend)
+            (dq,) = torch.autograd.grad(qo, q, g)
+            got[backend] = (qo, ko, dq)
+    assert torch.isnan(got["torch"][2]).any() and not torch.isnan(got["torch"][2]).all()
+    for a, b in zip(got["triton"], got["torch"]):
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        assert torch.equal(a[~torch.isnan(a)], b[~torch.isnan(b)])
 
 def test_kernel_never_reads_outside_the_cache():
     """Without the host check (positions_checked(), as under CUDA graph capture) a position
@@ -401,7 +437,7 @@ def test_kernel_never_reads_outside_the_cache():
     x = torch.randn(1, 2, 4, 32, device=DEVICE)
     pos = torch.randint(0, P, (1, 1, 4, 3), device=DEVICE)
     pos[0, 0, 1, 2] = P  # token 1's axis 2 (its last 12 columns) past the end
-    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its first 8 columns) before the start
+    pos[0, 0, 3, 0] = -1  # token 3's axis 0 (its columns of axis 0) before the start
     with ops.positions_checked():
         out = ops.apply_at(x, cos, sin, m, pos, axis=axis, backend="triton")
     bad = torch.zeros(1, 1, 4, 32, dtype=torch.bool, device=DEVICE)
@@ -646,20 +682,23 @@ def test_angles_module_compiles_fullgraph(backend):
 
 
 def test_the_forward_reads_a_rows_positions_once_an_axis(monkeypatch):
-    """``launch.position_axes``: the forward on 2-4 position axes takes ``AXES`` (kernel._by_axis:
-    a row's positions read once an axis, a column's picked in registers); one axis, more than
-    ``MAX_ROW_AXES`` and the backward keep the per-element read (0). The launcher passes it, and
-    the result is the table path's bits (test_bitwise_the_table_path_forward_and_grads)."""
+    """``launch.position_axes``: the forward and the gather's backward on 2-4 position axes take
+    ``AXES`` (kernel._by_axis: a row's positions read once an axis, a column's picked in
+    registers); one axis, more than ``MAX_ROW_AXES`` and the dot's backward keep the per-element
+    read (0; the launcher also for the norm's backward and the angles' transpose). The launcher
+    passes it, and the result is the table path's bits
+    (test_bitwise_the_table_path_forward_and_grads)."""
     from rome import launch, launcher
 
     assert [launch.position_axes(2, a, False) for a in (1, 2, 3, 4, 5)] == [0, 2, 3, 4, 0]
-    assert launch.position_axes(2, 3, True) == 0 and launch.position_axes(1, 1, False) == 0
+    assert launch.position_axes(2, 3, True) == 3 and launch.position_axes(1, 1, False) == 0
     assert launch.position_axes(0, 0, False) == 0
     # the dot on AMD keeps it (its gfx942 builds spilled SGPRs); the gather there and the dot
     # on NVIDIA take it
     assert launch.position_axes(2, 3, False, "dot", "gfx942") == 0
     assert launch.position_axes(2, 3, False, "gather", "gfx942") == 3
     assert launch.position_axes(2, 3, False, "dot", 90) == 3
+    assert launch.position_axes(2, 3, True, "dot", 90) == 0  # (the dot's sin at src: by element)
     seen = []
     run = launcher._run
 
@@ -680,7 +719,7 @@ def test_the_forward_reads_a_rows_positions_once_an_axis(monkeypatch):
         out = ops.apply_qk_at(qq, kk, cos, sin, layout.matrix(q.dtype, DEVICE), positions, axis=_axis(layout),
                               backend="triton")
         torch.autograd.backward(out, [torch.randn_like(o) for o in out])
-        assert seen and set(seen) == {(False, want), (True, 0)}, (name, seen)
+        assert seen and set(seen) == {(False, want), (True, want)}, (name, seen)
         (got, grads), (ref, ref_grads) = _both(layout, q, k, positions, backend="triton",
                                                grads=(torch.randn_like(q), torch.randn_like(k)))
         _assert_equal(got, ref, name)
