@@ -878,6 +878,22 @@ def test_workload_launches_refuses_a_variant_it_does_not_have():
         launches.workload_launches("wan-qknorm", variants=("rome.apply_qk", "rome.nope"))
 
 
+
+def _sm90_rows(workload, variant):
+    """(pass, launch_row) of ``variant``'s forward and backward on ``workload`` (bf16 q/k),
+    compiled for sm_90 under the installed triton and modelled; each compiled, without spill."""
+    with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
+        cap = pool.submit(launches.workload_launches, workload, {"dtype": "bf16"}, cc=90,
+                          variants=(variant,), liger=False).result()["launches"]
+        results = aot.compile_all(pool, [L["job"] for L in cap])
+    assert sorted(L["pass"] for L in cap) == ["backward", "forward"]
+    rows = []
+    for L in cap:
+        row = launches.launch_row(L, archs.ARCHS[90], results[L["job"]])
+        assert row["ok"] and row["spill_bytes"] == 0, (L["pass"], row.get("error"), row.get("spill_bytes"))
+        rows.append((L["pass"], row))
+    return rows
+
 def test_a_decode_steps_cache_at_positions_is_two_round_trips():
     """Issue 27's decode target: ``rome.apply_qk_at`` of a decode step (Llama's 64 sequences of one
     token, 32 + 8 heads x 128, bf16, one position a sequence into a cache), compiled for sm_90
@@ -885,16 +901,9 @@ def test_a_decode_steps_cache_at_positions_is_two_round_trips():
     backward on its slowest SM, by the model: positions -> cache rows, two DRAM round trips, with
     x's loads beside them (three in a row took 2.8 us under triton 3.9, whose build issued the
     positions' load only once x's first batch was in), and no spill."""
-    with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
-        cap = pool.submit(launches.workload_launches, "decode", {"dtype": "bf16"}, cc=90,
-                          variants=("rome.apply_qk_at",), liger=False).result()["launches"]
-        results = aot.compile_all(pool, [L["job"] for L in cap])
-    assert sorted(L["pass"] for L in cap) == ["backward", "forward"]
-    for L in cap:
-        row = launches.launch_row(L, archs.ARCHS[90], results[L["job"]])
-        assert row["ok"] and row["spill_bytes"] == 0, (L["pass"], row.get("error"), row.get("spill_bytes"))
+    for pass_, row in _sm90_rows("decode", "rome.apply_qk_at"):
         us = row["schedule"]["ends"]["800ns@1.755GHz"]["us"]
-        assert us <= 2.5, (L["pass"], us)
+        assert us <= 2.5, (pass_, us)
 
 
 
@@ -908,20 +917,13 @@ def test_a_videos_positions_on_three_axes_need_no_shared_memory_before_the_heads
     backward's at most 3 barriers (11 before: it read its positions per element; 3 under triton
     3.6, none under 3.9), no spill, and by the model each pass is at least 0.90 of an H200's copy
     at the worst end (forward 0.896 under triton 3.6 before, backward 0.887)."""
-    with aot.compiler_pool(1) as pool:  # (this process interprets: the capture runs in a worker)
-        cap = pool.submit(launches.workload_launches, "default", {"dtype": "bf16"}, cc=90,
-                          variants=("rome.RoPE",), liger=False).result()["launches"]
-        results = aot.compile_all(pool, [L["job"] for L in cap])
-    assert sorted(L["pass"] for L in cap) == ["backward", "forward"]
-    for L in cap:
-        row = launches.launch_row(L, archs.ARCHS[90], results[L["job"]])
-        assert row["ok"] and row["spill_bytes"] == 0, (L["pass"], row.get("error"), row.get("spill_bytes"))
+    for pass_, row in _sm90_rows("default", "rome.RoPE"):
         path = row["schedule"]["paths"][0]
-        if L["pass"] == "forward":
+        if pass_ == "forward":
             assert path["barriers"] == 0 and path["shared_accesses"] == 0, (path["barriers"], path["shared_accesses"])
         else:
             assert path["barriers"] <= 3, path["barriers"]
-        assert row["estimate_h200"] >= 0.90, (L["pass"], row["estimate_h200"])
+        assert row["estimate_h200"] >= 0.90, (pass_, row["estimate_h200"])
 
 def test_the_model_places_liger_kernel_at_copy(tmp_path, monkeypatch):
     """Liger-Kernel's rope kernel (the installed one, compiled for sm_90 as ``liger_rotary_pos_emb``

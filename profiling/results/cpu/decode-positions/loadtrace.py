@@ -1,7 +1,9 @@
-"""The decode workload's launch of VARIANT: each global load of the slowest SM's first program's
-warp 0, as the model schedules it at the worst end (800 ns, 1.755 GHz): path position, SASS
-address, opcode, class (dram / l2 / hit), issue and completion cycle.
-    PYTHONPATH=<tree> TRITON_CACHE_DIR=<dir> python loadtrace.py rome.apply_qk_at"""
+"""A workload's launches of VARIANT (the decode workload's, bf16, unless WORKLOAD and DTYPE are
+given; its first N distinct loads where N is): each global load of the slowest SM's first
+program's warp 0, as the model schedules it at the worst end (800 ns, 1.755 GHz): path position,
+SASS address, opcode, class (dram / l2 / hit), issue and completion cycle.
+    PYTHONPATH=<tree> TRITON_CACHE_DIR=<dir> python loadtrace.py rome.apply_qk_at
+    PYTHONPATH=<tree> TRITON_CACHE_DIR=<dir> python loadtrace.py rome.RoPE default bf16 40"""
 import sys
 from profiling.static import launches, schedule
 from profiling.static.archs import ARCHS
@@ -30,7 +32,9 @@ schedule.simulate, schedule.classify = simulate, classify
 def main():
     variant = sys.argv[1]
     with compiler_pool(1) as pool:
-        cap = pool.submit(launches.workload_launches, "decode", {"dtype": "bf16"}, variants=(variant,),
+        workload, dtype = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("decode", "bf16")
+        most = int(sys.argv[4]) if len(sys.argv) > 4 else None
+        cap = pool.submit(launches.workload_launches, workload, {"dtype": dtype}, variants=(variant,),
                           liger=False).result()["launches"]
         res = compile_all(pool, [L["job"] for L in cap])
         for L in cap:
@@ -43,7 +47,7 @@ def main():
             print(f"== {variant} {L['pass']}: {end['us']:.3f} us on the slowest SM ({cycles:.0f} cycles of its last program's SM)")
             seen = set()
             for prog, slot, pc, t, done, lt in trace:
-                if slot != 0 or pc in seen:
+                if slot != 0 or pc in seen or (most is not None and len(seen) > most):
                     continue
                 seen.add(pc)
                 ins = path[pc]

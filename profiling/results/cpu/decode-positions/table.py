@@ -1,11 +1,12 @@
-"""before -> after from many.py's JSON files in this folder: python table.py
+"""before -> after from many.py's JSON files in this folder (or the folder given): python table.py [DIR]
 (base36/after36: triton 3.6, base39/after39: 3.9). Decode rows as µs on the slowest SM at the
 worst end (the schedule's time: one program an SM, so a chain of round trips, not a rate); the
 others as % of copy at the worst end (800 ns, 1.755 GHz) and the best (600 ns, 1.98 GHz)."""
 import json
+import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 
 
 def load(tag):
@@ -17,8 +18,9 @@ def main():
         b, a = load("base" + ver), load("after" + ver)
         keys = [k for k in a if k in b]
         print(f"\n### triton 3.{ver[1]}\n")
-        print("| workload | variant | pass | µs, slowest SM, 800 ns | registers, spill |")
-        print("|---|---|---|---|---|")
+        if any(k[0].startswith("decode") for k in keys):
+            print("| workload | variant | pass | µs, slowest SM, 800 ns | registers, spill |")
+            print("|---|---|---|---|---|")
         for k in keys:
             if not k[0].startswith("decode"):
                 continue
@@ -27,7 +29,8 @@ def main():
             s = f"**{s}**" if abs(us(a[k]) - us(b[k])) >= 0.005 else s
             print(f"| {k[0]} | {k[1].removeprefix('rome.')} | {k[2]} | {s} | {b[k]['registers']}, {b[k]['spill_bytes']} → "
                   f"{a[k]['registers']}, {a[k]['spill_bytes']} |")
-        print()
+        if any(k[0].startswith("decode") for k in keys):
+            print()
         print("| workload | variant | pass | H100 % of copy, 800 ns (600 ns) | H200 % of copy, 800 ns (600 ns) | KB/SM in flight | registers, spill |")
         print("|---|---|---|---|---|---|---|")
         for k in keys:

@@ -1,6 +1,7 @@
-"""Every build whose kernel this change touched: positions on several axes, the forward (AXES > 0:
-LATE_TABLES, _row_positions, _run_rows), gather and dot, tuned candidates too; registers and spill.
-    PYTHONPATH=<tree> TRITON_CACHE_DIR=<dir> python axgate.py 90,80,100,gfx942 [count]"""
+"""Every build that reads positions on several axes by row (AXES > 0: LATE_TABLES, _row_positions,
+_run_rows), gather and dot, tuned candidates too; registers and spill. --forward: the forward's
+only (axis-runs' gate, before the backward took AXES: ../../axis-runs-backward/).
+    PYTHONPATH=<tree> TRITON_CACHE_DIR=<dir> python axgate.py 90,80,100,gfx942 [count] [--forward]"""
 import sys
 from profiling.static import configs
 from profiling.static.compile import compile_all, compiler_pool
@@ -8,11 +9,12 @@ from profiling.static.compile import compile_all, compiler_pool
 
 def main():
     archs = [a if not a.isdigit() else int(a) for a in sys.argv[1].split(",")]
-    count_only = len(sys.argv) > 2 and sys.argv[2] == "count"
+    count_only = "count" in sys.argv[2:]
+    forward = "--forward" in sys.argv[2:]
     with compiler_pool(1) as pool:
         for cc in archs:
             lst = pool.submit(configs._list_configs, configs.DEFAULT_CONFIGS, cc, True).result()
-            sel = [c for c in lst if c["meta"].get("positions", 0) == 2 and c["meta"].get("pass_") == "fwd"
+            sel = [c for c in lst if c["meta"].get("positions", 0) == 2 and (c["meta"].get("pass_") == "fwd" or not forward)
                    and dict(c["job"].constexprs).get("AXES", 0) > 0]
             print(cc, "configs", len(lst), "AXES builds", len(sel),
                   "tuned", sum(1 for c in sel if c["meta"].get("tuned_candidate")),
