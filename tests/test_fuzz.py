@@ -871,7 +871,17 @@ def _check_qk_norm(c, norm, over, offset, positions, layout):
         want = _norm_rope64(x, w, bias, cos, sin, m, norm=norm, over=over, eps=1e-5, offset=offset)
         assert out.dtype == dtype and out.shape == x.shape
         if dtype == torch.float32:
-            torch.testing.assert_close(out.double(), want, rtol=2e-6, atol=2e-6 * want.abs().max().item())
+            tol = 2e-6 * want.abs() + 2e-6 * want.abs().max()
+            if norm == "layer":  # fp32 x - mean keeps |mean| / std fewer of x's bits than the
+                # float64 oracle (a row's condition; torch's fp32 layer_norm alike): seed 258's k
+                # head at 1.26 and 1.32, |mean| / std = 44, 2e-6 off in outputs of ~0.075
+                xd = x.double()
+                dims = (-1,) if over == "head" else (1, -1)
+                mean = xd.mean(dims, keepdim=True)
+                cond = mean.abs() / torch.sqrt((xd - mean).pow(2).mean(dims, keepdim=True) + 1e-5)
+                tol = tol + 8 * torch.finfo(torch.float32).eps * cond * (w.double().abs().max() + offset)
+            err = (out.double() - want).abs()
+            assert (err <= tol).all(), f"{(err - tol).max().item()} over the bound"
         else:
             ulps = rome.precision.ulp_error(out, want, dtype).max().item()
             assert ulps <= 1.0 + 1e-6, f"{ulps} ulp"
