@@ -130,10 +130,12 @@ def _check_position_values(positions: Tensor, axis, rows: int, angles=False) -> 
         _check_axis_values(axis, positions.shape[-1])
 
 
-def _check_axis_values(axis: Tensor, a: int) -> None:
-    lo, hi = torch.stack(torch.aminmax(axis)).tolist()
-    if lo < 0 or hi >= a:
-        raise ValueError(f"axis values must lie in [0, A) = [0, {a}), got min {lo} max {hi}")
+def _check_axis_values(axis: Tensor, a: int) -> list:
+    """axis's values (read on the host: a sync), each in ``[0, A)`` (else ValueError)."""
+    values = axis.tolist()
+    if values and (min(values) < 0 or max(values) >= a):
+        raise ValueError(f"axis values must lie in [0, A) = [0, {a}), got min {min(values)} max {max(values)}")
+    return values
 
 
 # Positions are not read on the host: the kernel never reads a cache row outside [0, P) (nor,
@@ -222,9 +224,7 @@ def _check_axis_once(axis: Tensor, a: int, check: bool = True) -> int:
     key = _axis_key(axis, a)
     if key is None and not check:
         return 1
-    values = axis.tolist()
-    if check and values and (min(values) < 0 or max(values) >= a):
-        raise ValueError(f"axis values must lie in [0, A) = [0, {a}), got min {min(values)} max {max(values)}")
+    values = _check_axis_values(axis, a) if check else axis.tolist()
     run = axis_run(values)
     if key is not None:
         with _AXES_LOCK:
@@ -861,7 +861,7 @@ def _key(kind, tensors, backend, mode, rounding="exact"):
             read = _axis_read(axis, positions.shape[-1])
             if read is None:
                 return None
-            sig.append(read[2])
+            sig.append(read[2:])  # (run, range checked: the lean call then checks positions only)
         return tuple(sig)  # (hashed by the lookup: an unhashable argument is a TypeError there)
     except (RuntimeError, TypeError, NotImplementedError):
         return None
@@ -883,7 +883,8 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
         return full()
     if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)) \
             and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
-        outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted)
+        axis_read = axis is not None and positions is not None and key[-1][1]
+        outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted, axis_read)
         return outs[0] if len(outs) == 1 else tuple(outs)
     learn = _Learn()
     with _LEARN.scoped(learn):
@@ -921,20 +922,22 @@ def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode,
     _LEAN[key] = entry
 
 
-def _lean_call(entry, xs, cos, sin, matrix, positions, axis, angles, backend, trusted) -> list[Tensor]:
+def _lean_call(entry, xs, cos, sin, matrix, positions, axis, angles, backend, trusted,
+               axis_read=False) -> list[Tensor]:
     if entry.grad and torch.is_grad_enabled():
-        return list(_Lean.apply(entry, backend, positions, axis, angles, trusted, cos, sin, matrix, *xs))
-    return _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted)
+        return list(_Lean.apply(entry, backend, positions, axis, angles, trusted, axis_read, cos, sin, matrix, *xs))
+    return _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted, axis_read)
 
 
-def _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted) -> list[Tensor]:
-    """The remembered call: outputs allocated, positions' values checked, the recipe launched."""
+def _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted, axis_read=False) -> list[Tensor]:
+    """The remembered call: outputs allocated, positions' values checked (the axis's not again
+    where ``axis_read``: the signature's lookup found it checked), the recipe launched."""
     x0 = xs[0]
     # (empty_like where the output takes x's strides: ~0.4 µs less than empty_strided)
     outs = [torch.empty_like(x) if like else torch.empty_strided(shape, stride, dtype=x0.dtype, device=x0.device)
             for x, (shape, stride, like) in zip(xs, entry.outs)]
     if positions is not None and not trusted and not _CHECKED.get():
-        _check_values(positions, axis, cos.shape[0], angles)
+        _check_values(positions, None if axis_read else axis, cos.shape[0], angles)
     if not entry.triton:
         if trusted:
             with positions_checked():
@@ -961,13 +964,13 @@ class _Lean(torch.autograd.Function):
     ops' (``_grads``: dx by the transposed rotation, the table grads), through the lean path again."""
 
     @staticmethod
-    def forward(ctx, entry, backend, positions, axis, angles, trusted, cos, sin, matrix, *xs):
-        outs = _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted)
+    def forward(ctx, entry, backend, positions, axis, angles, trusted, axis_read, cos, sin, matrix, *xs):
+        outs = _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted, axis_read)
         n = len(xs)
         ctx.backend, ctx.angles, ctx.product, ctx.transpose = backend, angles, _product_now(), entry.transpose
         ctx.rounding = entry.rounding
         ctx.checked = True if trusted else _checked_now()
-        table_grads = any(ctx.needs_input_grad[6:9])
+        table_grads = any(ctx.needs_input_grad[7:10])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * n))
         return tuple(outs)
 
@@ -980,9 +983,9 @@ class _Lean(torch.autograd.Function):
             with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
                 return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
 
-        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[9:], needs[6:9],
+        dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[10:], needs[7:10],
                             positions, axis, ctx.angles)
-        return (None, None, None, None, None, None, *table, *dxs)
+        return (None, None, None, None, None, None, None, *table, *dxs)
 
 
 def _rotated(transpose, backend, positions, axis, angles, cos, sin, matrix, hs, rounding="exact") -> list[Tensor]:
