@@ -1190,19 +1190,20 @@ def _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_
                 PAIR: tl.constexpr, POSITIONS: tl.constexpr, ANGLES: tl.constexpr, TRANSPOSE: tl.constexpr,
                 SIN_AT_SRC: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr,
                 F64: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, AXES: tl.constexpr = 0,
-                pos=None, PRE_POS: tl.constexpr = False, AXIS_RUN: tl.constexpr = 1, S_RUN: tl.constexpr = 1):
+                pos=None, PRE_POS: tl.constexpr = False, AXIS_RUN: tl.constexpr = 1, S_RUN: tl.constexpr = 1,
+                SIN_SRC_FOLD: tl.constexpr = False):
     # cos at (t, j) and sin at (t, scol[j]) of the T rows (t0, t1) as fp32 [BLOCK_R, BLOCK_D], from
     # tables, caches at positions or angles (see _rome_gather_kernel's arguments), and where the
     # sin is read (sp: its rows' positions; s_ok: which are in range). SIN_AT_SRC: sin is left
     # to _signed_sin (0.0 here); a transpose without it (angles, the dot) has sin at src here.
     # src2: src in the tiles' layout (PAIR: how it moves pairs). PRE_POS: the positions already
     # loaded by the caller (``pos``: POSITIONS == 1's [BLOCK_R], AXES's _row_positions). AXIS_RUN:
-    # AXES's cache rows as vectors of that many columns (_run_rows)
+    # AXES's cache rows as vectors of that many columns (_run_rows); S_RUN: sin at src's;
+    # SIN_SRC_FOLD: AXES's transpose reads sin at src (src2), its range left to the caller, which
+    # folds s_ok into the sign (_gather_body's rule)
     s = 0.0
     sp = t0
     s_ok = row_ok
-    # (AXES's transpose reading sin at src: its range folded into the sign by _gather_body)
-    SIN_SRC_FOLD: tl.constexpr = AXES > 0 and TRANSPOSE and not ANGLES and (PAIR != PAIRS_SWAPPED or AXIS_RUN == 1)
     if POSITIONS == 0:  # (sin issued before cos: cos's layout conversion for the pair-class
         # branches, a shared-memory round trip and a barrier, no longer holds sin's load back)
         if not SIN_AT_SRC:
@@ -1803,6 +1804,11 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
     # in q's places; k's dw rows written as zeros)
+    # AXES's transpose reading sin at src (at src2; interleave's, with runs, at the columns and
+    # swapped): its range folded into the sign below. The tables' class: this branch's where
+    # LATE_TABLES, else PAIRS_NONE's at the kernel's top (which passes the same rule)
+    SIN_SRC_FOLD: tl.constexpr = AXES > 0 and TRANSPOSE and not ANGLES and \
+        (not LATE_TABLES or PAIR != PAIRS_SWAPPED or AXIS_RUN == 1)
     if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in KEPT_RUN-element runs from multiples of
         # KEPT_RUN (2: pairs from even columns; the host's src is built from each run's first
         # column), which the compiler is told on an op of this branch (the same values where the
@@ -1826,11 +1832,9 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIR, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
                                      BLOCK_R, BLOCK_D, AXES, pos, POSITIONS == 1 or AXES > 0, AXIS_RUN,
-                                     min(AXIS_RUN, KEPT_RUN) if PAIR == PAIRS_KEPT else 1)
-    # sin at src (_row_tables' SIN_SRC_FOLD, for the class it was read for: this branch's where
-    # LATE_TABLES, else PAIRS_NONE's at the kernel's top): NaN where its position is out of range,
-    # folded into the sign, from the positions alone, before the rows are in
-    if AXES > 0 and TRANSPOSE and not ANGLES and (not LATE_TABLES or PAIR != PAIRS_SWAPPED or AXIS_RUN == 1):
+                                     min(AXIS_RUN, KEPT_RUN) if PAIR == PAIRS_KEPT else 1, SIN_SRC_FOLD)
+    if SIN_SRC_FOLD:  # NaN where sin at src's position is out of range, folded into the sign, from
+        # the positions alone, before the rows are in
         sign2 = sign2 * tl.where(s_ok, 1.0, float("nan"))
     s = _signed_sin(s, s_ptr, t0, t1, sst0, sst1, stride_ps, sp, s_ok, cols2, src2, sign2, mask, PAIR, SIN_AT_SRC,
                     POSITIONS, not DOT, BLOCK_R, BLOCK_D, RAW_S)
@@ -2135,7 +2139,8 @@ def _rome_gather_kernel(
         c, s, sp, s_ok = _row_tables(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
                                      stride_ps, n_pos, axis_ptr, stride_ax, src_ptr, src2, t0, t1, row_ok, mask, cols,
                                      cmask, D, PAIRS_NONE, POSITIONS, ANGLES, TRANSPOSE, SIN_AT_SRC, I64, RAW_C, RAW_S, F64,
-                                     BLOCK_R, BLOCK_D, AXES, AXIS_RUN=AXIS_RUN)
+                                     BLOCK_R, BLOCK_D, AXES, AXIS_RUN=AXIS_RUN,
+                                     SIN_SRC_FOLD=AXES > 0 and TRANSPOSE and not ANGLES)
 
     # q's heads of the group, then k's, for the way this permutation's partner is read
     ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
