@@ -1657,48 +1657,60 @@ def _token_heads(c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride
 # flight cover the latency: three heads a batch prefetched for bf16 (four spilled 8-16 B), two
 # for fp16 (_dot2's sum), 4 programs an SM at 128 registers (the model, llama-1d, sm_90 bf16, 800 ns: 39-43 KB an SM in flight under
 # triton 3.6 and 3.9, where the partner form held 23-26 under 3.6). profiling/results/cpu/halves/
+# Any src that pairs every column with another (src[src[j]] == j != src[j]: each axis's half
+# rotation of its own section, default's 44/44/40) is held the same way with A and B the pairs'
+# two columns read from a table (``HALVES_RUN`` > 0: src_ptr holds acol [D/2] then bcol =
+# src[acol] [D/2], in runs of HALVES_RUN columns from multiples of it, rome.launch.halves_pairs):
+# loads HALVES_RUN elements wide (default's 22-column halves: 4 B in bf16) and the tile rows of the
+# partner form, whose x and partner registers now hold two heads' distinct bytes.
 
 
 @triton.jit
-def _halves_fetch(x_ptr, x_off, m, HALF: tl.constexpr, RAW_X: tl.constexpr):
-    # a head's two halves, in x's dtype until used
-    return _fetch(x_ptr, x_off, m, RAW_X), _fetch(x_ptr + HALF, x_off, m, RAW_X)
+def _halves_fetch(x_ptr, x_off, xb_off, m, SHIFT: tl.constexpr, RAW_X: tl.constexpr):
+    # a head's two halves, in x's dtype until used (B at x_ptr + SHIFT + xb_off: the whole head's
+    # at SHIFT = D/2, xb_off = x_off; the pairs' at their own columns, SHIFT = 0)
+    return _fetch(x_ptr, x_off, m, RAW_X), _fetch(x_ptr + SHIFT, xb_off, m, RAW_X)
 
 
 @triton.jit
-def _halves_head(o_ptr, o_off, m, a, b, ca, cb, sa, sb, HALF: tl.constexpr, RAW_X: tl.constexpr,
+def _halves_head(o_ptr, o_off, ob_off, m, a, b, ca, cb, sa, sb, SHIFT: tl.constexpr, RAW_X: tl.constexpr,
                  F64: tl.constexpr):
     # one head's math and stores from its halves a, b (the sums as _head's: _rotated)
     xa = _widen(a, RAW_X)
     xb = _widen(b, RAW_X)
     _store(o_ptr, o_off, _rotated(xa, ca, xb, sa, a, o_ptr, True, RAW_X, F64), m, RAW_X)
-    _store(o_ptr + HALF, o_off, _rotated(xb, cb, xa, sb, b, o_ptr, True, RAW_X, F64), m, RAW_X)
+    _store(o_ptr + SHIFT, ob_off, _rotated(xb, cb, xa, sb, b, o_ptr, True, RAW_X, F64), m, RAW_X)
 
 
 @triton.jit
-def _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, ha, hb, h, h_hi, mask, K: tl.constexpr, HALF: tl.constexpr,
-                  RAW_X: tl.constexpr):
+def _halves_batch(x_ptr, x_off, xb_off, sxh0, sxh1, H1, ha, hb, h, h_hi, mask, K: tl.constexpr,
+                  SHIFT: tl.constexpr, RAW_X: tl.constexpr):
     # the halves of heads h .. h + K - 1 (the first at head indices (ha, hb); none past h_hi):
-    # returns the last one's indices and the batch's halves (four heads' places, the unused ones
+    # returns the last one's indices and the batch's halves (six heads' places, the unused ones
     # the first's)
-    a0, b0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h, h_hi), HALF, RAW_X)
-    a1, b1, a2, b2, a3, b3 = a0, b0, a0, b0, a0, b0
+    a0, b0 = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, xb_off, _while(mask, h, h_hi), SHIFT, RAW_X)
+    a1, b1, a2, b2, a3, b3, a4, b4, a5, b5 = a0, b0, a0, b0, a0, b0, a0, b0, a0, b0
     for i in tl.static_range(1, K):
         ha, hb = _next_head(ha, hb, H1)
-        u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, _while(mask, h + i, h_hi), HALF, RAW_X)
+        u, v = _halves_fetch(x_ptr + (ha * sxh0 + hb * sxh1), x_off, xb_off, _while(mask, h + i, h_hi), SHIFT,
+                             RAW_X)
         if i == 1:
             a1, b1 = u, v
         elif i == 2:
             a2, b2 = u, v
-        else:
+        elif i == 3:
             a3, b3 = u, v
-    return ha, hb, (a0, b0, a1, b1, a2, b2, a3, b3)
+        elif i == 4:
+            a4, b4 = u, v
+        else:
+            a5, b5 = u, v
+    return ha, hb, (a0, b0, a1, b1, a2, b2, a3, b3, a4, b4, a5, b5)
 
 
 @triton.jit
-def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi, mask, ca, cb, sa, sb, pre,
-                 LOADED: tl.constexpr, K: tl.constexpr, HALF: tl.constexpr, RAW_X: tl.constexpr,
-                 F64: tl.constexpr):
+def _halves_loop(x_ptr, o_ptr, x_off, xb_off, o_off, ob_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi, mask,
+                 ca, cb, sa, sb, pre, LOADED: tl.constexpr, K: tl.constexpr, SHIFT: tl.constexpr,
+                 RAW_X: tl.constexpr, F64: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb), K a batch: the first batch's halves
     # (LOADED: issued by the caller, ``pre``), then per iteration the next batch's issued before
     # this batch's math and taken over at the iteration's end (as _rotate_heads); heads past
@@ -1706,8 +1718,8 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
     hc = h_lo // H1  # the head stored next
     hd = h_lo % H1
     if not LOADED:
-        _, _, pre = _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, hc, hd, h_lo, h_hi, mask, K, HALF, RAW_X)
-    a0, b0, a1, b1, a2, b2, a3, b3 = pre
+        _, _, pre = _halves_batch(x_ptr, x_off, xb_off, sxh0, sxh1, H1, hc, hd, h_lo, h_hi, mask, K, SHIFT, RAW_X)
+    a0, b0, a1, b1, a2, b2, a3, b3, a4, b4, a5, b5 = pre
     ha = hc  # (ha, hb): the batch's last head
     hb = hd
     for i in tl.static_range(1, K):
@@ -1715,76 +1727,97 @@ def _halves_loop(x_ptr, o_ptr, x_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h
     for h in range(h_lo, h_hi, K):
         # the next batch's loads
         ha, hb = _next_head(ha, hb, H1)
-        ha, hb, nxt = _halves_batch(x_ptr, x_off, sxh0, sxh1, H1, ha, hb, h + K, h_hi, mask, K, HALF, RAW_X)
+        ha, hb, nxt = _halves_batch(x_ptr, x_off, xb_off, sxh0, sxh1, H1, ha, hb, h + K, h_hi, mask, K, SHIFT,
+                                    RAW_X)
         # this batch
-        _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h, h_hi), a0, b0, ca, cb, sa, sb, HALF,
-                     RAW_X, F64)
+        _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h, h_hi), a0, b0, ca, cb, sa, sb,
+                     SHIFT, RAW_X, F64)
         hc, hd = _next_head(hc, hd, H1)
         if K >= 2:
-            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 1, h_hi), a1, b1, ca, cb, sa, sb,
-                         HALF, RAW_X, F64)
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h + 1, h_hi), a1, b1, ca, cb,
+                         sa, sb, SHIFT, RAW_X, F64)
             hc, hd = _next_head(hc, hd, H1)
         if K >= 3:
-            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 2, h_hi), a2, b2, ca, cb, sa, sb,
-                         HALF, RAW_X, F64)
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h + 2, h_hi), a2, b2, ca, cb,
+                         sa, sb, SHIFT, RAW_X, F64)
             hc, hd = _next_head(hc, hd, H1)
         if K >= 4:
-            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, _while(mask, h + 3, h_hi), a3, b3, ca, cb, sa, sb,
-                         HALF, RAW_X, F64)
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h + 3, h_hi), a3, b3, ca, cb,
+                         sa, sb, SHIFT, RAW_X, F64)
             hc, hd = _next_head(hc, hd, H1)
-        a0, b0, a1, b1, a2, b2, a3, b3 = nxt
+        if K >= 5:
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h + 4, h_hi), a4, b4, ca, cb,
+                         sa, sb, SHIFT, RAW_X, F64)
+            hc, hd = _next_head(hc, hd, H1)
+        if K >= 6:
+            _halves_head(o_ptr + (hc * soh0 + hd * soh1), o_off, ob_off, _while(mask, h + 5, h_hi), a5, b5, ca, cb,
+                         sa, sb, SHIFT, RAW_X, F64)
+            hc, hd = _next_head(hc, hd, H1)
+        a0, b0, a1, b1, a2, b2, a3, b3, a4, b4, a5, b5 = nxt
 
 
 @triton.jit
-def _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
-                  t0, t1, row_ok, h_lo, h_hi,
+def _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps,
+                  n_pos, t0, t1, row_ok, h_lo, h_hi,
                   a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                   b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr, HALF: tl.constexpr, I64: tl.constexpr,
                   RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
-                  K: tl.constexpr):
+                  K: tl.constexpr, RUN: tl.constexpr):
     # the program's T rows (t0, t1; row_ok) of heads [h_lo, h_hi) of q's then k's (the kernel's
     # prologue: a group of k's heads has k's arguments in q's places, its head strides int64 under
     # I64); cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t], a position outside
-    # the cache never read: NaN), read once for the program's heads after q's first batch
+    # the cache never read: NaN), read once for the program's heads after q's first batch.
+    # RUN == 0: A and B the whole head's halves (B at + HALF); else the pairs' columns acol, bcol
+    # (src_ptr's [D/2] each, runs of RUN)
     cols = tl.arange(0, HALF)
     mask = row_ok[:, None] & (cols < HALF)[None, :]
+    SHIFT: tl.constexpr = HALF if RUN == 0 else 0  # (B's columns: cb + SHIFT)
+    if RUN == 0:
+        ca = cols
+        cb = cols
+    else:
+        ca = tl.max_contiguous(tl.multiple_of(tl.load(src_ptr + cols), RUN), RUN)
+        cb = tl.max_contiguous(tl.multiple_of(tl.load(src_ptr + HALF + cols), RUN), RUN)
     # q's first batch, issued before the tables
-    ax_off = (t0 * a_sxt0 + t1 * a_sxt1)[:, None] + cols[None, :]
+    axrow = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
+    ax_off = axrow + ca[None, :]
+    axb_off = axrow + cb[None, :]
     q_lo = tl.minimum(h_lo, a_H)
     q_hi = tl.minimum(h_hi, a_H)
-    _, _, pre = _halves_batch(a_x, ax_off, a_sxh0, a_sxh1, a_H1, q_lo // a_H1, q_lo % a_H1, q_lo, q_hi, mask, K,
-                              HALF, RAW_X)
+    _, _, pre = _halves_batch(a_x, ax_off, axb_off, a_sxh0, a_sxh1, a_H1, q_lo // a_H1, q_lo % a_H1, q_lo, q_hi,
+                              mask, K, SHIFT, RAW_X)
     # cos at the halves, and sin as the partner multiplies: at the other half in the transpose
     # (scol = src), times the sign of each output column
     if POSITIONS == 0:
-        crow = (t0 * sct0 + t1 * sct1)[:, None] + cols[None, :]
-        srow = (t0 * sst0 + t1 * sst1)[:, None] + cols[None, :]
+        crow = (t0 * sct0 + t1 * sct1)[:, None]
+        srow = (t0 * sst0 + t1 * sst1)[:, None]
         ok = mask
     else:
         p, ok = _cache_index(tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0), n_pos, I64)
         ok = ok[:, None] & mask
-        crow = (p * stride_pc)[:, None] + cols[None, :]
-        srow = (p * stride_ps)[:, None] + cols[None, :]
-    ca = _table(c_ptr, crow, mask, ok, RAW_C, POSITIONS)
-    cb = _table(c_ptr + HALF, crow, mask, ok, RAW_C, POSITIONS)
-    s_lo = _table(s_ptr, srow, mask, ok, RAW_S, POSITIONS)
-    s_hi = _table(s_ptr + HALF, srow, mask, ok, RAW_S, POSITIONS)
-    sign_a = tl.load(sign_ptr + cols)[None, :]
-    sign_b = tl.load(sign_ptr + HALF + cols)[None, :]
+        crow = (p * stride_pc)[:, None]
+        srow = (p * stride_ps)[:, None]
+    c_a = _table(c_ptr, crow + ca[None, :], mask, ok, RAW_C, POSITIONS)
+    c_b = _table(c_ptr + SHIFT, crow + cb[None, :], mask, ok, RAW_C, POSITIONS)
+    s_lo = _table(s_ptr, srow + ca[None, :], mask, ok, RAW_S, POSITIONS)
+    s_hi = _table(s_ptr + SHIFT, srow + cb[None, :], mask, ok, RAW_S, POSITIONS)
+    sign_a = tl.load(sign_ptr + ca)[None, :]
+    sign_b = tl.load(sign_ptr + SHIFT + cb)[None, :]
     if TRANSPOSE:
         sa = s_hi * sign_a
         sb = s_lo * sign_b
     else:
         sa = s_lo * sign_a
         sb = s_hi * sign_b
-    ao_off = (t0 * a_sot0 + t1 * a_sot1)[:, None] + cols[None, :]
-    _halves_loop(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1, q_lo, q_hi, mask, ca, cb, sa, sb,
-                 pre, True, K, HALF, RAW_X, F64)
-    bx_off = (t0 * b_sxt0 + t1 * b_sxt1)[:, None] + cols[None, :]
-    bo_off = (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :]
-    _halves_loop(b_x, b_o, bx_off, bo_off, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1, tl.maximum(h_lo, a_H) - a_H,
-                 h_hi - a_H, mask, ca, cb, sa, sb, pre, False, K, HALF, RAW_X, F64)
+    aorow = (t0 * a_sot0 + t1 * a_sot1)[:, None]
+    _halves_loop(a_x, a_o, ax_off, axb_off, aorow + ca[None, :], aorow + cb[None, :], a_sxh0, a_sxh1, a_soh0,
+                 a_soh1, a_H1, q_lo, q_hi, mask, c_a, c_b, sa, sb, pre, True, K, SHIFT, RAW_X, F64)
+    bxrow = (t0 * b_sxt0 + t1 * b_sxt1)[:, None]
+    borow = (t0 * b_sot0 + t1 * b_sot1)[:, None]
+    _halves_loop(b_x, b_o, bxrow + ca[None, :], bxrow + cb[None, :], borow + ca[None, :], borow + cb[None, :],
+                 b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask,
+                 c_a, c_b, sa, sb, pre, False, K, SHIFT, RAW_X, F64)
 
 
 @triton.jit
@@ -1943,6 +1976,9 @@ def _rome_gather_kernel(
     HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables or a
     # cache at one position per T row, no norm: each head as its two halves (_halves_heads;
     # rome.launch.halves_config)
+    HALVES_RUN: tl.constexpr = 0,  # HALVES of a src pairing every column with another (not the whole
+    # head's halves): src_ptr holds the pairs' columns acol, bcol ([D/2] each) in runs of HALVES_RUN
+    # (rome.launch.halves_pairs); 0: the whole head's halves
 ):
     # Grid (T tiles, head groups). A program first issues the load of q's first head (it
     # depends on nothing), then reads the per-column vectors and its cos/sin tile once (a launch
@@ -2069,11 +2105,11 @@ def _rome_gather_kernel(
     if HALVES:  # (no SEAM build: the loop's last batch not peeled)
         tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and POSITIONS <= 1 and not ANGLES,
                          "HALVES: the gather of tables or one position a row, no norm, native rounding or dot")
-        _halves_heads(sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps, n_pos,
-                      t0, t1, row_ok, h_lo, h_hi,
+        _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc,
+                      stride_ps, n_pos, t0, t1, row_ok, h_lo, h_hi,
                       a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                       b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                      POSITIONS, TRANSPOSE, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH)
+                      POSITIONS, TRANSPOSE, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH, HALVES_RUN)
         return
     xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
     ax_off = xrow_a + cols[None, :]

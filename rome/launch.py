@@ -781,6 +781,9 @@ class Plan:
     arch: int | str | None = None  # current_arch() when planned: the GPU the launch is chosen for
     run: int = 1  # the gather kernel: src's kept_run (the runs of columns it moves whole)
     halves: bool = False  # the gather kernel: src is the whole head's half rotation (``is_halves``)
+    pairs: torch.Tensor | None = None  # the gather kernel: src's pairs as HALVES_RUN builds read them
+    # (``halves_pairs``: acol, bcol, the class), None where src does not pair every column
+    pairs_run: int = 0  # their runs (HALVES_RUN), 0 where pairs is None
 
     def reads(self, n: int, k: int) -> bool:
         """Whether output panel n reads input panel k (block (k, n) of the dot's matrix)."""
@@ -861,10 +864,12 @@ def plan(matrix: torch.Tensor, x_dtype, table_dtype, *, transpose: bool, interpr
     if cfg.product == "gather":
         src, sign, pair, run = _signed_gather(info, transpose)
         halves = _halves(info, transpose)
+        pairs, pairs_run = (None, 0) if halves else _halves_pairs(info, transpose)
         fixed = None if interpret else _overridden(cfg)
         if fixed is not None:  # gather_tile(): this tile, not tuned
-            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch, run, halves)
-        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch, run, halves)
+            return Plan(fixed, (fixed,), matrix, 0, src, sign, pair, arch, run, halves, pairs, pairs_run)
+        return Plan(cfg, candidates(cfg, interpret=interpret), matrix, 0, src, sign, pair, arch, run, halves, pairs,
+                    pairs_run)
     if cfg.heads:  # the dot in the head-group kernel: M whole, src for the transpose's sin
         src, sign, pair, run = _signed_gather(info, transpose)
         op = operand_dtype(cfg)
@@ -989,15 +994,70 @@ def _halves(info, transpose: bool) -> bool:
     return is_halves(info.take_t if transpose else info.take)
 
 
+def halves_pairs(src: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """The pairs of a gather index ``src`` ([D] ints) that pairs every column with another
+    (``src[src[j]] == j != src[j]``: each axis's half rotation of its own section, as default's
+    44/44/40; interleave), D a power of two: int32 ``[D]``, the pairs' first columns
+    ``acol`` (ascending) then their partners ``bcol = src[acol]``, and the run n of ``KEPT_RUNS``
+    in which both move whole (``acol[i:i+n]`` and ``bcol[i:i+n]`` n consecutive columns from
+    multiples of n, for i a multiple of n: the loads' width, which the kernel tells the compiler),
+    or None where src does not pair every column or no run of 2 holds (interleave's pairs: its
+    partner form swaps them in registers). The gather kernel's ``HALVES`` build with
+    ``HALVES_RUN`` = n holds a head as ``x[:, acol]`` and ``x[:, bcol]``, each the other's
+    partner (default's 22-column halves: runs of 2)."""
+    s = [int(v) for v in src.tolist()]
+    d = len(s)
+    if d < 4 or d & (d - 1) or any(not 0 <= v < d or v == j or s[v] != j for j, v in enumerate(s)):
+        return None
+    acol = [j for j in range(d) if s[j] > j]
+    bcol = [s[j] for j in acol]
+    best = 0
+    for n in KEPT_RUNS:
+        if any(c[i] % n or c[i:i + n] != list(range(c[i], c[i] + n)) for c in (acol, bcol)
+               for i in range(0, d // 2, n)):
+            break
+        best = n
+    if not best:
+        return None
+    return torch.tensor(acol + bcol, dtype=torch.int32), best
+
+
+@functools.lru_cache(maxsize=256)
+def _halves_pairs(info, transpose: bool):
+    """(int32 ``[D + 1]`` on the matrix's device: ``halves_pairs``'s columns then src's pair
+    class, as the kernel's src_ptr; the run), or (None, 0)."""
+    take = info.take_t if transpose else info.take
+    found = halves_pairs(take.cpu())
+    if found is None:
+        return None, 0
+    cols, run = found
+    cls = torch.tensor([pair_class(take.cpu())], dtype=torch.int32)
+    return torch.cat([cols, cls]).to(take.device), run
+
+
 # the HALVES build (kernel._halves_heads) where halves_config allows it (partner_form(): not in a
 # thread's block)
 HALVES = True
 HALVES_DTYPES = (torch.bfloat16, torch.float16)
 HALVES_ARCHS = (90, None)  # (None: no GPU, the interpreter, as sm_90; sm_80 and sm_100 spilled 24-40 B)
 HALVES_MAX_D = 128  # (D = 256 spilled 8 B under triton 3.6, sm_90)
-# heads a batch by x's dtype (the kernel holds at most four): bf16 three (four spilled 8-16 B at 128
+# heads a batch by x's dtype (the kernel holds at most six): bf16 three (four spilled 8-16 B at 128
 # registers, sm_90, triton 3.6 and 3.9), fp16 two (its sum is _dot2's: three spilled 8 B)
 HALVES_DEPTH = {torch.bfloat16: 3, torch.float16: 2}
+# the pairs' (HALVES_RUN > 0: the partner form's rows, loads of the run's width; the kernel holds at
+# most six): by the model (default's 44/44/40, sm_90, 128 registers, no spill under triton 3.6 and
+# 3.9, H200 at the worst end) bf16 four 94.5-94.8%, six 95.3-95.5 (four at 96 registers, five
+# programs an SM: 95.1-95.2; at 80, 8 B spilled); fp16 (_dot2's sum, issue-bound) two 82.1, three
+# 84.2-84.8 (profiling/results/cpu/pairs/)
+PAIRS_DEPTH = {torch.bfloat16: 6, torch.float16: 3}
+
+
+def halves_depth(plan: Plan, x_dtype) -> int:
+    """Heads a batch of ``plan``'s HALVES build: the whole head's halves ``HALVES_DEPTH``, the
+    pairs' ``PAIRS_DEPTH``."""
+    return (HALVES_DEPTH if plan.halves else PAIRS_DEPTH)[x_dtype]
+
+
 _partner_form = ThreadSetting(False)
 
 
@@ -1014,23 +1074,26 @@ def partner_form():
 def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = False,
                   interpret: bool = False) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
-    partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) of D a power of
+    partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) or pairs its
+    columns in runs of 2 or more (``halves_pairs``: sections' half rotations, default's), D a power of
     two, tables per T row or a cache at one position per row (no angles, not several axes), 16-bit
     x on sm_90 (``HALVES_DTYPES``, ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm
-    (``norm``), not ``rounding="native"`` (``native``), the gather product. Twice ``choose``'s
-    rows (a thread holds a head's elements once, not with a partner copy: the same registers);
-    under the interpreter, and under ``gather_tile()`` (the tile given is the halves' tile), its
-    rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90, worst end, H100 /
-    H200 % of copy): triton 3.6 forward 97.6 / 93.4 -> 98.9 / 96.9, backward 98.1 / 94.7 -> 99.0 /
-    97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7; H200 44.4 -> 42.8 us;
-    fp16 (two heads a batch) on the H200 80.2 / 82.1 -> 89.4 / 87.2 (3.6), 80.2 / 82.3 -> 89.0 /
-    89.2 (3.9) (static estimates, profiling/results/cpu/halves/)."""
+    (``norm``), not ``rounding="native"`` (``native``), the gather product. The whole head's:
+    twice ``choose``'s rows (a thread holds a head's elements once, not with a partner copy: the
+    same registers); the pairs': ``choose``'s rows, their loads as narrow as the partner's, more
+    heads a batch (``halves_depth``); under the interpreter, and under ``gather_tile()`` (the tile
+    given is the halves' tile), its rows. By the model (rome.apply_qk of llama-1d, bf16, sm_90,
+    worst end, H100 / H200 % of copy): triton 3.6 forward 97.6 / 93.4 -> 98.9 / 96.9, backward
+    98.1 / 94.7 -> 99.0 / 97.2; triton 3.9 97.2 / 92.6 -> 98.9 / 97.0, 97.2 / 92.4 -> 98.8 / 96.7;
+    H200 44.4 -> 42.8 us; fp16 (two heads a batch) on the H200 80.2 / 82.1 -> 89.4 / 87.2 (3.6),
+    80.2 / 82.3 -> 89.0 / 89.2 (3.9) (static estimates, profiling/results/cpu/halves/); default's
+    pairs: profiling/results/cpu/pairs/."""
     cfg = plan.config
-    if not (HALVES and plan.halves and plan.arch in HALVES_ARCHS and not _partner_form.get()
+    if not (HALVES and (plan.halves or plan.pairs is not None) and plan.arch in HALVES_ARCHS and not _partner_form.get()
             and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles and x_dtype in HALVES_DTYPES
             and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
         return None
-    return _halves_tile(cfg, interpret or _gather_tile.get() is not None)
+    return _halves_tile(cfg, interpret or _gather_tile.get() is not None or not plan.halves)
 
 
 def halves_walk(heads: int, interpret: bool = False) -> bool:

@@ -589,10 +589,14 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             rows_plan = replace(plan, config=halves,
                                 candidates=launch.halves_candidates(halves, INTERPRET, len(plan.candidates) == 1))
         full = (*args, heads, kg)
-        # (HALVES: its own first batch, KG read at run time: one build whatever KG, no partner)
+        # (HALVES: its own first batch, KG read at run time: one build whatever KG, no partner;
+        # a src pairing its columns otherwise: the pairs' columns in src's place, HALVES_RUN)
         c["HALVES"] = halved
+        c["HALVES_RUN"] = plan.pairs_run if halved and not plan.halves else 0
+        if c["HALVES_RUN"]:
+            full = (plan.pairs, *full[1:])
         c["SEAM"] = kg > 0 and not halved
-        c["DEPTH"] = launch.HALVES_DEPTH[xs[0].dtype] if halved else launch.dot_depth(cfg0, arch) \
+        c["DEPTH"] = launch.halves_depth(plan, xs[0].dtype) if halved else launch.dot_depth(cfg0, arch) \
             if cfg0.product == "dot" else \
             launch.gather_depth(arch, xs[0].dtype, kind, norm_grad is not None, apart=kg > 0, heads=heads)
         c["KEPT_RUN"] = 2 if halved else launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
@@ -780,6 +784,20 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 for transpose in (False, True):
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(44, 42, 42))[:1]
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, axis_by_column=True)[:1]
+            if x_dtype != torch.float32 and d <= launch.HALVES_MAX_D and d & (d - 1) == 0:
+                # sections' half rotations held as their pairs (HALVES_RUN, launch.halves_pairs): runs
+                # of 2 (the default layout's 22-column halves) with fp32 tables per row and a cache at
+                # one position a row, with the tuning candidates, and x's tables; at D = 128 runs of
+                # 4 and 8 (16/56/56, 32/48/48 sections); forward and backward
+                for transpose in (False, True):
+                    for positions in (0, 1):
+                        out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, False,
+                                               sections=_axis_sections(d))
+                    out += _gather_configs(x_dtype, d, transpose, x_dtype, 0, False, sections=_axis_sections(d))[:1]
+                    if d == 128:
+                        for sections in ((16, 56, 56), (32, 48, 48)):
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False,
+                                                   sections=sections)[:1]
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):
@@ -894,5 +912,6 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
                                         tuned_candidate=c is not first.config, matrix="rotation",
                                         norm=norm, heads=tuple(heads), gather_depth=first.consts["DEPTH"],
                                         kept_run=first.consts["KEPT_RUN"], sections=tuple(sections), mode=mode,
-                                        seam=bool(first.consts.get("SEAM")), halves=halves))
+                                        seam=bool(first.consts.get("SEAM")), halves=halves,
+                                        halves_run=first.consts.get("HALVES_RUN", 0)))
             for c in (first.config, *alts)] + partner_form

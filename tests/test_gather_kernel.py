@@ -983,10 +983,74 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
         return launch.halves_config(p, x_dtype, **kw) is not None
 
     assert taken() and taken(sections=(64,)) and taken(positions=1) and taken(FP16)
-    assert not taken(FP32) and not taken(sections=(44, 44, 40)) and not taken(sections=(256,))
+    assert taken(sections=(44, 44, 40))  # (its pairs: test_sections_pairs_take_their_halves)
+    assert not taken(FP32) and not taken(sections=(42, 42, 44)) and not taken(sections=(256,))
     assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
     assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("sections, run", [((12, 12, 8), 2), ((8, 8, 16), 4), ((16, 16), 8)],
+                         ids=["runs2", "runs4", "runs8"])
+def test_sections_pairs_take_their_halves(sections, run, dtype, monkeypatch):
+    """16-bit x, each axis's half rotation of its own section (default's 44/44/40 at D = 128):
+    every column paired with another, so the launch takes ``HALVES`` with ``HALVES_RUN`` = the
+    pairs' runs (kernel._halves_heads: x[:, acol] and x[:, bcol] each the other's partner, read from
+    the pairs' table in src's place; ``PAIRS_DEPTH`` heads a batch), forward and backward the
+    partner form's bits, within 1 ulp of the torch backend's and of float64's; q a strided view.
+    ``halves_pairs``: the columns and runs by definition, None where a column is not paired
+    (pass-through columns, a cycle of three) or no run of 2 holds (interleave, odd halves)."""
+    from rome.structure import describe
+
+    d = 32
+    m = rome.rotation_matrix(sections, "half", device=DEVICE)
+    src = describe(m).take.cpu()
+    pairs = launch.halves_pairs(src)
+    assert pairs is not None and pairs[1] == run
+    acol, bcol = pairs[0][: d // 2].tolist(), pairs[0][d // 2 :].tolist()
+    assert acol == sorted(acol) and sorted(acol + bcol) == list(range(d))
+    assert all(src[a] == b and src[b] == a for a, b in zip(acol, bcol))
+    q = torch.randn(2, 9, 7, 2 * d)[..., ::2].to(DEVICE).to(dtype)
+    k = torch.randn(2, 4, 7, d).to(DEVICE).to(dtype)
+    cos, sin = random_tables((7, d))
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    seen = []
+    run_ = launcher._run
+
+    def spy(fn, grid, args, consts, *rest, **kw):
+        seen.append((consts["HALVES"], consts["HALVES_RUN"], consts["DEPTH"]))
+        return run_(fn, grid, args, consts, *rest, **kw)
+
+    monkeypatch.setattr(launcher, "_run", spy)
+
+    def go(backend="triton"):
+        qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+        out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        torch.autograd.backward(out, (dq, dk))
+        return (*out, qg.grad, kg.grad)
+
+    with launch.partner_form():
+        want = go()
+    assert seen and not any(s[0] for s in seen)
+    seen.clear()
+    got = go()
+    assert seen and all(s == (True, run, launch.PAIRS_DEPTH[dtype]) for s in seen), seen
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    for g, w in zip(got, go("torch")):  # (_dot2_short's bound where the terms cancel)
+        assert ulp_error(g, w.double(), dtype).max() <= 1
+    for g, x in zip(got[:2], (q, k)):
+        assert ulp_error(g, _oracle(x, cos, sin, m), dtype).max() <= 1
+
+    assert launch.halves_pairs(torch.tensor([1, 0, 3, 2])) is None  # (interleave: runs of 1)
+    assert launch.halves_pairs(torch.tensor([2, 3, 0, 1, 6, 7, 4, 5]))[1] == 2
+    assert launch.halves_pairs(torch.tensor([2, 3, 0, 1, 4, 5, 6, 7])) is None  # (pass-through)
+    assert launch.halves_pairs(torch.tensor([1, 2, 0, 3])) is None  # (a cycle of three)
+    assert launch.halves_pairs(torch.tensor([3, 4, 5, 0, 1, 2, 7, 6])) is None  # (halves of 3)
+    assert launch.halves_pairs(torch.tensor([1, 0, 2])) is None  # (D not a power of two)
+    default = launch.halves_pairs(describe(rome.rotation_matrix((44, 44, 40), "half")).take.cpu())
+    assert default[1] == 2 and default[0][:64].tolist() == [*range(22), *range(44, 66), *range(88, 108)]
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])

@@ -100,7 +100,7 @@ def config_factors(meta: dict, num_warps: int) -> dict:
             "norm": meta.get("norm"), "seam": bool(meta.get("seam")),
             "heads": tuple(heads) if heads is not None else None, "tuned": bool(meta["tuned_candidate"]),
             "depth": meta.get("gather_depth"), "kept_run": meta.get("kept_run"), "rows": meta["block_r"],
-            "halves": bool(meta.get("halves")),
+            "halves": bool(meta.get("halves")), "halves_run": meta.get("halves_run", 0),
             "warps": num_warps}
 
 
