@@ -142,9 +142,10 @@ def _rome_apply_qk_native(s: Setup):
 
 
 def _rome_apply_qk_partner(s: Setup):
-    """rome.apply_qk with the whole head's half rotation in the gather kernel's partner form (x
-    and x[:, src] a head, ``rome.launch.partner_form``), not as its two halves (``HALVES``): the
-    same bits, the A/B of ``launch.halves_config`` (another rotation's launch: apply_qk's own)."""
+    """rome.apply_qk with the whole head's half rotation, or sections' pairs, in the gather kernel's
+    partner form (x and x[:, src] a head, ``rome.launch.partner_form``), not as its two halves
+    (``HALVES``, the pairs' ``HALVES_RUN``): the same bits, the A/B of ``launch.halves_config``
+    (another rotation's launch: apply_qk's own)."""
     if s.backend != "triton":
         raise Unsupported("the partner form is the Triton backend's (this run uses the torch backend)")
     from rome import launch
@@ -491,7 +492,7 @@ VARIANTS = {
         Variant("rome.apply_qk", "rome.apply_qk: q and k in one launch (x @ M as the signed column gather)", "rome", _rome_apply_qk),
         Variant("rome.apply_qk (native)", "rome.apply_qk with rounding=\"native\": bit for bit the eager chain it replaces (each op rounded to q's dtype)", "rome", _rome_apply_qk_native),
         Variant("rome.apply_qk (dot)", "rome.apply_qk with x @ M on the tensor cores: the seed's matmul formulation, same bits", "rome", _rome_apply_qk_dot),
-        Variant("rome.apply_qk (partner form)", "rome.apply_qk with the whole head's half rotation read as x and x[:, src] a head, not as its two halves: same bits", "rome", _rome_apply_qk_partner),
+        Variant("rome.apply_qk (partner form)", "rome.apply_qk with the whole head's half rotation (or sections' pairs) read as x and x[:, src] a head, not as its two halves: same bits", "rome", _rome_apply_qk_partner),
         Variant("rome.apply_qk_at", "rome.apply_qk_at: positions into a cos/sin cache, rows gathered in the kernel", "rome", _rome_apply_qk_at),
         Variant("rome.apply_qk_angles", "rome.apply_qk_angles: cos/sin computed in the kernel from positions (no cache)", "rome", _rome_apply_qk_angles),
         Variant("rome.RoPE", "rome.RoPE module with positions (varlen: cu_seqlens; decode: [B, 1]), host check included", "rome", _rome_module),

@@ -26,6 +26,10 @@ Two kernels evaluate ``x @ M``:
   tables or a cache at one position per row and no norm, takes ``HALVES`` (``_halves_heads``,
   ``rome.launch.halves_config``): each head held as its two halves, whose partner is the other
   half, so no partner load and no second copy of the head in registers: twice the rows a tile.
+  A src that pairs every column with another in runs of 2 or more (each section's half rotation,
+  default's 44/44/40; also at positions on several axes) is held the same way, A and B the pairs'
+  columns read from a table in src's place (``HALVES_RUN``, ``rome.launch.halves_pairs``): the
+  partner form's rows, more heads a batch.
   Memory-bound: x read and out written once, the tables read about once per launch.
   The q/k norm over all of a token's heads (``NORM_RMS_HEADS``) takes the same kernel's token
   tile instead of the head groups (``_token_heads``, ``HEADS_B`` > 0): a token's heads held in
@@ -1757,17 +1761,19 @@ def _halves_loop(x_ptr, o_ptr, x_off, xb_off, o_off, ob_off, sxh0, sxh1, soh0, s
 
 
 @triton.jit
-def _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc, stride_ps,
-                  n_pos, t0, t1, row_ok, h_lo, h_hi,
+def _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa, stride_pc,
+                  stride_ps, n_pos, axis_ptr, stride_ax, t0, t1, row_ok, h_lo, h_hi,
                   a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                   b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                   POSITIONS: tl.constexpr, TRANSPOSE: tl.constexpr, HALF: tl.constexpr, I64: tl.constexpr,
                   RAW_X: tl.constexpr, RAW_C: tl.constexpr, RAW_S: tl.constexpr, F64: tl.constexpr,
-                  K: tl.constexpr, RUN: tl.constexpr):
+                  K: tl.constexpr, RUN: tl.constexpr, AXES: tl.constexpr, AXIS_RUN: tl.constexpr):
     # the program's T rows (t0, t1; row_ok) of heads [h_lo, h_hi) of q's then k's (the kernel's
     # prologue: a group of k's heads has k's arguments in q's places, its head strides int64 under
-    # I64); cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t], a position outside
-    # the cache never read: NaN), read once for the program's heads after q's first batch.
+    # I64); cos/sin per T row (POSITIONS == 0: tables; 1: cache rows pos[t]; 2, the pairs only:
+    # cache rows pos[t, axis[j]] on AXES axes, a row's positions read once an axis and a column's
+    # picked by its axis, A's and B's each their own; a position outside the cache never read:
+    # NaN), read once for the program's heads after q's first batch.
     # RUN == 0: A and B the whole head's halves (B at + HALF); else the pairs' columns acol, bcol
     # (src_ptr's [D/2] each, runs of RUN)
     cols = tl.arange(0, HALF)
@@ -1789,19 +1795,34 @@ def _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr
                               mask, K, SHIFT, RAW_X)
     # cos at the halves, and sin as the partner multiplies: at the other half in the transpose
     # (scol = src), times the sign of each output column
-    if POSITIONS == 0:
-        crow = (t0 * sct0 + t1 * sct1)[:, None]
-        srow = (t0 * sst0 + t1 * sst1)[:, None]
-        ok = mask
+    if POSITIONS == 2:  # (A's rows and B's: a pair's columns may lie on two axes; out of range:
+        # row 0 read, made NaN by adding where(ok, -0.0, nan), as _row_tables' AXES)
+        tl.static_assert(RUN > 0 and AXES > 0, "HALVES at positions on several axes: the pairs' build, AXES")
+        TRUN: tl.constexpr = RUN if RUN < AXIS_RUN else AXIS_RUN  # (the caches' vectors: both runs')
+        rows = _row_positions(p_ptr, t0 * spt0 + t1 * spt1, stride_pa, row_ok, AXES)
+        zero = tl.zeros_like(mask.to(tl.int32))
+        pa, oka = _cache_index(_by_axis(rows, tl.load(axis_ptr + (zero + ca[None, :]) * stride_ax), AXES), n_pos, I64)
+        pb, okb = _cache_index(_by_axis(rows, tl.load(axis_ptr + (zero + cb[None, :]) * stride_ax), AXES), n_pos, I64)
+        bad_a = tl.where(oka, -0.0, float("nan"))  # (v + -0.0 is v, +-0 too)
+        bad_b = tl.where(okb, -0.0, float("nan"))
+        c_a = _run_rows(c_ptr, pa, stride_pc, ca[None, :], mask, oka, n_pos, RAW_C, TRUN) + bad_a
+        c_b = _run_rows(c_ptr, pb, stride_pc, cb[None, :], mask, okb, n_pos, RAW_C, TRUN) + bad_b
+        s_lo = _run_rows(s_ptr, pa, stride_ps, ca[None, :], mask, oka, n_pos, RAW_S, TRUN) + bad_a
+        s_hi = _run_rows(s_ptr, pb, stride_ps, cb[None, :], mask, okb, n_pos, RAW_S, TRUN) + bad_b
     else:
-        p, ok = _cache_index(tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0), n_pos, I64)
-        ok = ok[:, None] & mask
-        crow = (p * stride_pc)[:, None]
-        srow = (p * stride_ps)[:, None]
-    c_a = _table(c_ptr, crow + ca[None, :], mask, ok, RAW_C, POSITIONS)
-    c_b = _table(c_ptr + SHIFT, crow + cb[None, :], mask, ok, RAW_C, POSITIONS)
-    s_lo = _table(s_ptr, srow + ca[None, :], mask, ok, RAW_S, POSITIONS)
-    s_hi = _table(s_ptr + SHIFT, srow + cb[None, :], mask, ok, RAW_S, POSITIONS)
+        if POSITIONS == 0:
+            crow = (t0 * sct0 + t1 * sct1)[:, None]
+            srow = (t0 * sst0 + t1 * sst1)[:, None]
+            ok = mask
+        else:
+            p, ok = _cache_index(tl.load(p_ptr + (t0 * spt0 + t1 * spt1), mask=row_ok, other=0), n_pos, I64)
+            ok = ok[:, None] & mask
+            crow = (p * stride_pc)[:, None]
+            srow = (p * stride_ps)[:, None]
+        c_a = _table(c_ptr, crow + ca[None, :], mask, ok, RAW_C, POSITIONS)
+        c_b = _table(c_ptr + SHIFT, crow + cb[None, :], mask, ok, RAW_C, POSITIONS)
+        s_lo = _table(s_ptr, srow + ca[None, :], mask, ok, RAW_S, POSITIONS)
+        s_hi = _table(s_ptr + SHIFT, srow + cb[None, :], mask, ok, RAW_S, POSITIONS)
     sign_a = tl.load(sign_ptr + ca)[None, :]
     sign_b = tl.load(sign_ptr + SHIFT + cb)[None, :]
     if TRANSPOSE:
@@ -2103,13 +2124,15 @@ def _rome_gather_kernel(
         b_soh0 = b_soh0.to(tl.int64)
         b_soh1 = b_soh1.to(tl.int64)
     if HALVES:  # (no SEAM build: the loop's last batch not peeled)
-        tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and POSITIONS <= 1 and not ANGLES,
-                         "HALVES: the gather of tables or one position a row, no norm, native rounding or dot")
-        _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pc,
-                      stride_ps, n_pos, t0, t1, row_ok, h_lo, h_hi,
+        tl.static_assert(NORM == NORM_NONE and not NATIVE and not DOT and (POSITIONS <= 1 or HALVES_RUN > 0)
+                         and not ANGLES, "HALVES: the gather of tables or caches at positions (several axes: the "
+                         "pairs'), no norm, native rounding or dot")
+        _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr, spt0, spt1, stride_pa,
+                      stride_pc, stride_ps, n_pos, axis_ptr, stride_ax, t0, t1, row_ok, h_lo, h_hi,
                       a_x, a_o, a_sxt0, a_sxt1, a_sot0, a_sot1, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                       b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                      POSITIONS, TRANSPOSE, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH, HALVES_RUN)
+                      POSITIONS, TRANSPOSE, BLOCK_D // 2, I64, RAW_X, RAW_C, RAW_S, F64, DEPTH, HALVES_RUN, AXES,
+                      AXIS_RUN)
         return
     xrow_a = (t0 * a_sxt0 + t1 * a_sxt1)[:, None]
     ax_off = xrow_a + cols[None, :]

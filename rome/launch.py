@@ -1048,8 +1048,9 @@ HALVES_DEPTH = {torch.bfloat16: 3, torch.float16: 2}
 # most six): by the model (default's 44/44/40, sm_90, 128 registers, no spill under triton 3.6 and
 # 3.9, H200 at the worst end) bf16 four 94.5-94.8%, six 95.3-95.5 (four at 96 registers, five
 # programs an SM: 95.1-95.2; at 80, 8 B spilled); fp16 (_dot2's sum, issue-bound) two 82.1, three
-# 84.2-84.8 (profiling/results/cpu/pairs/)
-PAIRS_DEPTH = {torch.bfloat16: 6, torch.float16: 3}
+# 84.2-84.8; fp32 (not the whole head's: its partner form is at 95-96) three 97.3-97.5 (four: 328 B
+# spilled) (profiling/results/cpu/pairs/). Its keys: the dtypes the pairs take
+PAIRS_DEPTH = {torch.bfloat16: 6, torch.float16: 3, torch.float32: 3}
 
 
 def halves_depth(plan: Plan, x_dtype) -> int:
@@ -1072,13 +1073,15 @@ def partner_form():
 
 
 def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = False,
-                  interpret: bool = False) -> Config | None:
+                  interpret: bool = False, axes: int = 0) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) or pairs its
     columns in runs of 2 or more (``halves_pairs``: sections' half rotations, default's), D a power of
-    two, tables per T row or a cache at one position per row (no angles, not several axes), 16-bit
-    x on sm_90 (``HALVES_DTYPES``, ``HALVES_ARCHS``), D <= ``HALVES_MAX_D``, no fused norm
-    (``norm``), not ``rounding="native"`` (``native``), the gather product. The whole head's:
+    two, tables per T row or a cache at one position per row (the pairs in runs of 2 also at
+    positions on several axes read by row: ``axes``, the launch's ``position_axes``; runs of 8
+    spilled 8 B there in bf16 under triton 3.6), no angles, 16-bit x (the pairs'
+    fp32 too: ``PAIRS_DEPTH``'s keys) on sm_90 (``HALVES_DTYPES``, ``HALVES_ARCHS``), D <=
+    ``HALVES_MAX_D``, no fused norm (``norm``), not ``rounding="native"`` (``native``), the gather product. The whole head's:
     twice ``choose``'s rows (a thread holds a head's elements once, not with a partner copy: the
     same registers); the pairs': ``choose``'s rows, their loads as narrow as the partner's, more
     heads a batch (``halves_depth``); under the interpreter, and under ``gather_tile()`` (the tile
@@ -1090,7 +1093,9 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
     pairs: profiling/results/cpu/pairs/."""
     cfg = plan.config
     if not (HALVES and (plan.halves or plan.pairs is not None) and plan.arch in HALVES_ARCHS and not _partner_form.get()
-            and cfg.product == "gather" and cfg.positions in (0, 1) and not cfg.angles and x_dtype in HALVES_DTYPES
+            and cfg.product == "gather" and not cfg.angles
+            and x_dtype in (HALVES_DTYPES if plan.halves else PAIRS_DEPTH)
+            and (cfg.positions in (0, 1) or (cfg.positions == 2 and plan.pairs_run == 2 and axes > 0))
             and cfg.head_dim == cfg.block_d <= HALVES_MAX_D and not norm and not native):
         return None
     return _halves_tile(cfg, interpret or _gather_tile.get() is not None or not plan.halves)
@@ -1115,10 +1120,17 @@ def _halves_tile(cfg: Config, interpret: bool) -> Config:
 def halves_candidates(cfg: Config, interpret: bool = False, fixed: bool = False) -> tuple[Config, ...]:
     """``candidates`` of a ``halves_config`` tile but the half-size program (8 rows on 2 warps
     spilled 8 B under triton 3.6, sm_90, D = 128); ``fixed`` (a plan of one candidate:
-    ``gather_tile()``, the interpreter): ``cfg`` alone. Cached: every such launch asks."""
+    ``gather_tile()``, the interpreter, the pairs of fp32 x: ``halves_fixed``): ``cfg`` alone.
+    Cached: every such launch asks."""
     if fixed:
         return (cfg,)
     return tuple(c for c in candidates(cfg, interpret=interpret) if c.num_warps >= cfg.num_warps)
+
+
+def halves_fixed(plan: Plan, x_dtype) -> bool:
+    """Whether ``plan``'s HALVES build is not tuned: the pairs of fp32 x (the tuning candidate of 32
+    rows on 8 warps spilled 8 B at D = 64 under triton 3.9, sm_90)."""
+    return not plan.halves and x_dtype == torch.float32
 
 
 def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:

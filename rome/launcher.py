@@ -571,7 +571,10 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
     # the whole head's half rotation as its two halves (kernel._halves_heads, its own tile rows:
     # launch.halves_config) where a launch's programs walk more than a decode step's heads
     # (launch.halves_walk)
-    halves = launch.halves_config(plan, xs[0].dtype, norm=kind is not None, native=native, interpret=INTERPRET)
+    axes = launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
+                                cfg0.product, arch)
+    halves = launch.halves_config(plan, xs[0].dtype, norm=kind is not None, native=native, interpret=INTERPRET,
+                                  axes=0 if norm_grad is not None or (transpose and angles) else axes)
     picked = None
     for args, n_t, (ha, hb), i64, rows in _gather_launches(xs, outs, cos, sin, positions, axis, angles, plan,
                                                            None if norm is None else (*norm[1:], over_heads)):
@@ -587,7 +590,9 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         halved = halves is not None and launch.halves_walk(heads, INTERPRET)
         if halved:  # (the heads a program walks as the partner form's rows chose them)
             rows_plan = replace(plan, config=halves,
-                                candidates=launch.halves_candidates(halves, INTERPRET, len(plan.candidates) == 1))
+                                candidates=launch.halves_candidates(
+                                    halves, INTERPRET, len(plan.candidates) == 1
+                                    or launch.halves_fixed(plan, xs[0].dtype)))
         full = (*args, heads, kg)
         # (HALVES: its own first batch, KG read at run time: one build whatever KG, no partner;
         # a src pairing its columns otherwise: the pairs' columns in src's place, HALVES_RUN)
@@ -602,9 +607,8 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["KEPT_RUN"] = 2 if halved else launch.launch_kept_run(plan, xs[0].dtype, norm_grad is not None)  # (its load width)
         # (not the norm's backward epilogue, nor the angles' transpose: its bf16 builds spilled 64 B
         # on sm_90 under triton 3.9 with it)
-        c["AXES"] = 0 if halved or norm_grad is not None or (transpose and angles) else \
-            launch.position_axes(cfg0.positions, 0 if positions is None else positions.shape[-1], transpose,
-                                 cfg0.product, arch)
+        c["AXES"] = 0 if (halved and cfg0.positions != 2) or norm_grad is not None or (transpose and angles) \
+            else axes
         c["AXIS_RUN"] = launch.launch_axis_run(axis_run, c["AXES"], angles, cos.stride(0), sin.stride(0))
         # (the SEAM build and the dot issue their first batch first anyway: no second build)
         c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
@@ -784,7 +788,7 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 for transpose in (False, True):
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, sections=(44, 42, 42))[:1]
                     out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False, axis_by_column=True)[:1]
-            if x_dtype != torch.float32 and d <= launch.HALVES_MAX_D and d & (d - 1) == 0:
+            if d <= launch.HALVES_MAX_D and d & (d - 1) == 0:
                 # sections' half rotations held as their pairs (HALVES_RUN, launch.halves_pairs): runs
                 # of 2 (the default layout's 22-column halves) with fp32 tables per row and a cache at
                 # one position a row, with the tuning candidates, and x's tables; at D = 128 runs of
@@ -793,7 +797,9 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                     for positions in (0, 1):
                         out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, False,
                                                sections=_axis_sections(d))
-                    out += _gather_configs(x_dtype, d, transpose, x_dtype, 0, False, sections=_axis_sections(d))[:1]
+                    if x_dtype != torch.float32:  # (fp32's x's tables: the fp32 tables above)
+                        out += _gather_configs(x_dtype, d, transpose, x_dtype, 0, False,
+                                               sections=_axis_sections(d))[:1]
                     if d == 128:
                         for sections in ((16, 56, 56), (32, 48, 48)):
                             out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False,
@@ -893,7 +899,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
                              f"build: {first.consts}")
     halves = bool(first.consts.get("HALVES"))
-    alts = (launch.halves_candidates if halves else launch.candidates)(first.config)[1:]
+    alts = () if halves and first.consts.get("HALVES_RUN") and x_dtype == torch.float32 else \
+        (launch.halves_candidates if halves else launch.candidates)(first.config)[1:]  # (launch.halves_fixed)
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \

@@ -983,24 +983,31 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
         return launch.halves_config(p, x_dtype, **kw) is not None
 
     assert taken() and taken(sections=(64,)) and taken(positions=1) and taken(FP16)
-    assert taken(sections=(44, 44, 40))  # (its pairs: test_sections_pairs_take_their_halves)
+    assert taken(sections=(44, 44, 40)) and taken(FP32, sections=(44, 44, 40))  # (its pairs:
+    # test_sections_pairs_take_their_halves)
+    assert taken(positions=2, sections=(44, 44, 40), axes=3) and not taken(positions=2, sections=(44, 44, 40))
     assert not taken(FP32) and not taken(sections=(42, 42, 44)) and not taken(sections=(256,))
     assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
     assert launch.halves_walk(20) and not launch.halves_walk(3) and launch.halves_walk(3, interpret=True)
 
 
-@pytest.mark.parametrize("dtype", [BF16, FP16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("sections, run", [((12, 12, 8), 2), ((8, 8, 16), 4), ((16, 16), 8)],
-                         ids=["runs2", "runs4", "runs8"])
-def test_sections_pairs_take_their_halves(sections, run, dtype, monkeypatch):
-    """16-bit x, each axis's half rotation of its own section (default's 44/44/40 at D = 128):
-    every column paired with another, so the launch takes ``HALVES`` with ``HALVES_RUN`` = the
+@pytest.mark.parametrize("dtype", [BF16, FP16, FP32], ids=["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("sections, run, axes", [((12, 12, 8), 2, 0), ((8, 8, 16), 4, 0), ((16, 16), 8, 0),
+                                                 ((12, 12, 8), 2, 1), ((12, 12, 8), 2, 3), ((8, 8, 16), 4, 3)],
+                         ids=["runs2", "runs4", "runs8", "runs2-positions", "runs2-axes", "runs4-axes"])
+def test_sections_pairs_take_their_halves(sections, run, axes, dtype, monkeypatch):
+    """bf16, fp16 and fp32 x, each axis's half rotation of its own section (default's 44/44/40 at
+    D = 128): every column paired with another, so the launch takes ``HALVES`` with ``HALVES_RUN`` = the
     pairs' runs (kernel._halves_heads: x[:, acol] and x[:, bcol] each the other's partner, read from
     the pairs' table in src's place; ``PAIRS_DEPTH`` heads a batch), forward and backward the
     partner form's bits, within 1 ulp of the torch backend's and of float64's; q a strided view.
-    ``halves_pairs``: the columns and runs by definition, None where a column is not paired
-    (pass-through columns, a cycle of three) or no run of 2 holds (interleave, odd halves)."""
+    Tables per row, or caches at positions (``axes``: one axis, or three read by row, ``AXES``,
+    each section its own axis; there runs of 2 only, runs of 4 the partner form) with positions
+    outside the cache (unchecked) NaN in their rows only, as the partner form's. ``halves_pairs``: the columns and runs by definition, None where
+    a column is not paired (pass-through columns, a cycle of three) or no run of 2 holds
+    (interleave, odd halves)."""
+    from rome import ops
     from rome.structure import describe
 
     d = 32
@@ -1014,19 +1021,30 @@ def test_sections_pairs_take_their_halves(sections, run, dtype, monkeypatch):
     q = torch.randn(2, 9, 7, 2 * d)[..., ::2].to(DEVICE).to(dtype)
     k = torch.randn(2, 4, 7, d).to(DEVICE).to(dtype)
     cos, sin = random_tables((7, d))
+    pos = axis = None
+    if axes:  # caches of 11 rows; two positions out of range (on the second axis where three)
+        cos, sin = random_tables((11, d))
+        pos = torch.randint(0, 11, (2, 1, 7, axes), device=DEVICE)
+        pos[0, 0, 2, -1], pos[1, 0, 5, axes // 2] = 11, -1
+        if axes > 1:
+            axis = torch.repeat_interleave(torch.arange(len(sections)), torch.tensor(sections)).to(DEVICE)
     dq, dk = torch.randn_like(q), torch.randn_like(k)
     seen = []
     run_ = launcher._run
 
     def spy(fn, grid, args, consts, *rest, **kw):
-        seen.append((consts["HALVES"], consts["HALVES_RUN"], consts["DEPTH"]))
+        seen.append((consts["HALVES"], consts["HALVES_RUN"], consts["DEPTH"], consts["AXES"]))
         return run_(fn, grid, args, consts, *rest, **kw)
 
     monkeypatch.setattr(launcher, "_run", spy)
 
     def go(backend="triton"):
         qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
-        out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        if pos is None:
+            out = rome.apply_qk(qg, kg, cos, sin, m, backend=backend)
+        else:
+            with ops.position_checks("kernel"):
+                out = rome.apply_qk_at(qg, kg, cos, sin, m, pos, axis=axis, backend=backend)
         torch.autograd.backward(out, (dq, dk))
         return (*out, qg.grad, kg.grad)
 
@@ -1035,13 +1053,25 @@ def test_sections_pairs_take_their_halves(sections, run, dtype, monkeypatch):
     assert seen and not any(s[0] for s in seen)
     seen.clear()
     got = go()
-    assert seen and all(s == (True, run, launch.PAIRS_DEPTH[dtype]) for s in seen), seen
+    if axes > 1 and run > 2:  # (several axes: the pairs' runs of 2 only, launch.halves_config)
+        assert seen and not any(s[0] for s in seen), seen
+    else:
+        assert seen and all(s == (True, run, launch.PAIRS_DEPTH[dtype], axes if axes > 1 else 0) for s in seen), seen
     for g, w in zip(got, want):
-        assert torch.equal(g, w)
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+    if pos is not None:  # (a position outside the cache: NaN in both passes' outputs at the
+        # columns of its axis in its row, only there)
+        oob = (pos < 0) | (pos >= 11)
+        bad = oob[..., axis] if axes > 1 else oob.expand(2, 1, 7, d)
+        assert bad.any() and not bad.all()
+        for g in got:
+            assert torch.isnan(g).eq(bad.expand_as(g)).all()
     for g, w in zip(got, go("torch")):  # (_dot2_short's bound where the terms cancel)
-        assert ulp_error(g, w.double(), dtype).max() <= 1
-    for g, x in zip(got[:2], (q, k)):
-        assert ulp_error(g, _oracle(x, cos, sin, m), dtype).max() <= 1
+        fin = g.isfinite() & w.isfinite()
+        assert torch.equal(g.isnan(), w.isnan()) and ulp_error(g[fin], w[fin].double(), dtype).max() <= 1
+    if pos is None:
+        for g, x in zip(got[:2], (q, k)):
+            assert ulp_error(g, _oracle(x, cos, sin, m), dtype).max() <= 1
 
     assert launch.halves_pairs(torch.tensor([1, 0, 3, 2])) is None  # (interleave: runs of 1)
     assert launch.halves_pairs(torch.tensor([2, 3, 0, 1, 6, 7, 4, 5]))[1] == 2
