@@ -99,10 +99,12 @@ def main(label, names):
             row[f"{key}_bench_pct_copy"] = 100 * row["copy_bench_us"] / row[f"{key}_bench_us"]
         out["rows"].append(row)
         print(f"[{label}] {name}: copy {row['copy_kernel_us']:.1f} us; fwd {row['fwd_kernel_us']:.1f} us "
-              f"({row['fwd_kernel_pct_copy']:.0f}% copy), bwd {row['bwd_kernel_us']:.1f} us ({row['bwd_kernel_pct_copy']:.0f}%); "
+              f"({row['fwd_kernel_pct_copy']:.1f}% copy), bwd {row['bwd_kernel_us']:.1f} us ({row['bwd_kernel_pct_copy']:.1f}%); "
               f"end-to-end fwd {row['fwd_bench_us']:.1f} us, bwd {row['bwd_bench_us']:.1f} us; exact {ok}", file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else ["default", "llama-1d", "wan", "decode"])
+    import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build)
+    with launch.partner_form() if os.environ.get("AB_PARTNER") else contextlib.nullcontext():
+        main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else ["default", "llama-1d", "wan", "decode"])
