@@ -29,7 +29,8 @@ Two kernels evaluate ``x @ M``:
   A src that pairs every column with another in runs of 2 or more (each section's half rotation,
   default's 44/44/40; also at positions on several axes) is held the same way, A and B the pairs'
   columns read from a table in src's place (``HALVES_RUN``, ``rome.launch.halves_pairs``): the
-  partner form's rows, more heads a batch.
+  partner form's rows, more heads a batch; launched only inside ``rome.launch.pairs_halves()``
+  (measured 1-5 points slower than the partner form on an H200).
   Memory-bound: x read and out written once, the tables read about once per launch.
   The q/k norm over all of a token's heads (``NORM_RMS_HEADS``) takes the same kernel's token
   tile instead of the head groups (``_token_heads``, ``HEADS_B`` > 0): a token's heads held in

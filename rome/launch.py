@@ -1067,8 +1067,49 @@ def partner_form():
     """Launch the whole head's half rotation in the gather kernel's partner form (x and
     ``x[:, src]`` a head) in this thread, where ``halves_config`` would take its halves: the
     static gate compiles both (the partner form's build with runs of 8 is a partial rotary's too).
-    The bits are the same."""
+    The bits are the same. A forward's backward takes the same form (``rome.ops``), also where
+    autograd runs it in another thread (on a GPU) or outside the block."""
     with _partner_form.scoped(True):
+        yield
+
+
+# the sections' pairs as halves (HALVES_RUN): off unless a thread asks (pairs_halves()). Measured on
+# an H200 under triton 3.6 (profiling/results/h200/ab-pairs-a8e7b9b/: the same tree, the partner
+# form against the pairs, two rounds), default's 44/44/40, apply_qk forward / backward % of copy:
+# bf16 91.6-92.0 / 90.9 -> 89.9-90.0 / 89.4-89.8, fp32 93.3-93.4 / 93.8-94.0 -> 88.0-88.3 /
+# 88.2-88.6, fp16 86.0 / 85.9-86.0 -> 81.6-81.8 / 81.8-82.0: slower in every dtype, where the
+# bandwidth model said 2-3 points faster (profiling/results/cpu/pairs/). Kept for the model's
+# check and the static gate, not launched by default
+PAIRS_HALVES = False
+_pairs_halves = ThreadSetting(None)
+
+
+@contextlib.contextmanager
+def pairs_halves(on: bool = True):
+    """Launch sections' half rotations as their pairs (``HALVES_RUN``, ``halves_pairs``) in this
+    thread where ``halves_config`` allows it (``on``), or in the partner form (not ``on``); outside
+    such a block ``PAIRS_HALVES`` decides (off: slower on an H200). The bits are the same."""
+    with _pairs_halves.scoped(bool(on)):
+        yield
+
+
+def takes_pairs() -> bool:
+    """Whether launches in this thread take the sections' pairs as halves (``pairs_halves``)."""
+    on = _pairs_halves.get()
+    return PAIRS_HALVES if on is None else on
+
+
+def launch_state() -> tuple[str, bool, bool]:
+    """This thread's choices a forward hands its backward (``rome.ops``, where autograd may run it
+    in another thread): the product, the partner form, the pairs as halves."""
+    return current_product(), _partner_form.get(), takes_pairs()
+
+
+@contextlib.contextmanager
+def launch_state_scoped(state: tuple[str, bool, bool]):
+    """A block in which this thread's launches take ``state`` (``launch_state``'s)."""
+    product_, partner, pairs = state
+    with _product.scoped(product_), _partner_form.scoped(partner), _pairs_halves.scoped(pairs):
         yield
 
 
@@ -1076,7 +1117,8 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
                   interpret: bool = False, axes: int = 0) -> Config | None:
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) or pairs its
-    columns in runs of 2 or more (``halves_pairs``: sections' half rotations, default's), D a power of
+    columns in runs of 2 or more (``halves_pairs``: sections' half rotations, default's; only inside
+    ``pairs_halves()``: measured slower, ``PAIRS_HALVES``), D a power of
     two, tables per T row or a cache at one position per row (the pairs in runs of 2 also at
     positions on several axes read by row: ``axes``, the launch's ``position_axes``; runs of 8
     spilled 8 B there in bf16 under triton 3.6), no angles, 16-bit x (the pairs'
@@ -1092,7 +1134,7 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
     80.2 / 82.3 -> 89.0 / 89.2 (3.9) (static estimates, profiling/results/cpu/halves/); default's
     pairs: profiling/results/cpu/pairs/."""
     cfg = plan.config
-    if not (HALVES and (plan.halves or plan.pairs is not None) and plan.arch in HALVES_ARCHS and not _partner_form.get()
+    if not (HALVES and (plan.halves or (plan.pairs is not None and takes_pairs())) and plan.arch in HALVES_ARCHS and not _partner_form.get()
             and cfg.product == "gather" and not cfg.angles
             and x_dtype in (HALVES_DTYPES if plan.halves else PAIRS_DEPTH)
             and (cfg.positions in (0, 1) or (cfg.positions == 2 and plan.pairs_run == 2 and axes > 0))

@@ -792,18 +792,26 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 # sections' half rotations held as their pairs (HALVES_RUN, launch.halves_pairs): runs
                 # of 2 (the default layout's 22-column halves) with fp32 tables per row and a cache at
                 # one position a row, with the tuning candidates, and x's tables; at D = 128 runs of
-                # 4 and 8 (16/56/56, 32/48/48 sections); forward and backward
+                # 4 and 8 (16/56/56, 32/48/48 sections), positions on three axes; forward and backward. Not launched unless
+                # a thread asks (launch.pairs_halves: slower on an H200), compiled here so it stays
+                # spill-free while kept
                 for transpose in (False, True):
-                    for positions in (0, 1):
-                        out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, False,
-                                               sections=_axis_sections(d))
-                    if x_dtype != torch.float32:  # (fp32's x's tables: the fp32 tables above)
-                        out += _gather_configs(x_dtype, d, transpose, x_dtype, 0, False,
+                    with launch.pairs_halves():
+                        for positions in (0, 1):
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, positions, False,
+                                                   sections=_axis_sections(d))
+                        if x_dtype != torch.float32:  # (fp32's x's tables: the fp32 tables above)
+                            out += _gather_configs(x_dtype, d, transpose, x_dtype, 0, False,
+                                                   sections=_axis_sections(d))[:1]
+                        # (positions on three axes read by row: runs of 2 only, launch.halves_config)
+                        out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False,
                                                sections=_axis_sections(d))[:1]
-                    if d == 128:
-                        for sections in ((16, 56, 56), (32, 48, 48)):
-                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False,
-                                                   sections=sections)[:1]
+                        if d == 128:
+                            out += _gather_configs(x_dtype, d, transpose, torch.float32, 2, False,
+                                                   axis_by_column=True)[:1]
+                            for sections in ((16, 56, 56), (32, 48, 48)):
+                                out += _gather_configs(x_dtype, d, transpose, torch.float32, 0, False,
+                                                       sections=sections)[:1]
             if d in NORM_HEAD_DIMS:  # the QK-norm prologue (forward, gather, fp32 tables) and its
                 # backward epilogue (the transpose): the chosen tile (the backward's is never tuned)
                 for norm in ("rms", "layer", "rms_heads"):

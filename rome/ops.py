@@ -522,22 +522,24 @@ def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_
 # The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
 
 
-def _product_now() -> str | None:
-    """The kernel's product (``rome.launch.product``) in force where a forward runs: its backward
-    takes the same, also where autograd runs it in another thread or outside the block."""
+def _product_now() -> tuple[str, bool, bool] | None:
+    """The launch's choices where a forward runs (``rome.launch.launch_state``: the product, the
+    partner form, the pairs as halves): its backward takes the same, also where autograd runs it in
+    another thread or outside the block."""
     try:
         from . import launch
     except ImportError:  # pragma: no cover - platforms without triton
         return None
-    return launch.current_product()
+    return launch.launch_state()
 
 
-def _product(name: str | None):
-    if name is None:
+def _product(state: tuple[str, bool, bool] | None):
+    """A block in which launches take ``state`` (``_product_now``'s, captured by a forward)."""
+    if state is None:
         return contextlib.nullcontext()
     from . import launch
 
-    return launch.product(name)
+    return launch.launch_state_scoped(state)
 
 
 def _setup_context(ctx, inputs, output):

@@ -11,6 +11,7 @@ own float64 arithmetic) or the float64 formula written here:
 """
 
 import contextlib
+import threading
 
 import pytest
 import torch
@@ -426,6 +427,25 @@ def test_the_backward_takes_the_forwards_product(monkeypatch):
             y = rome.apply(x, cos, sin, m, backend="triton")
         y.backward(torch.randn_like(y))
         assert seen == [(fn, dot, False), (fn, dot, True)]  # forward and transposed, both with the dot
+    seen.clear()  # (the whole head's halves: a forward in its partner form, the backward too; run here in
+    # another thread, as autograd's on a GPU; rome.launch.launch_state)
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, consts, *rest: (seen.append(consts["HALVES"]),
+                                                                                real(fn, grid, args, consts, *rest))[1])
+    groups = launch.gather_groups  # (one group of all six heads: more than a decode step's, launch.halves_walk)
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    x = torch.randn(2, 3, 5, 32, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = random_tables((5, 32))
+    for sections, block, halves in (((32,), launch.partner_form, False), ((32,), contextlib.nullcontext, True),
+                                    ((12, 12, 8), launch.pairs_halves, True),
+                                    ((12, 12, 8), contextlib.nullcontext, False)):
+        seen.clear()  # (the sections' pairs: a forward in a pairs_halves() block, the backward too)
+        m = rome.rotation_matrix(sections, "half", device=DEVICE)
+        with block():
+            y = rome.apply_qk(x, x, cos, sin, m, backend="triton")
+        worker = threading.Thread(target=torch.autograd.backward, args=(y, [torch.ones_like(t) for t in y]))
+        worker.start(), worker.join()
+        assert len(seen) == 2 and seen == [halves] * 2, (sections, block, seen)
 
 
 def test_the_dots_threads_are_the_same_on_64_lane_warps():
@@ -960,8 +980,12 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
                                 groups(cfg, n_t, ha, hb, sms, heads=ha + hb if _h == "all" else _h, **kw))
         seen.clear()
         got = go()
-        assert seen and all(s[:3] == (True, launch.HALVES_DEPTH[dtype], False) for s in seen), (heads, seen)
-        assert (heads != "all") == all(s[3] > 0 for s in seen), (heads, seen)  # KG: q's and k's groups apart
+        if heads is None and DEVICE != "cpu":  # (a GPU's groups here: three heads a program, the SEAM
+            # build, launch.halves_walk)
+            assert seen and all(not s[0] and s[2] for s in seen), seen
+        else:
+            assert seen and all(s[:3] == (True, launch.HALVES_DEPTH[dtype], False) for s in seen), (heads, seen)
+            assert (heads != "all") == all(s[3] > 0 for s in seen), (heads, seen)  # KG: q's and k's groups apart
         for g, w in zip(got, want):
             assert torch.equal(g.nan_to_num(), w.nan_to_num()) and torch.equal(g.isnan(), w.isnan()), heads
     if pos is None:
@@ -983,9 +1007,13 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
         return launch.halves_config(p, x_dtype, **kw) is not None
 
     assert taken() and taken(sections=(64,)) and taken(positions=1) and taken(FP16)
-    assert taken(sections=(44, 44, 40)) and taken(FP32, sections=(44, 44, 40))  # (its pairs:
-    # test_sections_pairs_take_their_halves)
-    assert taken(positions=2, sections=(44, 44, 40), axes=3) and not taken(positions=2, sections=(44, 44, 40))
+    # (sections' pairs: only where a thread asks, launch.PAIRS_HALVES; test_sections_pairs_take_their_halves)
+    assert not launch.PAIRS_HALVES and not taken(sections=(44, 44, 40)) and not taken(FP32, sections=(44, 44, 40))
+    with launch.pairs_halves():
+        assert taken(sections=(44, 44, 40)) and taken(FP32, sections=(44, 44, 40)) and taken()
+        assert taken(positions=2, sections=(44, 44, 40), axes=3) and not taken(positions=2, sections=(44, 44, 40))
+        with launch.pairs_halves(False):
+            assert not taken(sections=(44, 44, 40)) and taken()
     assert not taken(FP32) and not taken(sections=(42, 42, 44)) and not taken(sections=(256,))
     assert not taken(positions=2) and not taken(positions=1, angles=True) and not taken(norm=True)
     assert not taken(native=True) and not taken(arch=80) and not taken(arch=100) and not taken(arch="gfx942")
@@ -998,7 +1026,8 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
                          ids=["runs2", "runs4", "runs8", "runs2-positions", "runs2-axes", "runs4-axes"])
 def test_sections_pairs_take_their_halves(sections, run, axes, dtype, monkeypatch):
     """bf16, fp16 and fp32 x, each axis's half rotation of its own section (default's 44/44/40 at
-    D = 128): every column paired with another, so the launch takes ``HALVES`` with ``HALVES_RUN`` = the
+    D = 128): every column paired with another, so the launch in a ``pairs_halves()`` block (off by
+    default: slower on an H200) takes ``HALVES`` with ``HALVES_RUN`` = the
     pairs' runs (kernel._halves_heads: x[:, acol] and x[:, bcol] each the other's partner, read from
     the pairs' table in src's place; ``PAIRS_DEPTH`` heads a batch), forward and backward the
     partner form's bits, within 1 ulp of the torch backend's and of float64's; q a strided view.
@@ -1037,6 +1066,10 @@ def test_sections_pairs_take_their_halves(sections, run, axes, dtype, monkeypatc
         return run_(fn, grid, args, consts, *rest, **kw)
 
     monkeypatch.setattr(launcher, "_run", spy)
+    if DEVICE != "cpu":  # (a GPU's groups here would be three heads a program: launch.halves_walk)
+        groups = launch.gather_groups
+        monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                            groups(cfg, n_t, ha, hb, sms, heads=5, **kw))
 
     def go(backend="triton"):
         qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
@@ -1048,11 +1081,12 @@ def test_sections_pairs_take_their_halves(sections, run, axes, dtype, monkeypatc
         torch.autograd.backward(out, (dq, dk))
         return (*out, qg.grad, kg.grad)
 
-    with launch.partner_form():
+    with launch.partner_form(), launch.pairs_halves():
         want = go()
     assert seen and not any(s[0] for s in seen)
     seen.clear()
-    got = go()
+    with launch.pairs_halves():
+        got = go()
     if axes > 1 and run > 2:  # (several axes: the pairs' runs of 2 only, launch.halves_config)
         assert seen and not any(s[0] for s in seen), seen
     else:
