@@ -1,13 +1,22 @@
 """rome.apply_qk of several workloads (and dtypes), compiled for sm_90 and modelled: one line each.
     PYTHONPATH=<tree> TRITON_CACHE_DIR=DIR python many.py OUT.json [workload:dtype[:variant] ...]
+PAIRS=1 or PAIRS=0: the capture inside rome.launch.pairs_halves(True / False) (trees that have it;
+unset: the tree's default).
 """
-import json, sys
+import contextlib, json, os, sys
 from profiling.static import launches
 from profiling.static.archs import ARCHS
 from profiling.static.compile import compile_all, compiler_pool
 
 def _capture(workload, dtype, variant):
-    return launches.workload_launches(workload, {"dtype": dtype}, variants=(variant,), liger=False)
+    pairs = os.environ.get("PAIRS")
+    if pairs is None:
+        block = contextlib.nullcontext()
+    else:
+        from rome import launch
+        block = launch.pairs_halves(pairs == "1")
+    with block:
+        return launches.workload_launches(workload, {"dtype": dtype}, variants=(variant,), liger=False)
 
 def main():
     out = sys.argv[1]
