@@ -838,6 +838,72 @@ def test_the_loaded_model_reproduces_the_h200_measurement():
     assert all(0.94 <= t <= 1.02 for t in times), times
 
 
+MEASURED_H200_PAIRS = Path(__file__).parent / "fixtures" / "measured_h200_a8e7b9b" / "launches.json"
+
+
+def _shares(path):
+    """(row, the loaded H200 estimate at the worst end, the measured DRAM share) of each launch of
+    a measured fixture: the launch's DRAM bytes as the model counts them, per second, against the
+    measured copy's rate (as test_the_loaded_model_reproduces_the_h200_measurement)."""
+    copy = model.GPUS["H200"].copy_gbps
+    for r in json.loads(path.read_text())["launches"]:
+        yield (r, model.loaded(min(r["schedule_gbps"].values()), copy),
+               r["dram_bytes"] / r["measured_kernel_us"] / (r["copy_bytes"] / r["copy_kernel_us"]))
+
+
+def test_the_loaded_model_against_the_h200_measurement_of_both_forms():
+    """18 launches of a8e7b9b's gather kernel measured on an H200 under triton 3.6 (device calls L
+    and M, the mean of two rounds): default's 44/44/40 in bf16, fp32 and fp16 in the partner form
+    and as its pairs (HALVES_RUN), llama-1d bf16 in the whole head's halves, llama-1d fp32 and wan
+    bf16, forward and backward, each beside the model's idle schedule of the same build. The loaded
+    estimate at the worst end is within 8 points of every launch (7.8 the most: default fp16's
+    partner form, low), low by 0.9 on average; as a time within -8.7 / +6.8 %."""
+    rows = list(_shares(MEASURED_H200_PAIRS))
+    assert len(rows) == 18 and {r["schedule_triton"] for r, _, _ in rows} == {"3.6.0"}
+    errors = [est - got for _, est, got in rows]
+    assert max(map(abs, errors)) <= 0.08, errors
+    assert -0.02 <= sum(errors) / len(errors) <= 0.0, errors
+    copy = model.GPUS["H200"].copy_gbps
+    times = [r["dram_bytes"] / (est * copy * 1e3) / r["measured_kernel_us"] for r, est, _ in rows]
+    assert all(0.91 <= t <= 1.07 for t in times), times
+    halves = [(est, r["copy_kernel_us"] / r["measured_kernel_us"]) for r, est, _ in rows if r["form"] == "halves"]
+    assert len(halves) == 2 and all(abs(est - got) <= 0.01 for est, got in halves), halves  # (llama-1d: 96.1-96.9
+    # % of copy measured, as a time share; the model's DRAM bytes count its tables twice)
+
+
+def test_the_measured_fixture_of_both_forms_is_what_its_script_writes(tmp_path):
+    """launches.json is regenerate.py's output from the committed results (the device calls' JSON,
+    the schedules under triton 3.6): no hand-edited number."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regen", MEASURED_H200_PAIRS.parent / "regenerate.py")
+    regen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regen)
+    regen.main(tmp_path / "launches.json")
+    assert (tmp_path / "launches.json").read_text() == MEASURED_H200_PAIRS.read_text()
+
+
+@pytest.mark.xfail(strict=True, reason="known model gap, issue 27: the model says the sections' pairs are 2-4 "
+                   "points faster than the partner form; measured 1.4-5.6 points slower (the launch takes the "
+                   "partner form since: launch.PAIRS_HALVES)")
+def test_the_model_ranks_the_pairs_against_the_partner_form_as_measured():
+    """The change a user would decide on: default's pairs against its partner form, measured in the
+    same run on an H200 (triton 3.6). For each dtype and pass the model's difference (pairs minus
+    partner, loaded, worst end) has the measured difference's sign and is within 2 points of it.
+    Measured (DRAM share): bf16 -1.9 / -1.4, fp32 -5.3 / -5.6, fp16 -4.5 / -4.2; the model: +2.7 /
+    +4.1, +1.8 / +2.0, +2.1 / +2.6. Fails today (strict: when the model is fixed this must be
+    turned into a plain test)."""
+    rows = {(r["workload"], r["pass"], r["form"]): (est, got) for r, est, got in _shares(MEASURED_H200_PAIRS)}
+    misses = []
+    for w, p, form in rows:
+        if form == "pairs":
+            (me, mg), (pe, pg) = rows[(w, p, "pairs")], rows[(w, p, "partner")]
+            model_diff, measured_diff = me - pe, mg - pg
+            if (model_diff > 0) != (measured_diff > 0) or abs(model_diff - measured_diff) > 0.02:
+                misses.append((w, p, round(model_diff, 3), round(measured_diff, 3)))
+    assert len(rows) == 18 and not misses, misses
+
+
 def test_norm_over_heads_launches_give_their_loops_trips():
     """wan-qknorm's fused launches (the norm over a token's heads). With 40 q and k heads, the
     token tile: programs (p, 0) walk q's tokens, (p, 1) k's, two tokens a loop iteration and an
