@@ -1078,7 +1078,7 @@ def partner_form():
 # form against the pairs, two rounds), default's 44/44/40, apply_qk forward / backward % of copy:
 # bf16 91.6-92.0 / 90.9 -> 89.9-90.0 / 89.4-89.8, fp32 93.3-93.4 / 93.8-94.0 -> 88.0-88.3 /
 # 88.2-88.6, fp16 86.0 / 85.9-86.0 -> 81.6-81.8 / 81.8-82.0: slower in every dtype, where the
-# bandwidth model said 2-3 points faster (profiling/results/cpu/pairs/). Kept for the model's
+# bandwidth model said 2-4 points faster (profiling/results/cpu/pairs/). Kept for the model's
 # check and the static gate, not launched by default
 PAIRS_HALVES = False
 _pairs_halves = ThreadSetting(None)

@@ -346,7 +346,7 @@ def rotate(xs, outs, cos, sin, matrix, *, transpose: bool, positions=None, axis=
                          "is not the model's norm rounded to x's dtype): run the norm, then rotate")
     elements = sum(x.numel() for x in xs)
     if rec is not None:
-        kept = (plan.src, plan.sign, plan.operand, launch._dummy(x0.device))
+        kept = (plan.src, plan.sign, plan.operand, plan.pairs, launch._dummy(x0.device))  # (pairs: HALVES_RUN's table)
         rec.constants.update((t.data_ptr(), t.dtype) for t in kept if t is not None)
     if norm is not None and not (plan.config.heads and plan.config.product != "dot" and not transpose):
         raise ValueError("the norm prologue is in the gather kernel's forward only (a signed permutation, "

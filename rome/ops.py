@@ -522,7 +522,7 @@ def _grads(rotate, transpose: bool, xs, grads, cos, sin, matrix, needs_x, needs_
 # The ops' own autograd (torch.library): reverse mode, double backward, torch.compile, opcheck.
 
 
-def _product_now() -> tuple[str, bool, bool] | None:
+def _launch_now() -> tuple[str, bool, bool] | None:
     """The launch's choices where a forward runs (``rome.launch.launch_state``: the product, the
     partner form, the pairs as halves): its backward takes the same, also where autograd runs it in
     another thread or outside the block."""
@@ -533,8 +533,8 @@ def _product_now() -> tuple[str, bool, bool] | None:
     return launch.launch_state()
 
 
-def _product(state: tuple[str, bool, bool] | None):
-    """A block in which launches take ``state`` (``_product_now``'s, captured by a forward)."""
+def _launch_block(state: tuple[str, bool, bool] | None):
+    """A block in which launches take ``state`` (``_launch_now``'s, captured by a forward)."""
     if state is None:
         return contextlib.nullcontext()
     from . import launch
@@ -545,7 +545,7 @@ def _product(state: tuple[str, bool, bool] | None):
 def _setup_context(ctx, inputs, output):
     *xs, cos, sin, matrix, backend, positions, axis, angles, rounding = inputs
     n = len(xs)
-    ctx.n, ctx.backend, ctx.angles, ctx.product, ctx.checked = n, backend, angles, _product_now(), _checked_now()
+    ctx.n, ctx.backend, ctx.angles, ctx.launch, ctx.checked = n, backend, angles, _launch_now(), _checked_now()
     ctx.rounding = rounding
     table_grads = any(ctx.needs_input_grad[n : n + 3])
     ctx.save_for_backward(*(xs if table_grads else [None] * n), cos, sin, matrix, positions, axis)
@@ -559,7 +559,7 @@ def _make_backward(transpose: bool):
 
         def rotate(t, hs):  # (through the lean path: a model's first call, the one that learns its
             # signature, runs the op, and its backward is every step's backward where it is the graph kept)
-            with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
+            with _CHECKED.scoped(ctx.checked), _launch_block(ctx.launch):  # checked by the forward
                 return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
 
         dxs, table = _grads(rotate, transpose, xs[:n], grads, cos, sin, matrix, needs[:n], needs[n : n + 3],
@@ -668,7 +668,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         transpose, backend, positions, axis, angles, rounding, cos, sin, matrix, *xs = inputs
-        ctx.transpose, ctx.backend, ctx.angles, ctx.product = transpose, backend, angles, _product_now()
+        ctx.transpose, ctx.backend, ctx.angles, ctx.launch = transpose, backend, angles, _launch_now()
         ctx.checked, ctx.rounding = _checked_now(), rounding
         table_grads = any(ctx.needs_input_grad[6:9])
         ctx.save_for_backward(positions, axis, cos, sin, matrix, *(xs if table_grads else [None] * len(xs)))
@@ -677,7 +677,7 @@ class _Rotate(torch.autograd.Function):
     @staticmethod
     def _rotate(ctx, positions, axis, cos, sin, matrix):
         def rotate(t, hs):
-            with _CHECKED.scoped(getattr(ctx, "checked", "forward")), _product(getattr(ctx, "product", None)):
+            with _CHECKED.scoped(getattr(ctx, "checked", "forward")), _launch_block(getattr(ctx, "launch", None)):
                 return list(_Rotate.apply(t, ctx.backend, positions, axis, ctx.angles, ctx.rounding, cos, sin,
                                           matrix, *hs))
 
@@ -789,7 +789,8 @@ def _call(transpose: bool, backend, positions, axis, angles, cos, sin, matrix, *
 # tensor that requires grad under grad mode, through ``_Lean``, an autograd.Function with the
 # ops' backward. The signature: per tensor its type, shape, strides, dtype, device and
 # requires_grad; the matrix by identity and version (its values choose the plan); the backend,
-# the thread's product and warp size, ``capture``'s state and the functions a test may replace;
+# the thread's product, warp size, partner form and pairs (rome.launch.launch_state), ``capture``'s
+# state and the functions a test may replace;
 # with positions on several axes the axis's run (``_check_axis_once``: read once per axis tensor,
 # a constexpr of the launch; a call whose axis was not read takes the full path). No other values
 # are part of it: positions are checked per call as ``_check_values`` says.
@@ -836,10 +837,13 @@ def _settings():
     if k.rotate is not k.ORIGINAL[0] or k._run is not k.ORIGINAL[1] or k._pick is not k.ORIGINAL[2]:
         return None
     # (the ThreadSettings' values read directly: a method call each costs as much as the read)
-    c, p, n = k._capture, k.launch._product, k.launch._lanes
+    L = k.launch
+    c, p, n, f, h = k._capture, L._product, L._lanes, L._partner_form, L._pairs_halves
     captured = getattr(c._local, "value", c._default)
+    pairs = getattr(h._local, "value", h._default)
     return (k.INTERPRET, getattr(p._local, "value", p._default), getattr(n._local, "value", n._default),
-            None if captured is None else captured.num_sms)
+            None if captured is None else captured.num_sms, getattr(f._local, "value", f._default),
+            L.PAIRS_HALVES if pairs is None else pairs)
 
 
 def _key(kind, tensors, backend, mode, rounding="exact"):
@@ -969,7 +973,7 @@ class _Lean(torch.autograd.Function):
     def forward(ctx, entry, backend, positions, axis, angles, trusted, axis_read, cos, sin, matrix, *xs):
         outs = _lean_rotate(entry, xs, cos, sin, matrix, positions, axis, angles, trusted, axis_read)
         n = len(xs)
-        ctx.backend, ctx.angles, ctx.product, ctx.transpose = backend, angles, _product_now(), entry.transpose
+        ctx.backend, ctx.angles, ctx.launch, ctx.transpose = backend, angles, _launch_now(), entry.transpose
         ctx.rounding = entry.rounding
         ctx.checked = True if trusted else _checked_now()
         table_grads = any(ctx.needs_input_grad[7:10])
@@ -982,7 +986,7 @@ class _Lean(torch.autograd.Function):
         needs = ctx.needs_input_grad
 
         def rotate(t, hs):
-            with _CHECKED.scoped(ctx.checked), _product(ctx.product):  # checked by the forward
+            with _CHECKED.scoped(ctx.checked), _launch_block(ctx.launch):  # checked by the forward
                 return _rotated(t, ctx.backend, positions, axis, ctx.angles, cos, sin, matrix, hs, ctx.rounding)
 
         dxs, table = _grads(rotate, ctx.transpose, xs, grads, cos, sin, matrix, needs[10:], needs[7:10],

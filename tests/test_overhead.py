@@ -393,6 +393,39 @@ def test_a_stale_recipe_takes_the_full_path(monkeypatch):
     assert len(seen) == 2  # tuned since: learned again
 
 
+def test_a_remembered_call_does_not_cross_a_launch_form_block(monkeypatch):
+    """The lean path's key holds the thread's launch state (rome.launch.launch_state): a call
+    remembered outside ``partner_form()`` / ``pairs_halves()`` is not replayed inside one (its
+    recipe would launch the other form), and inside the block a repeat is a hit again; the
+    launches of each are the form the block asks (``HALVES``)."""
+    from rome import launch, launcher
+
+    if not launcher.INTERPRET and DEVICE == "cpu":
+        pytest.skip("the triton backend needs a GPU or TRITON_INTERPRET=1")
+    spy, seen = _calls("_full_apply_qk")
+    monkeypatch.setattr(ops, "_full_apply_qk", spy)
+    groups = launch.gather_groups  # (one group of every head: more than a decode step's, launch.halves_walk)
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    q = torch.randn(1, 3, 5, 32, device=DEVICE, dtype=torch.bfloat16)
+    k = torch.randn(1, 3, 5, 32, device=DEVICE, dtype=torch.bfloat16)
+    cos, sin = torch.rand(5, 32, device=DEVICE), torch.rand(5, 32, device=DEVICE)
+    for sections, block, halves in (((32,), launch.partner_form, True), ((12, 12, 8), launch.pairs_halves, False)):
+        m = rome.rotation_matrix(sections, "half", device=DEVICE)
+        seen.clear()
+        plain = [rome.apply_qk(q, k, cos, sin, m, backend="triton") for _ in range(2)]
+        assert len(seen) == 1  # (learned, then a hit)
+        with block():
+            inside = [rome.apply_qk(q, k, cos, sin, m, backend="triton") for _ in range(2)]
+        assert len(seen) == 2  # (a miss inside the block, then a hit there)
+        forms = {e.recipe.launches[0][4]["HALVES"] for key, e in ops._LEAN.items()
+                 if key[0] == "apply_qk" and e.matrix is m and e.triton}
+        assert forms == {halves, not halves}, forms  # (the two recipes: each its form)
+        for a, b in zip(plain[0] + inside[0], plain[1] + inside[1]):
+            assert torch.equal(a, b)
+        assert all(torch.equal(a, b) for a, b in zip(plain[0], inside[0]))  # (the same bits)
+
+
 def test_split_launches_and_packed_buffers():
     """A launch split into blocks (offset views: here three T dims that cannot merge) is never
     remembered, and q and k sliced from one buffer (one storage) take the lean path correctly."""
