@@ -7,7 +7,8 @@ Drawn: shapes of 1-6 dims (tiny sizes, D even in 2..256), cos/sin broadcasting t
 permutations from rome.rotation_matrix with random sections and mode, partial rotary with a
 zero block, dense random, integer-valued) in x's dtype or fp32, with their own layouts; on the
 triton backend the kernel's product (``rome.launch.product``: the gather, or the seed's dot, whose
-head-group loop takes two heads a batch for bf16: ``rome.launch.dot_depth``).
+head-group loop takes two heads a batch for bf16: ``rome.launch.dot_depth``), and whether the
+launch may hold sections' pairs as halves (``rome.launch.pairs_halves``: opt-in, off by default).
 Checked: the value against the oracle within ``bound`` below, the gradients of x, cos, sin and
 matrix likewise, inputs unmodified (bitwise, whole storage), apply_qk bitwise equal to two apply
 calls, two runs bitwise equal, unit last stride of the output. The other entry points on the
@@ -214,6 +215,7 @@ class Case:
     scales: dict
     seed: int
     product: str = "gather"  # rome.launch.product on the triton backend: "dot" the seed's formulation
+    pairs: bool = False  # rome.launch.pairs_halves on the triton backend (sections' pairs as halves: opt-in)
 
 
 @st.composite
@@ -258,8 +260,11 @@ def cases(draw):
     # the kernel's product for a rotation (general matrices take the dot kernel either way): the
     # head groups' dot (D <= 128), with its own tile and heads a batch (launch.dot_depth)
     product = draw(st.sampled_from(["gather", "dot"])) if backend == "triton" else "gather"
+    # the sections' pairs as halves (off by default, launch.PAIRS_HALVES): where a thread asks, a
+    # rotation whose src pairs every column in runs of 2+ (D a power of two) takes them
+    pairs = draw(st.booleans()) if backend == "triton" else False
     case = Case(backend, dtype, table_dtype, matrix_dtype, d, x_shape, (*k_rows, d), cos_shape,
-                matrix_kind, sections, mode, lay, scales, seed, product)
+                matrix_kind, sections, mode, lay, scales, seed, product, pairs)
     note(repr(case))
     event(f"{backend} {str(dtype)[6:]}")
     event(f"matrix {matrix_kind}")
@@ -267,14 +272,16 @@ def cases(draw):
     event("D > 64" if d > 64 else "D <= 64")
     event(f"values {value_range}")
     event(f"product {product}")
+    event(f"pairs {pairs}")
     return case
 
 
 def in_product(test):
-    """Run a property of ``cases()`` under its case's ``rome.launch.product``."""
+    """Run a property of ``cases()`` under its case's ``rome.launch.product`` and
+    ``rome.launch.pairs_halves``."""
     @functools.wraps(test)
     def run(case, *args, **kwargs):
-        with launch.product(case.product):
+        with launch.product(case.product), launch.pairs_halves(case.pairs):
             return test(case, *args, **kwargs)
     return run
 
