@@ -1080,23 +1080,21 @@ def partner_form():
 # 88.2-88.6, fp16 86.0 / 85.9-86.0 -> 81.6-81.8 / 81.8-82.0: slower in every dtype, where the
 # bandwidth model said 2-4 points faster (profiling/results/cpu/pairs/). Kept for the model's
 # check and the static gate, not launched by default
-PAIRS_HALVES = False
-_pairs_halves = ThreadSetting(None)
+_pairs_halves = ThreadSetting(False)
 
 
 @contextlib.contextmanager
 def pairs_halves(on: bool = True):
     """Launch sections' half rotations as their pairs (``HALVES_RUN``, ``halves_pairs``) in this
-    thread where ``halves_config`` allows it (``on``), or in the partner form (not ``on``); outside
-    such a block ``PAIRS_HALVES`` decides (off: slower on an H200). The bits are the same."""
+    thread where ``halves_config`` allows it (``on``), or in the partner form (not ``on``, as outside
+    such a block: slower on an H200). The bits are the same."""
     with _pairs_halves.scoped(bool(on)):
         yield
 
 
 def takes_pairs() -> bool:
     """Whether launches in this thread take the sections' pairs as halves (``pairs_halves``)."""
-    on = _pairs_halves.get()
-    return PAIRS_HALVES if on is None else on
+    return _pairs_halves.get()
 
 
 def launch_state() -> tuple[str, bool, bool]:
@@ -1118,7 +1116,7 @@ def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = Fal
     """The gather kernel's ``HALVES`` tile for ``plan``, or None where the launch keeps the
     partner form: ``plan``'s src is the whole head's half rotation (``is_halves``) or pairs its
     columns in runs of 2 or more (``halves_pairs``: sections' half rotations, default's; only inside
-    ``pairs_halves()``: measured slower, ``PAIRS_HALVES``), D a power of
+    ``pairs_halves()``: measured slower), D a power of
     two, tables per T row or a cache at one position per row (the pairs in runs of 2 also at
     positions on several axes read by row: ``axes``, the launch's ``position_axes``; runs of 8
     spilled 8 B there in bf16 under triton 3.6), no angles, 16-bit x (the pairs'
@@ -1169,10 +1167,10 @@ def halves_candidates(cfg: Config, interpret: bool = False, fixed: bool = False)
     return tuple(c for c in candidates(cfg, interpret=interpret) if c.num_warps >= cfg.num_warps)
 
 
-def halves_fixed(plan: Plan, x_dtype) -> bool:
-    """Whether ``plan``'s HALVES build is not tuned: the pairs of fp32 x (the tuning candidate of 32
-    rows on 8 warps spilled 8 B at D = 64 under triton 3.9, sm_90)."""
-    return not plan.halves and x_dtype == torch.float32
+def halves_fixed(pairs: bool, x_dtype) -> bool:
+    """Whether a HALVES build is not tuned: the ``pairs``' (``HALVES_RUN`` > 0) of fp32 x (the tuning
+    candidate of 32 rows on 8 warps spilled 8 B at D = 64 under triton 3.9, sm_90)."""
+    return pairs and x_dtype == torch.float32
 
 
 def gather_index(take: torch.Tensor, cls: int | None = None) -> torch.Tensor:

@@ -592,7 +592,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             rows_plan = replace(plan, config=halves,
                                 candidates=launch.halves_candidates(
                                     halves, INTERPRET, len(plan.candidates) == 1
-                                    or launch.halves_fixed(plan, xs[0].dtype)))
+                                    or launch.halves_fixed(not plan.halves, xs[0].dtype)))
         full = (*args, heads, kg)
         # (HALVES: its own first batch, KG read at run time: one build whatever KG, no partner;
         # a src pairing its columns otherwise: the pairs' columns in src's place, HALVES_RUN)
@@ -907,8 +907,8 @@ def _gather_configs(x_dtype, d, transpose, table_dtype, positions, angles,
         raise AssertionError(f"a {'decode step' if few is True else 'prefill'}'s launch did not take the SEAM "
                              f"build: {first.consts}")
     halves = bool(first.consts.get("HALVES"))
-    alts = () if halves and first.consts.get("HALVES_RUN") and x_dtype == torch.float32 else \
-        (launch.halves_candidates if halves else launch.candidates)(first.config)[1:]  # (launch.halves_fixed)
+    alts = (launch.halves_candidates(first.config, fixed=launch.halves_fixed(bool(first.consts["HALVES_RUN"]), x_dtype))
+            if halves else launch.candidates(first.config))[1:]
     label = " M=rotation" + (f" norm={norm}" + (" backward" if transpose else "") if norm else "") \
         + (" q alone" if alone else "") + (f" heads={heads[0]}/{heads[1]}" if tuple(heads) != (4, 2) else "") \
         + (f" {mode}" if mode != "half" else "") \

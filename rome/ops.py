@@ -840,10 +840,9 @@ def _settings():
     L = k.launch
     c, p, n, f, h = k._capture, L._product, L._lanes, L._partner_form, L._pairs_halves
     captured = getattr(c._local, "value", c._default)
-    pairs = getattr(h._local, "value", h._default)
     return (k.INTERPRET, getattr(p._local, "value", p._default), getattr(n._local, "value", n._default),
             None if captured is None else captured.num_sms, getattr(f._local, "value", f._default),
-            L.PAIRS_HALVES if pairs is None else pairs)
+            getattr(h._local, "value", h._default))
 
 
 def _key(kind, tensors, backend, mode, rounding="exact"):

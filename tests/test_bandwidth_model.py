@@ -885,7 +885,7 @@ def test_the_measured_fixture_of_both_forms_is_what_its_script_writes(tmp_path):
 
 @pytest.mark.xfail(strict=True, reason="known model gap, issue 27: the model says the sections' pairs are 2-4 "
                    "points faster than the partner form; measured 1.4-5.6 points slower (the launch takes the "
-                   "partner form since: launch.PAIRS_HALVES)")
+                   "partner form unless a thread asks: launch.pairs_halves)")
 def test_the_model_ranks_the_pairs_against_the_partner_form_as_measured():
     """The change a user would decide on: default's pairs against its partner form, measured in the
     same run on an H200 (triton 3.6). For each dtype and pass the model's difference (pairs minus

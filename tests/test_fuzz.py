@@ -260,7 +260,7 @@ def cases(draw):
     # the kernel's product for a rotation (general matrices take the dot kernel either way): the
     # head groups' dot (D <= 128), with its own tile and heads a batch (launch.dot_depth)
     product = draw(st.sampled_from(["gather", "dot"])) if backend == "triton" else "gather"
-    # the sections' pairs as halves (off by default, launch.PAIRS_HALVES): where a thread asks, a
+    # the sections' pairs as halves (off by default: launch.pairs_halves): where a thread asks, a
     # rotation whose src pairs every column in runs of 2+ (D a power of two) takes them
     pairs = draw(st.booleans()) if backend == "triton" else False
     case = Case(backend, dtype, table_dtype, matrix_dtype, d, x_shape, (*k_rows, d), cos_shape,

@@ -1007,8 +1007,8 @@ def test_the_whole_heads_half_rotation_takes_its_halves(layout, dtype, monkeypat
         return launch.halves_config(p, x_dtype, **kw) is not None
 
     assert taken() and taken(sections=(64,)) and taken(positions=1) and taken(FP16)
-    # (sections' pairs: only where a thread asks, launch.PAIRS_HALVES; test_sections_pairs_take_their_halves)
-    assert not launch.PAIRS_HALVES and not taken(sections=(44, 44, 40)) and not taken(FP32, sections=(44, 44, 40))
+    # (sections' pairs: only where a thread asks, launch.pairs_halves; test_sections_pairs_take_their_halves)
+    assert not launch.takes_pairs() and not taken(sections=(44, 44, 40)) and not taken(FP32, sections=(44, 44, 40))
     with launch.pairs_halves():
         assert taken(sections=(44, 44, 40)) and taken(FP32, sections=(44, 44, 40)) and taken()
         assert taken(positions=2, sections=(44, 44, 40), axes=3) and not taken(positions=2, sections=(44, 44, 40))

@@ -1,4 +1,4 @@
-"""before -> after from many.py JSONs: python table.py base36 after36 base39 after39 (in /tmp/hexp/sweep)"""
+"""before -> after from many.py JSONs: python table.py DIR (DIR holding base36, after36, base39, after39 .json; ../pairs/ uses it too)"""
 import json, sys, collections
 d = sys.argv[1]
 def load(tag):
