@@ -1097,18 +1097,37 @@ def takes_pairs() -> bool:
     return _pairs_halves.get()
 
 
+_STATE = (_product, _partner_form, _pairs_halves)  # (launch_state's settings, in its order)
+
+
 def launch_state() -> tuple[str, bool, bool]:
     """This thread's choices a forward hands its backward (``rome.ops``, where autograd may run it
-    in another thread): the product, the partner form, the pairs as halves."""
-    return current_product(), _partner_form.get(), takes_pairs()
+    in another thread): the product, the partner form, the pairs as halves. (Each op's forward
+    under grad asks: the values read directly, no call a setting.)"""
+    p, f, h = _STATE
+    return (getattr(p._local, "value", p._default), getattr(f._local, "value", f._default),
+            getattr(h._local, "value", h._default))
 
 
-@contextlib.contextmanager
-def launch_state_scoped(state: tuple[str, bool, bool]):
-    """A block in which this thread's launches take ``state`` (``launch_state``'s)."""
-    product_, partner, pairs = state
-    with _product.scoped(product_), _partner_form.scoped(partner), _pairs_halves.scoped(pairs):
-        yield
+class launch_state_scoped:
+    """A block in which this thread's launches take ``state`` (``launch_state``'s); the values
+    before it are put back after it, exceptions too. A class, not three nested ``scoped`` blocks:
+    every backward of an op enters one."""
+
+    __slots__ = ("state", "old")
+
+    def __init__(self, state: tuple[str, bool, bool]):
+        self.state = state
+
+    def __enter__(self):
+        self.old = launch_state()
+        p, f, h = _STATE
+        p._local.value, f._local.value, h._local.value = self.state
+
+    def __exit__(self, *exc):
+        p, f, h = _STATE
+        p._local.value, f._local.value, h._local.value = self.old
+        return False
 
 
 def halves_config(plan: Plan, x_dtype, *, norm: bool = False, native: bool = False,

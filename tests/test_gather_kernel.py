@@ -446,6 +446,15 @@ def test_the_backward_takes_the_forwards_product(monkeypatch):
         worker = threading.Thread(target=torch.autograd.backward, args=(y, [torch.ones_like(t) for t in y]))
         worker.start(), worker.join()
         assert len(seen) == 2 and seen == [halves] * 2, (sections, block, seen)
+    before = launch.launch_state()  # (the block a backward enters: its state inside, the old one after,
+    # an exception too)
+    assert before == ("gather", False, False)
+    with pytest.raises(RuntimeError):
+        with launch.launch_state_scoped(("dot", True, True)):
+            assert launch.launch_state() == ("dot", True, True) and launch.takes_pairs()
+            assert launch.current_product() == "dot"
+            raise RuntimeError
+    assert launch.launch_state() == before
 
 
 def test_the_dots_threads_are_the_same_on_64_lane_warps():
