@@ -101,10 +101,17 @@ def main(label, names):
         print(f"[{label}] {name}: copy {row['copy_kernel_us']:.1f} us; fwd {row['fwd_kernel_us']:.1f} us "
               f"({row['fwd_kernel_pct_copy']:.1f}% copy), bwd {row['bwd_kernel_us']:.1f} us ({row['bwd_kernel_pct_copy']:.1f}%); "
               f"end-to-end fwd {row['fwd_bench_us']:.1f} us, bwd {row['bwd_bench_us']:.1f} us; exact {ok}", file=sys.stderr, flush=True)
+    from rome import tuning
+    out["tuned"] = tuning.chosen()  # the tile the GPU's autotuner picked for each specialisation
     print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
-    import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build)
-    with launch.partner_form() if os.environ.get("AB_PARTNER") else contextlib.nullcontext():
+    import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build;
+    # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them)
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("AB_PARTNER"):
+            stack.enter_context(launch.partner_form())
+        if os.environ.get("AB_PAIRS"):
+            stack.enter_context(launch.pairs_halves())
         main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else ["default", "llama-1d", "wan", "decode"])

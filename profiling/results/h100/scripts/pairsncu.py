@@ -22,7 +22,8 @@ real = __import__("rome.launcher", fromlist=["_run"])._run
 
 
 def spy(fn, grid_, args, consts, *rest, **kw):
-    seen.append((consts.get("HALVES"), consts.get("HALVES_RUN")))
+    seen.append((consts.get("HALVES"), consts.get("HALVES_RUN"), consts.get("DEPTH"), rest[0].block_r,
+                 rest[0].num_warps))
     return real(fn, grid_, args, consts, *rest, **kw)
 
 
@@ -41,4 +42,5 @@ with launch.pairs_halves(form == "pairs"):
         torch.cuda.synchronize(); torch.cuda.profiler.start()
         step()
         torch.cuda.synchronize(); torch.cuda.profiler.stop()
-print(form, dt, "launches (HALVES, HALVES_RUN):", sorted(set(seen)), file=sys.stderr)
+print(form, dt, "launches (HALVES, HALVES_RUN, DEPTH, BLOCK_R, warps):", sorted(set(seen), key=str),
+      "tuned:", __import__("rome.tuning", fromlist=["chosen"]).chosen(), file=sys.stderr)

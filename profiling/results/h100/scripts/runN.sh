@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
 # device call N (prepared 2026-12-04, not yet run): why the sections' pairs as halves measured 1-5
 # points slower than the partner form on an H200 where the model said 2-4 faster
-# (../../h200/ab-pairs-a8e7b9b/): ncu of both forms' forward and backward on default, bf16 and
-# fp32 (pairsncu.py), the sections that tell issue, L1 wavefronts and occupancy apart; then the
-# pairs' tests on CUDA that call M did not reach. Set up as runL.sh (.gpu/ holding this folder's
-# pairsncu.py and this script).
+# (../../h200/ab-pairs-a8e7b9b/). The model's SM-side schedule cannot explain it: fp32's pairs idle
+# at 2.3x copy and still measured 5 points below, and counting their gathered loads' L1 wavefronts
+# 2-3x moves the model by 0.3 points (profiling/results/cpu/pairs-why/). So, in order of value:
+# 1. both forms at choose()'s tile (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
+#    the tile the tuner picked): calls L/M did not record it;
+# 2. ncu of both forms' forward and backward on default, bf16 and fp32 (pairsncu.py), with the DRAM
+#    bytes read/written and the L2/L1 sectors and requests of loads and stores (partial sectors,
+#    a read-modify-write, twice the requests: what tells a memory-side cost from an SM-side one);
+# 3. the pairs' tests on CUDA that call M did not reach.
+# Set up as runL.sh (.gpu/ holding this folder's ab.py, pairsncu.py and this script).
 export PYTHONUNBUFFERED=1 ROME_COMMIT=$1
-R=/tmp/r; mkdir -p $R; T0=$(date +%s); S=${S:-.gpu}
+R=/tmp/r; mkdir -p $R; T0=$(date +%s); S=${S:-.gpu}; END=${END:-540}
+left() { echo $(( $1 - ($(date +%s) - T0) )); }
+cap() { local t=$(left $1); [ $t -gt $2 ] && t=$2; echo $t; }
+W=default,default:fp32
+for tune in 0 1; do for v in pairs partner; do
+  t=$(cap $((END-310)) 55); [ $t -lt 15 ] && { echo "ab $v tune $tune skipped: $t s left"; continue; }
+  e=; [ $v = pairs ] && e=1
+  ROME_AUTOTUNE=$tune AB_PAIRS=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v-tune$tune $W > $R/ab-$v-tune$tune.json 2> $R/ab-$v-tune$tune.log
+  echo "ab $v tune $tune rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v-tune$tune.log | cut -c1-200
+  grep -A3 '"tuned"' $R/ab-$v-tune$tune.json | cut -c1-200
+done; done
+M=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_write.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,smsp__inst_executed.sum
 for dt in bf16 fp32; do for f in partner pairs; do
-  PYTHONPATH=. timeout 60 ncu --clock-control none --profile-from-start off --kernel-name regex:gather \
+  t=$(cap $((END-70)) 60); [ $t -lt 20 ] && { echo "ncu $f $dt skipped: $t s left"; continue; }
+  PYTHONPATH=. timeout $t ncu --clock-control none --profile-from-start off --kernel-name regex:gather \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
-    --section InstructionStats python3 $S/pairsncu.py $f $dt > $R/ncu-$f-$dt.txt 2>&1
+    --section InstructionStats --metrics $M python3 $S/pairsncu.py $f $dt > $R/ncu-$f-$dt.txt 2>&1
   echo "ncu $f $dt rc $? at $(( $(date +%s)-T0 )) s"
-  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|L1/TEX Hit|Warp Cycles Per Issued|launches" $R/ncu-$f-$dt.txt | cut -c1-160
+  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|Block Size|Grid Size|dram__bytes|lts__t_(sectors|requests)|launches" $R/ncu-$f-$dt.txt | cut -c1-160
 done; done
-PYTHONPATH=. timeout 150 python3 -m pytest -q --maxfail=3 tests/test_gather_kernel.py -k "pairs_take" -p no:cacheprovider > $R/tests-pairs.log 2>&1
+t=$(cap $((END-5)) 120); PYTHONPATH=. timeout $t python3 -m pytest -q --maxfail=3 tests/test_gather_kernel.py -k "pairs_take" -p no:cacheprovider > $R/tests-pairs.log 2>&1
 echo "pairs tests rc $? at $(( $(date +%s)-T0 )) s"; tail -3 $R/tests-pairs.log | cut -c1-250
 cd /tmp && tar czf $OUT/n.tgz r; echo "total $(( $(date +%s)-T0 )) s"
