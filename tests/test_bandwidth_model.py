@@ -855,7 +855,8 @@ def test_the_loaded_model_against_the_h200_measurement_of_both_forms():
     """18 launches of a8e7b9b's gather kernel measured on an H200 under triton 3.6 (device calls L
     and M, the mean of two rounds): default's 44/44/40 in bf16, fp32 and fp16 in the partner form
     and as its pairs (HALVES_RUN), llama-1d bf16 in the whole head's halves, llama-1d fp32 and wan
-    bf16, forward and backward, each beside the model's idle schedule of the same build. The loaded
+    bf16, forward and backward, each beside the model's idle schedule of the same kernel at
+    choose()'s tile (the tuner's pick, that tile or half or twice it, was not recorded). The loaded
     estimate at the worst end is within 8 points of every launch (7.8 the most: default fp16's
     partner form, low), low by 0.9 on average; as a time within -8.7 / +6.8 %."""
     rows = list(_shares(MEASURED_H200_PAIRS))
