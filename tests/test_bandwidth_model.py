@@ -856,7 +856,9 @@ def test_the_loaded_model_against_the_h200_measurement_of_both_forms():
     and M, the mean of two rounds): default's 44/44/40 in bf16, fp32 and fp16 in the partner form
     and as its pairs (HALVES_RUN), llama-1d bf16 in the whole head's halves, llama-1d fp32 and wan
     bf16, forward and backward, each beside the model's idle schedule of the same kernel at
-    choose()'s tile (the tuner's pick, that tile or half or twice it, was not recorded). The loaded
+    choose()'s tile (the GPU's tuner took that tile or half or twice it: call L's rows name it,
+    measured_tiles; wan's and llama-1d's changed between the rounds, whose times agree within
+    0.2 %). The loaded
     estimate at the worst end is within 8 points of every launch (7.8 the most: default fp16's
     partner form, low), low by 0.9 on average; as a time within -8.7 / +6.8 %."""
     rows = list(_shares(MEASURED_H200_PAIRS))
