@@ -8,7 +8,7 @@
 #    tables, against cudaMemcpy in the same run: what a copy with rome's walk reaches, which tells
 #    the ~0.95 of copy that rome's DRAM-bound launches measured (pairs-why section 4) from rome's own cost;
 # 1. both forms at choose()'s tile (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
-#    the tile the tuner picked): calls L/M did not record it;
+#    the tile the tuner picked): call M did not print it;
 # 2. ncu of both forms' forward and backward on default, bf16 and fp32 (pairsncu.py), with the DRAM
 #    bytes read/written and the L2/L1 sectors and requests of loads and stores (partial sectors,
 #    a read-modify-write, twice the requests: what tells a memory-side cost from an SM-side one);
