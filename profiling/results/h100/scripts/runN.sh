@@ -15,7 +15,7 @@
 # 3. the pairs' tests on CUDA that call M did not reach.
 # Set up as runL.sh (.gpu/ holding this folder's ab.py, pairsncu.py, copyprobe.py and this script);
 # run with timeout_s 595 (END 585: what does not fit is skipped, the tests first).
-export PYTHONUNBUFFERED=1 ROME_COMMIT=$1
+export PYTHONUNBUFFERED=1 ROME_COMMIT=$1 TRITON_PRINT_AUTOTUNING=1
 R=/tmp/r; mkdir -p $R; T0=$(date +%s); S=${S:-.gpu}; END=${END:-585}
 left() { echo $(( $1 - ($(date +%s) - T0) )); }
 cap() { local t=$(left $1); [ $t -gt $2 ] && t=$2; echo $t; }
