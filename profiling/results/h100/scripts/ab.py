@@ -12,6 +12,7 @@ W = {  # batch, q heads, kv heads, seq, sections, mode, theta, grid, decode
     "default": (1, 24, 24, 28800, (44, 44, 40), "half", 1e4, (20, 36, 40), False),
     "llama-1d": (1, 32, 8, 8192, (128,), "half", 5e5, None, False),
     "wan": (1, 40, 40, 21 * 30 * 52, (44, 42, 42), "interleave", 1e4, (21, 30, 52), False),
+    "hunyuan-video": (1, 24, 24, 33 * 34 * 60, (16, 56, 56), "interleave", 256.0, (33, 34, 60), False),
     "decode": (64, 32, 8, 1, (128,), "half", 5e5, None, True),
 }
 

@@ -7,7 +7,7 @@
 # 0. copy probes (copyprobe.py): a plain Triton kernel with rome's walk, with and without default's
 #    tables, against cudaMemcpy in the same run: what a copy with rome's walk reaches, which tells
 #    the ~0.95 of copy that rome's DRAM-bound launches measured (pairs-why section 4) from rome's own cost;
-# 1. both forms at choose()'s tile (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
+# 1. both forms at choose()'s tile (and hunyuan-video, bf16 and fp32, tuned: its first measurement) (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
 #    the tile the tuner picked): call M did not print it;
 # 2. ncu of both forms' forward and backward on default, bf16 and fp32 (pairsncu.py), with the DRAM
 #    bytes read/written and the L2/L1 sectors and requests of loads and stores (partial sectors,
@@ -28,7 +28,8 @@ W=default,default:fp32
 for tune in 0 1; do for v in pairs partner; do
   t=$(cap 320 55); [ $t -lt 15 ] && { echo "ab $v tune $tune skipped: $t s left"; continue; }
   e=; [ $v = pairs ] && e=1
-  ROME_AUTOTUNE=$tune AB_PAIRS=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v-tune$tune $W > $R/ab-$v-tune$tune.json 2> $R/ab-$v-tune$tune.log
+  w=$W; [ $v$tune = partner1 ] && w=$W,hunyuan-video,hunyuan-video:fp32  # (never measured before)
+  ROME_AUTOTUNE=$tune AB_PAIRS=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v-tune$tune $w > $R/ab-$v-tune$tune.json 2> $R/ab-$v-tune$tune.log
   echo "ab $v tune $tune rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v-tune$tune.log | cut -c1-200
   grep -A3 '"tuned"' $R/ab-$v-tune$tune.json | cut -c1-200
 done; done
