@@ -3,12 +3,14 @@
 # points slower than the partner form on an H200 where the model said 2-4 faster
 # (../../h200/ab-pairs-a8e7b9b/). The model's SM-side schedule cannot explain it: fp32's pairs idle
 # at 2.3x copy and still measured 5 points below, and counting their gathered loads' L1 wavefronts
-# 2-3x moves the model by 0.3 points (profiling/results/cpu/pairs-why/). So, in order of value:
+# 2-3x moves the model by 0.1-0.6 points (profiling/results/cpu/pairs-why/). So, in order of value:
 # 0. copy probes (copyprobe.py): a plain Triton kernel with rome's walk, with and without default's
 #    tables, against cudaMemcpy in the same run: what a copy with rome's walk reaches, which tells
-#    the ~0.95 of copy that rome's DRAM-bound launches measured (pairs-why section 4) from rome's own cost;
-# 1. both forms at choose()'s tile (and hunyuan-video, bf16 and fp32, tuned: its first measurement) (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
-#    the tile the tuner picked): call M did not print it;
+#    the ~0.95 of copy that rome's DRAM-bound launches measured (pairs-why section 4) from rome's
+#    own cost;
+# 1. both forms at choose()'s tile (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
+#    the tile the tuner picked; call M did not print it); the tuned partner run also measures
+#    hunyuan-video, bf16 and fp32 (never measured on a GPU);
 # 2. ncu of both forms' forward and backward on default, bf16 and fp32 (pairsncu.py), with the DRAM
 #    bytes read/written and the L2/L1 sectors and requests of loads and stores (partial sectors,
 #    a read-modify-write, twice the requests: what tells a memory-side cost from an SM-side one);
