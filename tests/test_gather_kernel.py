@@ -309,6 +309,89 @@ def test_the_gather_issues_its_first_batch_before_its_tables_where_first_batch_f
         assert (tables == 2) is first, (dtype, named)
 
 
+def _first_program_accesses(monkeypatch):
+    """("load" | "store", pointer tile) of program (0, 0), in order, as the interpreter runs it;
+    not those whose mask is false everywhere (a loop's last prefetch past its heads: its
+    pointers may lie in another tensor)."""
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    real_load, real_store = builder.create_masked_load, builder.create_masked_store
+    seen = []
+
+    def load(ptrs, mask, other, *rest):
+        if tuple(builder.grid_idx) == (0, 0, 0) and mask.data.any():
+            seen.append(("load", ptrs.data[mask.data]))
+        return real_load(ptrs, mask, other, *rest)
+
+    def store(ptrs, value, mask, *rest):
+        if tuple(builder.grid_idx) == (0, 0, 0) and mask.data.any():
+            seen.append(("store", ptrs.data[mask.data]))
+        return real_store(ptrs, value, mask, *rest)
+
+    monkeypatch.setattr(builder, "create_masked_load", load)
+    monkeypatch.setattr(builder, "create_masked_store", store)
+    return seen
+
+
+@pytest.mark.skipif(not launcher.INTERPRET, reason="reads the interpreter's loads (on a GPU: the SASS, docs/kernels.md)")
+@pytest.mark.parametrize("dtype", [FP32, BF16])
+@pytest.mark.parametrize("heads", [(5, 2), (4, 4), (3, 1), (7, 3)])
+def test_the_head_groups_issue_ks_first_batch_before_qs_last_stores(monkeypatch, dtype, heads):
+    """``NEXT`` (launch.seam_next: sm_90 and the interpreter, bf16 x, tables or one position a row,
+    no angles; forced on and off here for both dtypes): a program walking q's heads and then
+    k's peels q's last batch after its loop and issues k's first batch before that batch's math,
+    where the loop's last trip issued nothing and k's first loads came only after q's last stores
+    (a stretch with no batch in flight). Program (0, 0)'s loads and stores under the interpreter
+    (q's and k's heads in one group), forward and backward, q's heads a multiple of the batch or
+    not, k's fewer than it; without NEXT (seam_next False) k's first load follows q's last store.
+    The bits are the torch backend's both ways."""
+    assert launch.seam_next(90, BF16) and launch.seam_next(None, BF16, 1)
+    assert not launch.seam_next(80, BF16) and not launch.seam_next("gfx942", BF16) and not launch.seam_next(100, BF16)
+    assert not launch.seam_next(90, FP16) and not launch.seam_next(90, FP32)  # (they spilled under triton 3.9)
+    assert not launch.seam_next(90, BF16, 2) and not launch.seam_next(90, BF16, 1, True)
+    seen, consts = _first_program_accesses(monkeypatch), []
+    run = launcher._run
+    monkeypatch.setattr(launcher, "_run", lambda fn, grid, args, c, *rest: (consts.append(dict(c)),
+                                                                             run(fn, grid, args, c, *rest))[1])
+    groups = launch.gather_groups  # (every head one group: the interpreter's programs walk 3)
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    d, rows = 32, 6
+    m = rome.rotation_matrix((d,), "half", device=DEVICE)
+    cos, sin = random_tables((rows, d))
+    q = torch.randn(1, heads[0], rows, d, device=DEVICE).to(dtype)
+    k = torch.randn(1, heads[1], rows, d, device=DEVICE).to(dtype)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+    for on in (True, False):
+        monkeypatch.setattr(launch, "seam_next", lambda *a, on=on: on)
+        for transpose in (False, True):
+            seen.clear()
+            consts.clear()
+            qi, ki = (dq, dk) if transpose else (q, k)
+            with launch.partner_form():  # (bf16's whole-head half rotation would take its halves)
+                if transpose:
+                    qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+                    got = torch.autograd.grad(rome.apply_qk(qg, kg, cos, sin, m, backend="triton"), (qg, kg), (dq, dk))
+                else:
+                    got = rome.apply_qk(q, k, cos, sin, m, backend="triton")
+            if transpose:
+                qt, kt = q.clone().requires_grad_(), k.clone().requires_grad_()
+                want = torch.autograd.grad(rome.apply_qk(qt, kt, cos, sin, m, backend="torch"), (qt, kt), (dq, dk))
+            else:
+                want = rome.apply_qk(q, k, cos, sin, m, backend="torch")
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (on, transpose)
+            c = consts[-1]
+            assert not c["SEAM"] and not c["HALVES"] and c["NEXT"] is on, c
+            assert c["DEPTH"] >= 2 or heads[0] == 1, c
+
+            def of(p, t):
+                return _reads(p, t)
+            k_first = next(i for i, (a, p) in enumerate(seen) if a == "load" and of(p, ki))
+            q_last = max(i for i, (a, p) in enumerate(seen) if a == "store" and of(p, got[0]))
+            assert (k_first < q_last) is on, (on, transpose, k_first, q_last)
+
+
 def test_the_dots_heads_a_program_count_its_prologue():
     """The head groups' dot (one program an SM with sm_90's wide tile): heads a program by
     ``dot_heads_per_program``, the waves of (prologue + heads) fewest, where the gather's eight
