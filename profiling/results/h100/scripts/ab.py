@@ -109,7 +109,10 @@ def main(label, names):
 
 if __name__ == "__main__":
     import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build;
-    # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them)
+    # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them;
+    # AB_NO_NEXT=1: launch.seam_next off, the q -> k seam as before it)
+    if os.environ.get("AB_NO_NEXT") and hasattr(launch, "seam_next"):
+        launch.seam_next = lambda *a, **k: False
     with contextlib.ExitStack() as stack:
         if os.environ.get("AB_PARTNER"):
             stack.enter_context(launch.partner_form())

@@ -8,9 +8,11 @@
 #    tables, against cudaMemcpy in the same run: what a copy with rome's walk reaches, which tells
 #    the ~0.95 of copy that rome's DRAM-bound launches measured (pairs-why section 4) from rome's
 #    own cost;
+# 0b. NEXT (q's last batch issues k's first, c65c376) against the seam before it (AB_NO_NEXT=1,
+#    launch.seam_next off), the same tree: default, wan, hunyuan-video bf16, tuned;
 # 1. both forms at choose()'s tile (ROME_AUTOTUNE=0, the model's build) and tuned (ab.py records
 #    the tile the tuner picked; call M did not print it); the tuned partner run also measures
-#    hunyuan-video, bf16 and fp32 (never measured on a GPU);
+#    hunyuan-video fp32 (never measured on a GPU; bf16 in 0b);
 # 2. ncu of both forms' forward and backward on default, bf16 and fp32 (pairsncu.py), with the DRAM
 #    bytes read/written and the L2/L1 sectors and requests of loads and stores (partial sectors,
 #    a read-modify-write, twice the requests: what tells a memory-side cost from an SM-side one);
@@ -26,18 +28,24 @@ for dt in bf16 fp32; do
   PYTHONPATH=. timeout $t python3 $S/copyprobe.py $dt > $R/copyprobe-$dt.json 2> $R/copyprobe-$dt.log
   echo "copyprobe $dt rc $? at $(( $(date +%s)-T0 )) s"; grep " us, " $R/copyprobe-$dt.log | cut -c1-160
 done
+for v in next nonext; do  # NEXT (c65c376) against the seam before it, the same tree, tuned
+  t=$(cap 210 55); [ $t -lt 15 ] && { echo "ab $v skipped: $t s left"; continue; }
+  e=; [ $v = nonext ] && e=1
+  AB_NO_NEXT=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v default,wan,hunyuan-video > $R/ab-$v.json 2> $R/ab-$v.log
+  echo "ab $v rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v.log | cut -c1-200
+done
 W=default,default:fp32
 for tune in 0 1; do for v in pairs partner; do
-  t=$(cap 320 55); [ $t -lt 15 ] && { echo "ab $v tune $tune skipped: $t s left"; continue; }
+  t=$(cap 410 50); [ $t -lt 15 ] && { echo "ab $v tune $tune skipped: $t s left"; continue; }
   e=; [ $v = pairs ] && e=1
-  w=$W; [ $v$tune = partner1 ] && w=$W,hunyuan-video,hunyuan-video:fp32  # (never measured before)
+  w=$W; [ $v$tune = partner1 ] && w=$W,hunyuan-video:fp32  # (never measured before)
   ROME_AUTOTUNE=$tune AB_PAIRS=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v-tune$tune $w > $R/ab-$v-tune$tune.json 2> $R/ab-$v-tune$tune.log
   echo "ab $v tune $tune rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v-tune$tune.log | cut -c1-200
   grep -A3 '"tuned"' $R/ab-$v-tune$tune.json | cut -c1-200
 done; done
 M=dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_requests_srcunit_tex_op_read.sum,lts__t_requests_srcunit_tex_op_write.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,l1tex__t_requests_pipe_lsu_mem_global_op_st.sum,l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum,smsp__inst_executed.sum
 for dt in bf16 fp32; do for f in partner pairs; do
-  t=$(cap 560 60); [ $t -lt 20 ] && { echo "ncu $f $dt skipped: $t s left"; continue; }
+  t=$(cap 575 60); [ $t -lt 20 ] && { echo "ncu $f $dt skipped: $t s left"; continue; }
   PYTHONPATH=. timeout $t ncu --clock-control none --profile-from-start off --kernel-name regex:gather \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats \
