@@ -14,15 +14,16 @@ move the same bytes with nothing else in the way, to tell the walk's cost from r
 
 Kernel time by torch.profiler (median of 20 calls), bytes as each moves them, against memcpy's
 rate in the same run. Prints one JSON object; each row's line to stderr.
-python3 copyprobe.py [bf16|fp32]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
+PYTHONPATH=<tree>:<this folder> python3 copyprobe.py [bf16|fp32]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
 import json
 import os
-import statistics
 import sys
 
 import torch
 import triton
 import triton.language as tl
+
+from ab import kernel_us  # (this folder's: torch.profiler's kernel time, median of 20 calls)
 
 
 @triton.jit
@@ -66,21 +67,6 @@ def heads_copy(q, k, qo, ko, cos, sin, S, HQ, HK, TABLES: tl.constexpr, BLOCK_R:
         s = tl.load(sin + off, mask=m, other=0.0)
     _heads(q, qo, off, m, c, s, S, HQ, TABLES, D, NEXT)  # q's heads, then k's (rome's order)
     _heads(k, ko, off, m, c, s, S, HK, TABLES, D, NEXT)
-
-
-def kernel_us(fn, n=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as p:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in p.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per.setdefault(e.name, []).append(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0))
-    return sum(statistics.median(v) * len(v) / n for v in per.values())
 
 
 def main():
@@ -128,7 +114,7 @@ def main():
            "dtype": dt, "shape": [1, h, s, d], "rows": []}
     base = None
     for name, fn, nbytes in probes:
-        us = kernel_us(fn)
+        us = kernel_us(fn)[0]
         rate = nbytes / us / 1e3  # GB/s
         base = base or rate
         out["rows"].append({"probe": name, "kernel_us": us, "bytes": nbytes, "gbps": rate, "x_memcpy_rate": rate / base})

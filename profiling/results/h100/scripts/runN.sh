@@ -25,7 +25,7 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }
 cap() { local t=$(left $1); [ $t -gt $2 ] && t=$2; echo $t; }
 for dt in bf16 fp32; do
   t=$(cap 100 50); [ $t -lt 15 ] && { echo "copyprobe $dt skipped: $t s left"; continue; }
-  PYTHONPATH=. timeout $t python3 $S/copyprobe.py $dt > $R/copyprobe-$dt.json 2> $R/copyprobe-$dt.log
+  PYTHONPATH=.:$S timeout $t python3 $S/copyprobe.py $dt > $R/copyprobe-$dt.json 2> $R/copyprobe-$dt.log
   echo "copyprobe $dt rc $? at $(( $(date +%s)-T0 )) s"; grep " us, " $R/copyprobe-$dt.log | cut -c1-160
 done
 for v in next nonext; do  # NEXT (c65c376) against the seam before it, the same tree, tuned
