@@ -110,9 +110,13 @@ def main(label, names):
 if __name__ == "__main__":
     import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build;
     # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them;
-    # AB_NO_NEXT=1: launch.seam_next off, the q -> k seam as before it)
+    # AB_NO_NEXT=1: launch.seam_next off, the q -> k seam as before it; AB_PPS=n: launch.PROGRAMS_PER_SM
+    # = n, fewer heads a gather program where the T tiles alone make fewer programs than n an SM)
     if os.environ.get("AB_NO_NEXT") and hasattr(launch, "seam_next"):
         launch.seam_next = lambda *a, **k: False
+    if os.environ.get("AB_PPS"):
+        launch.PROGRAMS_PER_SM = int(os.environ["AB_PPS"])
+        launch.heads_per_program.cache_clear()
     with contextlib.ExitStack() as stack:
         if os.environ.get("AB_PARTNER"):
             stack.enter_context(launch.partner_form())

@@ -14,7 +14,7 @@ move the same bytes with nothing else in the way, to tell the walk's cost from r
 
 Kernel time by torch.profiler (median of 20 calls), bytes as each moves them, against memcpy's
 rate in the same run. Prints one JSON object; each row's line to stderr.
-PYTHONPATH=<tree>:<this folder> python3 copyprobe.py [bf16|fp32]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
+PYTHONPATH=<tree>:<this folder> python3 copyprobe.py [bf16|fp32] [groups]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
 import json
 import os
 import sys
@@ -57,6 +57,12 @@ def _heads(src, dst, off, m, c, s, S, H, TABLES: tl.constexpr, D: tl.constexpr, 
 @triton.jit
 def heads_copy(q, k, qo, ko, cos, sin, S, HQ, HK, TABLES: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr,
                NEXT: tl.constexpr):
+    # (HQ, HK: the heads a program walks; grid axis 1: its group, HQ of q's heads and HK of k's)
+    g = tl.program_id(1).to(tl.int64) * S * D
+    q += g * HQ
+    qo += g * HQ
+    k += g * HK
+    ko += g * HK
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     off = rows[:, None].to(tl.int64) * D + tl.arange(0, D)[None, :]
     m = rows[:, None] < S
@@ -88,18 +94,27 @@ def main():
         for a, b in ((q, qo), (k, ko)):
             flat_copy[(triton.cdiv(a.numel(), 4096),)](a, b, a.numel(), BLOCK=4096, num_warps=8)
 
-    def heads(tables, block_r, warps, nxt):
+    def heads(tables, block_r, warps, nxt, hpg=h):
         def run():
-            heads_copy[(triton.cdiv(s, block_r),)](q, k, qo, ko, cos, sin, s, h, h, TABLES=tables, BLOCK_R=block_r,
-                                                   D=d, NEXT=nxt, num_warps=warps)
+            heads_copy[(triton.cdiv(s, block_r), h // hpg)](q, k, qo, ko, cos, sin, s, hpg, hpg, TABLES=tables,
+                                                             BLOCK_R=block_r, D=d, NEXT=nxt, num_warps=warps)
         return run
 
     probes = [("memcpy", memcpy, xbytes), ("flat", flat, xbytes)]
-    for tables in (False, True):
-        for block_r, warps in ((8, 4), (16, 4), (16, 8)):
-            for nxt in (False, True):
-                name = f"heads{'+tables' if tables else ''} BLOCK_R={block_r} warps={warps}{' next' if nxt else ''}"
-                probes.append((name, heads(tables, block_r, warps, nxt), xbytes + (tbytes if tables else 0)))
+    if len(sys.argv) > 2 and sys.argv[2] == "groups":  # call O's second: fewer heads a program (a
+        # group of q's heads and as many of k's, the tables read once a group), the one-ahead loads
+        for hpg in (h, 8, 4, 2, 1):
+            if h % hpg:
+                continue
+            for block_r, warps in ((8, 4), (16, 4), (16, 8), (32, 8)):
+                probes.append((f"heads+tables BLOCK_R={block_r} warps={warps} next heads/program={hpg}",
+                               heads(True, block_r, warps, True, hpg), xbytes + tbytes))
+    else:
+        for tables in (False, True):
+            for block_r, warps in ((8, 4), (16, 4), (16, 8)):
+                for nxt in (False, True):
+                    name = f"heads{'+tables' if tables else ''} BLOCK_R={block_r} warps={warps}{' next' if nxt else ''}"
+                    probes.append((name, heads(tables, block_r, warps, nxt), xbytes + (tbytes if tables else 0)))
     if dev != "cuda":  # a check of what each writes, no timing
         for name, fn, _ in probes:
             qo.zero_(); ko.zero_()
@@ -112,14 +127,16 @@ def main():
         return
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "dtype": dt, "shape": [1, h, s, d], "rows": []}
-    base = None
+    base = base_us = None
     for name, fn, nbytes in probes:
         us = kernel_us(fn)[0]
         rate = nbytes / us / 1e3  # GB/s
         base = base or rate
-        out["rows"].append({"probe": name, "kernel_us": us, "bytes": nbytes, "gbps": rate, "x_memcpy_rate": rate / base})
-        print(f"{dt} {name}: {us:.1f} us, {rate:.0f} GB/s, {rate / base:.3f} of memcpy's rate", file=sys.stderr,
-              flush=True)
+        base_us = base_us or us
+        out["rows"].append({"probe": name, "kernel_us": us, "bytes": nbytes, "gbps": rate, "x_memcpy_rate": rate / base,
+                            "pct_qk_copy": 100 * base_us / us})
+        print(f"{dt} {name}: {us:.1f} us, {rate:.0f} GB/s, {rate / base:.3f} of memcpy's rate, "
+              f"{100 * base_us / us:.1f}% of the q/k copy's time", file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
 
 
