@@ -18,9 +18,7 @@ Two kernels evaluate ``x @ M``:
   this batch's arithmetic. Where a group is not every head (``SEAM``, a decode step: one program
   an SM, its time a chain of round trips), q's groups and k's are apart, the first batch's x and
   partners are issued before the tables (caches at positions after them) are waited on, and the
-  last batch is peeled so that nothing is prefetched past the group. Where a group walks q's heads
-  and then k's (``NEXT``, ``rome.launch.seam_next``), q's last batch is peeled too and k's first
-  batch is issued before its math, so the q -> k seam keeps a batch in flight.
+  last batch is peeled so that nothing is prefetched past the group.
   How the partner ``x[:, src]`` is read follows the permutation's pair class (``PAIRS_*``:
   interleave's pairs swapped in registers, kept pairs one load per run of ``KEPT_RUN`` columns
   (a whole head's half rotation: 16 bytes), else one per element). The whole head's half
@@ -874,12 +872,11 @@ def _first_batch(x_ptr, xn_ptr, x_off, g_off, sxh0, sxh1, H1, h_lo, h_hi, mask, 
 
 @triton.jit
 def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1, h_lo, h_hi,
-                  mask, c, s, w, x0, pre, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr, nxt,
+                  mask, c, s, w, x0, pre, nw_ptr, nb_ptr, src_ptr, eps, D, xn_ptr, dw_ptr,
                   LOADED: tl.constexpr, PAIR: tl.constexpr, DOT: tl.constexpr, SPLIT: tl.constexpr,
                   OP_DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
                   RAW_X: tl.constexpr, F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr,
-                  NORM_GRAD: tl.constexpr, DEPTH: tl.constexpr, APART: tl.constexpr, NEXT: tl.constexpr,
-                  GIVEN: tl.constexpr):
+                  NORM_GRAD: tl.constexpr, DEPTH: tl.constexpr, APART: tl.constexpr):
     # heads [h_lo, h_hi) of one tensor (h = ha * H1 + hb) at the program's T rows, K at a time:
     # x of the first K heads (LOADED 1: x0, the first one's, already issued by the caller; 3:
     # x0 .. x3, the first batch's x, ``pre``: (x1, x2, x3); APART: the whole first batch's loads,
@@ -897,10 +894,6 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     # (the norm's backward on fp32 x: one head a batch, where two spill 16-56 B at the register cap)
     # APART (a program's few heads: rome.launch.head_groups): the last batch after the loop,
     # which then never prefetches past h_hi (a decode step's one batch: no loop trip at all)
-    # NEXT (the kernel's: q's heads of a program that walks k's next): the last batch after the loop
-    # too, the next tensor's first batch issued before its math (``nxt``: k's x, its row offsets
-    # less q's, head strides, H1 and heads [lo, hi)) and returned in _first_batch's form, so that
-    # the q -> k seam keeps a batch in flight; GIVEN: the first batch so given (``pre``, as APART)
     K: tl.constexpr = 1 if PAIR == PAIRS_NONE and not DOT else DEPTH  # (DEPTH: rome.launch.gather_depth)
     # NORM: this tensor's norm weight (and LayerNorm's bias), fp32 [D], at the columns and at src,
     # read once for all its heads (weight + offset formed on the host)
@@ -962,7 +955,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
     XN: tl.constexpr = NORM_GRAD == NORM_RMS or NORM_GRAD == NORM_LAYER  # xn read with x, as deep
     hac = h_lo // H1  # the head stored next (its offset formed at the store: fewer registers held)
     hbc = h_lo % H1
-    if APART or GIVEN:  # (the first batch's loads issued by the caller: ha, hb its last head)
+    if APART:  # (the first batch's loads issued by the caller: ha, hb its last head)
         ha, hb, x0, x1, x2, x3, g0, g1, g2, g3, xn0, xn1 = pre
     else:
         x1 = x0
@@ -974,8 +967,7 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
                                                                         h_lo, h_hi, mask, x0, x1, x2, x3, LOADED,
                                                                         PAIR, DOT, RAW_X, K, DEPTH, XN)
     xn2 = xn0
-    PEEL: tl.constexpr = APART or NEXT
-    for h in range(h_lo, h_hi - K if PEEL else h_hi, K):
+    for h in range(h_lo, h_hi - K if APART else h_hi, K):
         # the next batch's loads
         ha, hb = _next_head(ha, hb, H1)
         nx0 = ha * sxh0 + hb * sxh1
@@ -1019,22 +1011,16 @@ def _rotate_heads(x_ptr, o_ptr, x_off, g_off, o_off, sxh0, sxh1, soh0, soh1, H1,
         xn0 = p0
         xn1 = p1
         xn2 = p2
-    following = x0  # (NEXT: the next tensor's first batch)
-    if NEXT:
-        n_x, n_drow, n_sxh0, n_sxh1, n_H1, n_lo, n_hi = nxt
-        following = _first_batch(n_x, n_x, x_off + n_drow, g_off + n_drow, n_sxh0, n_sxh1, n_H1, n_lo, n_hi, mask,
-                                 x0, x0, x0, x0, 0, PAIR, DOT, RAW_X, K, DEPTH, False)
-    if PEEL:  # the last batch, loaded by the last trip (or the prologue)
+    if APART:  # the last batch, loaded by the last trip (or the prologue)
         h = h_lo + K * tl.maximum(tl.cdiv(h_hi - h_lo, K) - 1, 0)
         dwa, dba, hac, hbc = _batch(o_ptr, x0, g0, xn0, x1, g1, xn1, x2, g2, xn2, x3, g3, h, h_lo, h_hi, hac, hbc, H1,
-                                    soh0, soh1, o_off, _while(mask, h, h_hi) if NEXT else mask, c, s, w, nw, nws,
-                                    nb, nbs, eps, D, rstd, nw_ptr, cols, src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE,
-                                    FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
+                                    soh0, soh1, o_off, mask, c, s, w, nw, nws, nb, nbs, eps, D, rstd, nw_ptr, cols,
+                                    src, cm, dwa, dba, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
+                                    RAW_X, F64, NORM, NATIVE, NORM_GRAD, K)
     if NORM_GRAD != NORM_NONE:
         row = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * 2 * D
         tl.store(dw_ptr + row + cols, tl.sum(dwa, axis=0), mask=cm)
         tl.store(dw_ptr + row + D + cols, tl.sum(dba, axis=0), mask=cm)
-    return following
 
 
 @triton.jit
@@ -1868,7 +1854,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr,
-                 AXES: tl.constexpr, FIRST: tl.constexpr, AXIS_RUN: tl.constexpr, NEXT: tl.constexpr):
+                 AXES: tl.constexpr, FIRST: tl.constexpr, AXIS_RUN: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
@@ -1917,13 +1903,10 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                          b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, b_nw, eps, D, PAIR, BLOCK_R,
                          BLOCK_D, RAW_X, F64)
         return
-    # (NEXT, the kernel's: k's first batch issued in q's last batch; k's x, its row offsets less
-    # q's, strides and heads)
-    nxt = (b_x, xrow_b - xrow_a, b_sxh0, b_sxh1, b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H)
-    kpre = _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
-                         tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, pre, a_nw, a_nb, src_ptr,
-                         eps, D, a_xn, a_dw, nxt, 3 if DOT or FIRST else 1, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT,
-                         BLOCK_R, BLOCK_D, RAW_X, F64, NORM, NATIVE, NORM_GRAD, DEPTH, APART, NEXT, False)
+    _rotate_heads(a_x, a_o, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
+                  tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, w, x0, pre, a_nw, a_nb, src_ptr,
+                  eps, D, a_xn, a_dw, 3 if DOT or FIRST else 1, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64, NORM,
+                  NATIVE, NORM_GRAD, DEPTH, APART)
     if APART:
         if NORM_GRAD != NORM_NONE:
             cm = cols < D
@@ -1934,9 +1917,9 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         # (k's partner offsets from q's: src's tile is not held through q's loop)
         _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
                       (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
-                      tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, kpre if NEXT else x0, b_nw, b_nb,
-                      src_ptr, eps, D, b_xn, b_dw, nxt, 0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D,
-                      RAW_X, F64, NORM, NATIVE, NORM_GRAD, DEPTH, False, False, NEXT)
+                      tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, x0, b_nw, b_nb, src_ptr,
+                      eps, D, b_xn, b_dw, 0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64,
+                      NORM, NATIVE, NORM_GRAD, DEPTH, False)
 
 
 @triton.jit(do_not_specialize=["KG"])  # (KG: 0, 1 or any count of groups, one build)
@@ -2010,9 +1993,6 @@ def _rome_gather_kernel(
     AXIS_RUN: tl.constexpr = 1,  # AXES: axis[j] is the same over each AXIS_RUN columns from a
     # multiple of it (1, 2 or 4), and the caches' row strides are multiples of it
     # (rome.launch.axis_run): their rows read as AXIS_RUN-wide vectors in x's layout (_run_rows)
-    NEXT: tl.constexpr = False,  # the head groups' gather over q's and k's heads (no norm, not the
-    # dot): q's last batch issues k's first (rome.launch.seam_next), so the q -> k seam keeps a
-    # batch in flight
     FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
     # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
     HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables or a
@@ -2231,8 +2211,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN,
-                     NEXT and not SEAM and not DOT and NORM == NORM_NONE)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2240,8 +2219,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN,
-                     NEXT and not SEAM and not DOT and NORM == NORM_NONE)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2249,8 +2227,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN,
-                     NEXT and not SEAM and not DOT and NORM == NORM_NONE)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2258,8 +2235,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN,
-                     NEXT and not SEAM and not DOT and NORM == NORM_NONE)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -301,20 +301,6 @@ def first_batch_first(arch: int | str | None, x_dtype: torch.dtype) -> bool:
     return arch in (90, None) and x_dtype != torch.float16
 
 
-def seam_next(arch: int | str | None, x_dtype: torch.dtype, positions: int = 0, angles: bool = False) -> bool:
-    """The head groups' gather's ``NEXT`` (a group over q's and k's heads, no norm, not the dot):
-    q's last batch, peeled after its loop, issues k's first batch before its math, where the
-    loop's last trip issued nothing and k's first loads came after q's last stores (a stretch of
-    a program with no batch in flight at the q -> k seam). On sm_90 (and the interpreter, as
-    sm_90) for bf16 x with tables per row or a cache at one position a row (``positions`` 0 or 1),
-    no angles: those 94 builds compile without spill under triton 3.6 and 3.9; fp16 x and fp32 x
-    at one position a row spilled 8-16 B under 3.9, bf16 with angles at positions on several axes
-    8 B under 3.6 (profiling/results/cpu/seam-next/). Elsewhere not compiled and gated. By the
-    model (default, bf16, sm_90, worst end, H200): forward 92.7 -> 93.5 %, backward 91.4 -> 92.6 %
-    of copy under triton 3.6 (3.9: 92.9 / 92.9 -> 93.9 / 93.8; static estimates)."""
-    return arch in (90, None) and x_dtype == torch.bfloat16 and positions <= 1 and not angles
-
-
 # The head groups' dot on sm_90, 16-bit x, BLOCK_D = 128, no angles: 64 rows on 16 warps at the
 # 128-register cap (one program an SM) and, for bf16, two heads a batch (the kernel's DEPTH,
 # dot_depth).

@@ -123,10 +123,6 @@ def launch_programs(L) -> dict:
         # (SEAM builds: a program's heads apart from the other tensor's, the loop's last batch
         # peeled: DEPTH heads a batch, the dot's too; one for a permutation breaking pairs)
         apart = bool(consts.get("SEAM"))
-        # (NEXT: a group over q's and k's heads peels q's last batch after its loop too, k's
-        # first batch issued there)
-        seam_next = bool(consts.get("NEXT")) and not apart and not consts.get("DOT") and not consts.get("NORM") \
-            and not consts.get("HALVES")
         none = getattr(source.get("PAIRS_NONE"), "value", 0)
         batch = 1 if not consts.get("DOT") and uniform.get("src_ptr") == none else int(consts.get("DEPTH", 1))
         bounds = ([(g * hb, min(g * hb + hb, qa)) for g in range(kg)]
@@ -138,7 +134,7 @@ def launch_programs(L) -> dict:
             if kg and k:  # (a group of k's heads walks them in q's place: the first loop)
                 q, k = k, 0
             tail = None
-            if apart or seam_next:  # (the last batch after the loop, the loop the others)
+            if apart:  # (the last batch after the loop, the loop the others)
                 looped = max(0, -(-q // batch) - 1) * batch
                 q, tail = looped, (q - looped) * block_r * d
             kind = [tiles, [q * block_r * d, k * block_r * d]]
