@@ -3,7 +3,7 @@ The rome imported is whichever PYTHONPATH names (the baseline's tree or the cand
 Kernel time: torch.profiler's CUDA kernel durations (median over 20 calls; host overhead
 excluded); end-to-end: triton.testing.do_bench median (host overhead included when it exceeds
 the kernel). Prints one JSON object."""
-import json, statistics, sys, time
+import json, os, statistics, sys, time
 import torch, triton.testing
 import rome
 from rome import launch
@@ -33,6 +33,8 @@ def inputs(name):
     else:
         pos = rome.grid_positions(grid, device=dev) if grid else torch.arange(s, device=dev)[:, None]
         cos, sin = rome.rope_cos_sin(pos, sections, mode=mode, theta=theta, device=dev)
+    if os.environ.get("AB_TABLES") == "x":  # the tables in x's dtype, as transformers passes them
+        cos, sin = cos.to(dtype), sin.to(dtype)
     d = sum(sections)
     g = torch.Generator(device=dev).manual_seed(0)
     q = torch.randn(b, hq, s, d, device=dev, generator=g).to(dtype)
@@ -108,10 +110,11 @@ def main(label, names):
 
 
 if __name__ == "__main__":
-    import contextlib, os  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build;
+    import contextlib  # (AB_PARTNER=1: the whole run in launch.partner_form(), no HALVES build;
     # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them;
     # AB_NO_NEXT=1: launch.seam_next off, the q -> k seam as before it; AB_PPS=n: launch.PROGRAMS_PER_SM
-    # = n, fewer heads a gather program where the T tiles alone make fewer programs than n an SM)
+    # = n, fewer heads a gather program where the T tiles alone make fewer programs than n an SM;
+    # AB_TABLES=x: cos and sin in x's dtype)
     if os.environ.get("AB_NO_NEXT") and hasattr(launch, "seam_next"):
         launch.seam_next = lambda *a, **k: False
     if os.environ.get("AB_PPS"):

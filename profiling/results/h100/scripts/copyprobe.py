@@ -14,7 +14,7 @@ move the same bytes with nothing else in the way, to tell the walk's cost from r
 
 Kernel time by torch.profiler (median of 20 calls), bytes as each moves them, against memcpy's
 rate in the same run. Prints one JSON object; each row's line to stderr.
-PYTHONPATH=<tree>:<this folder> python3 copyprobe.py [bf16|fp32] [groups]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
+PYTHONPATH=<tree>:<this folder> python3 copyprobe.py [bf16|fp32] [groups|forms]  (DEV=cpu SMALL=1 TRITON_INTERPRET=1: a check of the outputs on a CPU)"""
 import json
 import os
 import sys
@@ -27,10 +27,25 @@ from ab import kernel_us  # (this folder's: torch.profiler's kernel time, median
 
 
 @triton.jit
-def flat_copy(src, dst, n, BLOCK: tl.constexpr):
+def _ld(p, m, HINT: tl.constexpr):  # HINT: streamed data: evict-first loads, streaming (.cs) stores
+    if HINT:
+        return tl.load(p, mask=m, eviction_policy="evict_first")
+    return tl.load(p, mask=m)
+
+
+@triton.jit
+def _st(p, v, m, HINT: tl.constexpr):
+    if HINT:
+        tl.store(p, v, mask=m, cache_modifier=".cs")
+    else:
+        tl.store(p, v, mask=m)
+
+
+@triton.jit
+def flat_copy(src, dst, n, BLOCK: tl.constexpr, HINT: tl.constexpr = False):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+    _st(dst + offs, _ld(src + offs, m, HINT), m, HINT)
 
 
 @triton.jit
@@ -41,22 +56,23 @@ def _apply(x, c, s, TABLES: tl.constexpr):
 
 
 @triton.jit
-def _heads(src, dst, off, m, c, s, S, H, TABLES: tl.constexpr, D: tl.constexpr, NEXT: tl.constexpr):
+def _heads(src, dst, off, m, c, s, S, H, TABLES: tl.constexpr, D: tl.constexpr, NEXT: tl.constexpr,
+           HINT: tl.constexpr):
     sd = (S * D).to(tl.int64)
     if NEXT:  # the next head's load issued before this head's store (rome's batches, one deep)
-        x = tl.load(src + off, mask=m & (off * 0 < H))
+        x = _ld(src + off, m & (off * 0 < H), HINT)
         for h in range(H):
-            nxt = tl.load(src + (h + 1) * sd + off, mask=m & (off * 0 + h + 1 < H))
-            tl.store(dst + h * sd + off, _apply(x, c, s, TABLES), mask=m)
+            nxt = _ld(src + (h + 1) * sd + off, m & (off * 0 + h + 1 < H), HINT)
+            _st(dst + h * sd + off, _apply(x, c, s, TABLES), m, HINT)
             x = nxt
     else:
         for h in range(H):
-            tl.store(dst + h * sd + off, _apply(tl.load(src + h * sd + off, mask=m), c, s, TABLES), mask=m)
+            _st(dst + h * sd + off, _apply(_ld(src + h * sd + off, m, HINT), c, s, TABLES), m, HINT)
 
 
 @triton.jit
 def heads_copy(q, k, qo, ko, cos, sin, S, HQ, HK, TABLES: tl.constexpr, BLOCK_R: tl.constexpr, D: tl.constexpr,
-               NEXT: tl.constexpr):
+               NEXT: tl.constexpr, HINT: tl.constexpr = False):
     # (HQ, HK: the heads a program walks; grid axis 1: its group, HQ of q's heads and HK of k's)
     g = tl.program_id(1).to(tl.int64) * S * D
     q += g * HQ
@@ -69,10 +85,10 @@ def heads_copy(q, k, qo, ko, cos, sin, S, HQ, HK, TABLES: tl.constexpr, BLOCK_R:
     c = 0.0
     s = 0.0
     if TABLES:
-        c = tl.load(cos + off, mask=m, other=0.0)
-        s = tl.load(sin + off, mask=m, other=0.0)
-    _heads(q, qo, off, m, c, s, S, HQ, TABLES, D, NEXT)  # q's heads, then k's (rome's order)
-    _heads(k, ko, off, m, c, s, S, HK, TABLES, D, NEXT)
+        c = tl.load(cos + off, mask=m, other=0.0).to(tl.float32)
+        s = tl.load(sin + off, mask=m, other=0.0).to(tl.float32)
+    _heads(q, qo, off, m, c, s, S, HQ, TABLES, D, NEXT, HINT)  # q's heads, then k's (rome's order)
+    _heads(k, ko, off, m, c, s, S, HK, TABLES, D, NEXT, HINT)
 
 
 def main():
@@ -85,23 +101,48 @@ def main():
     cos, sin = torch.rand(s, d, device=dev), torch.rand(s, d, device=dev)
     qo, ko = torch.empty_like(q), torch.empty_like(k)
     xbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+    cos16, sin16 = cos.to(dtype), sin.to(dtype)  # (forms: the tables in x's dtype, as HF passes them)
     tbytes = 2 * cos.numel() * 4
 
     def memcpy():
         qo.copy_(q); ko.copy_(k)
 
-    def flat():
-        for a, b in ((q, qo), (k, ko)):
-            flat_copy[(triton.cdiv(a.numel(), 4096),)](a, b, a.numel(), BLOCK=4096, num_warps=8)
-
-    def heads(tables, block_r, warps, nxt, hpg=h):
+    def flats(block=4096, warps=8, hint=False):
         def run():
-            heads_copy[(triton.cdiv(s, block_r), h // hpg)](q, k, qo, ko, cos, sin, s, hpg, hpg, TABLES=tables,
-                                                             BLOCK_R=block_r, D=d, NEXT=nxt, num_warps=warps)
+            for a, b in ((q, qo), (k, ko)):
+                flat_copy[(triton.cdiv(a.numel(), block),)](a, b, a.numel(), BLOCK=block, HINT=hint, num_warps=warps)
+        return run
+
+    flat = flats()
+
+    def heads(tables, block_r, warps, nxt, hpg=h, hint=False, half=False):
+        c, sn = (cos16, sin16) if half else (cos, sin)
+        def run():
+            heads_copy[(triton.cdiv(s, block_r), h // hpg)](q, k, qo, ko, c, sn, s, hpg, hpg, TABLES=tables,
+                                                             BLOCK_R=block_r, D=d, NEXT=nxt, HINT=hint,
+                                                             num_warps=warps)
         return run
 
     probes = [("memcpy", memcpy, xbytes), ("flat", flat, xbytes)]
-    if len(sys.argv) > 2 and sys.argv[2] == "groups":  # call O's second: fewer heads a program (a
+    mode = sys.argv[2] if len(sys.argv) > 2 else ""
+    if mode == "forms":  # the next call's: can a Triton copy come nearer memcpy (block, warps, cache
+        # hints), and what the tables in x's dtype leave (bytes as each moves them)
+        for block, warps in ((4096, 4), (8192, 8), (16384, 8), (16384, 16), (32768, 16)):
+            probes.append((f"flat BLOCK={block} warps={warps}", flats(block, warps), xbytes))
+        for block, warps in ((4096, 8), (16384, 16)):
+            probes.append((f"flat BLOCK={block} warps={warps} hints", flats(block, warps, True), xbytes))
+        tb16 = tbytes * q.element_size() // 4
+        for block_r, warps in ((8, 4), (16, 4), (16, 8)):
+            probes.append((f"heads+tables BLOCK_R={block_r} warps={warps} next",
+                           heads(True, block_r, warps, True), xbytes + tbytes))
+            probes.append((f"heads+tables BLOCK_R={block_r} warps={warps} next hints",
+                           heads(True, block_r, warps, True, hint=True), xbytes + tbytes))
+            if dtype != torch.float32:
+                probes.append((f"heads+tables({dt}) BLOCK_R={block_r} warps={warps} next",
+                               heads(True, block_r, warps, True, half=True), xbytes + tb16))
+                probes.append((f"heads+tables({dt}) BLOCK_R={block_r} warps={warps} next hints",
+                               heads(True, block_r, warps, True, hint=True, half=True), xbytes + tb16))
+    elif mode == "groups":  # call O's second: fewer heads a program (a
         # group of q's heads and as many of k's, the tables read once a group), the one-ahead loads
         for hpg in (h, 8, 4, 2, 1):
             if h % hpg:
@@ -119,7 +160,8 @@ def main():
         for name, fn, _ in probes:
             qo.zero_(); ko.zero_()
             fn()
-            want = (q, k) if "tables" not in name else tuple((x.float() * cos + sin).to(dtype) for x in (q, k))
+            c, sn = (cos16, sin16) if f"tables({dt})" in name else (cos, sin)
+            want = (q, k) if "tables" not in name else tuple((x.float() * c.float() + sn.float()).to(dtype) for x in (q, k))
             tol = 2.0 ** -7 if "tables" in name and dtype == torch.bfloat16 else 0.0  # (the interpreter's
             # bf16 cast truncates)
             ok = all(torch.allclose(a.float(), b.float(), rtol=tol, atol=0) for a, b in zip((qo, ko), want))
@@ -129,7 +171,12 @@ def main():
            "dtype": dt, "shape": [1, h, s, d], "rows": []}
     base = base_us = None
     for name, fn, nbytes in probes:
-        us = kernel_us(fn)[0]
+        try:
+            us = kernel_us(fn)[0]
+        except Exception as e:  # (a form this triton does not compile: its row says so, the rest run)
+            out["rows"].append({"probe": name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"{dt} {name}: error {type(e).__name__}: {str(e)[:200]}", file=sys.stderr, flush=True)
+            continue
         rate = nbytes / us / 1e3  # GB/s
         base = base or rate
         base_us = base_us or us
