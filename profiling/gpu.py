@@ -209,7 +209,10 @@ def _report_numbers(out: Path, kind: str) -> str:
             if s.get("pass") == "fwd" and isinstance(s.get("pct_copy_bw"), (int, float)):
                 best[s["variant"]] = s["pct_copy_bw"]
         copy = r.get("copy_bandwidth", {}).get("gbps")
+        tcopy = (r.get("copy_bandwidth", {}).get("triton") or {}).get("gbps")
         parts = [f"copy {copy:.0f} GB/s" if isinstance(copy, (int, float)) else ""]
+        if isinstance(copy, (int, float)) and isinstance(tcopy, (int, float)) and copy > 0:
+            parts.append(f"plain Triton copy {tcopy:.0f} GB/s ({100 * tcopy / copy:.1f}% of copy)")
         parts += [f"{k} fwd {v:.0f}% copy" for k, v in list(best.items())[:4]]
         ms = {(s.get("variant"), s.get("pass")): s.get("median_ms") for s in r.get("speed", [])}
         for p in ("fwd", "bwd"):  # a QK-norm workload: the fused op against the unfused pair

@@ -91,6 +91,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend, t.positions)
     graphs = device.type == "cuda" and w.decode
     copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
+    copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
     moved = speed.io_bytes(q, k, t.cos, t.sin)
     statuses, records = [], []
     default_method = ("do_bench_cudagraph" if graphs else "do_bench") if device.type == "cuda" else \
@@ -144,7 +145,9 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
         records.append({
             "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
             **timing, "method": method, "bytes": nbytes, "gbps": gbps,
-            "pct_copy_bw": 100 * gbps / copy["gbps"], "peak_mem_bytes": mem, **kern,
+            "pct_copy_bw": 100 * gbps / copy["gbps"],
+            "pct_triton_copy_bw": 100 * gbps / copy["triton"]["gbps"] if copy.get("triton") else None,
+            "peak_mem_bytes": mem, **kern,
         })
     for r in records:
         for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):
@@ -211,6 +214,9 @@ def _plots(out: Path, results: dict):
             ax.bar([j + i * width for j in range(len(names))], vals, width, label=p)
         if on_gpu:
             ax.axhline(results["copy_bandwidth"]["gbps"], color="k", ls="--", label="copy bandwidth")
+            if results["copy_bandwidth"].get("triton"):
+                ax.axhline(results["copy_bandwidth"]["triton"]["gbps"], color="0.45", ls=":",
+                           label="plain Triton copy")
             ax.set_ylabel("GB/s (bytes the op must move / median time)")
         else:
             ax.axhline(1.0, color="k", ls="--", label="v1 slice+concat")
@@ -345,11 +351,18 @@ def markdown(r: dict) -> str:
         f"(a device-to-device copy of q's and k's bytes, {r['copy_bandwidth']['median_ms']:.4g} ms median).",
         "",
     ]
+    tc = r["copy_bandwidth"].get("triton")
+    if tc:
+        lines += [f"A plain Triton copy of the same bytes (`profiling.speed.triton_copy`: one program per "
+                  f"{tc['block']} elements, {tc['num_warps']} warps, no arithmetic): {tc['gbps']:.1f} GB/s, "
+                  f"{100 * tc['gbps'] / r['copy_bandwidth']['gbps']:.1f} % of the copy's. It is the rate a "
+                  "Triton kernel's loads and stores reach here; `% Triton copy` is each row against it.", ""]
     if r["speed"]:
         lines += [_table(r["speed"], [
             ("variant", "variant", ""), ("pass", "pass", ""), ("backend", "backend", ""),
             ("median ms", "median_ms", ".4g"), ("min ms", "min_ms", ".4g"), ("max ms", "max_ms", ".4g"),
-            ("GB/s", "gbps", ".1f"), ("% copy BW", "pct_copy_bw", ".1f"), ("x v1", "speedup_vs_v1", ".2f"),
+            ("GB/s", "gbps", ".1f"), ("% copy BW", "pct_copy_bw", ".1f"),
+            *([("% Triton copy", "pct_triton_copy_bw", ".1f")] if tc else []), ("x v1", "speedup_vs_v1", ".2f"),
             ("x compiled", "speedup_vs_compiled", ".2f"), ("kernels/call", "kernels_per_call", ".3g"),
             ("kernel µs/call", "kernel_time_us", ".4g"), ("peak mem B", "peak_mem_bytes", ""),
         ]), ""]

@@ -117,6 +117,56 @@ def copy_bandwidth(q, k, device, *, cudagraph=False) -> dict:
     return {**t, "bytes": moved, "gbps": moved / (t["median_ms"] * 1e-3) / 1e9}
 
 
+TRITON_COPY_BLOCK, TRITON_COPY_WARPS = 4096, 8  # elements a program (16-byte vectors), warps
+
+
+def _triton_copy_kernel():
+    """The plain Triton copy (built on first use: importing profiling.speed compiles nothing).
+    One program per TRITON_COPY_BLOCK contiguous elements, loaded and stored as they are: no
+    arithmetic, no second tensor, so its rate is what a Triton kernel's loads and stores reach on
+    the GPU, the ceiling a Triton RoPE kernel can meet (on an H200 with triton 3.6 it measured 0.96
+    of a device copy's rate in fp32 and 0.97 in bf16: profiling/results/h200/next-f06c2d3/)."""
+    global _COPY
+    if _COPY is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def triton_copy(src, dst, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+            m = offs < n
+            tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+        _COPY = triton_copy
+    return _COPY
+
+
+_COPY = None
+
+
+def triton_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for contiguous tensors of one dtype and size, by the plain Triton copy."""
+    if not (src.is_contiguous() and dst.is_contiguous() and src.dtype == dst.dtype and src.numel() == dst.numel()):
+        raise ValueError(f"triton_copy: src and dst must be contiguous, of one dtype and size; got "
+                         f"{tuple(src.shape)} {src.dtype} and {tuple(dst.shape)} {dst.dtype}")
+    n = src.numel()
+    _triton_copy_kernel()[(-(-n // TRITON_COPY_BLOCK),)](src, dst, n, BLOCK=TRITON_COPY_BLOCK,
+                                                          num_warps=TRITON_COPY_WARPS)
+
+
+def triton_copy_bandwidth(q, k, device, *, cudagraph=False) -> dict | None:
+    """GB/s of the plain Triton copy (``triton_copy``) of q's and k's bytes, read + write counted,
+    as ``copy_bandwidth`` times the device copy; None off a GPU (no bandwidth there)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=device)
+    dst = torch.empty_like(src)
+    t = bench(lambda: triton_copy(src, dst), device, cudagraph=cudagraph)
+    moved = 2 * src.numel() * src.element_size()
+    return {**t, "bytes": moved, "gbps": moved / (t["median_ms"] * 1e-3) / 1e9,
+            "block": TRITON_COPY_BLOCK, "num_warps": TRITON_COPY_WARPS}
+
+
 class Passes:
     """The three timed passes of one variant: fn() callables on prepared leaf tensors."""
 

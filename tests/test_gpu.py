@@ -206,3 +206,18 @@ def test_fused_qk_norm_compiled_forward_and_backward(kind, alone):
         assert err <= ulp, (name, err.item(), ulp.item())
     for name, a, w in zip(("dwq", "dwk", "dbq", "dbk"), dgot[2:], dwant[2:]):
         torch.testing.assert_close(a.double(), w.double(), rtol=1e-2, atol=1e-2 * w.abs().max().item(), msg=name)
+
+
+def test_the_plain_triton_copy_on_the_gpu():
+    """The report's Triton ceiling on CUDA: every element copied, a positive rate no faster than
+    twice the device copy's (a sanity bound: the same bytes, read and written)."""
+    from profiling import speed
+
+    q = torch.randn(1, 4, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, 2, 4096, 128, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(q.flatten())
+    speed.triton_copy(q.flatten(), dst)
+    assert torch.equal(dst, q.flatten())
+    t, c = speed.triton_copy_bandwidth(q, k, q.device), speed.copy_bandwidth(q, k, q.device)
+    assert t["bytes"] == c["bytes"] and 0 < t["gbps"] < 2 * c["gbps"]
+

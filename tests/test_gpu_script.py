@@ -101,3 +101,7 @@ def test_speed_summary_names_the_fused_qk_norm_against_the_unfused_pair(tmp_path
     line = gpu._report_numbers(tmp_path, "speed")
     assert "fused QK-norm fwd 0.5 ms, unfused pair 1 ms (2.00x)" in line
     assert "fused QK-norm bwd 2 ms, unfused pair 1 ms (0.50x)" in line and "copy 3000 GB/s" in line
+    assert "Triton copy" not in line
+    (tmp_path / "results.json").write_text(json.dumps({"speed": rows, "copy_bandwidth": {
+        "gbps": 3000.0, "triton": {"gbps": 2900.0}}}))
+    assert "copy 3000 GB/s; plain Triton copy 2900 GB/s (96.7% of copy)" in gpu._report_numbers(tmp_path, "speed")

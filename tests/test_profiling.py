@@ -339,6 +339,49 @@ def test_passes_and_kernel_counts_on_cpu(tmp_path):
     assert speed.io_bytes(q, k, t.cos, t.sin) == 2 * 4 * (q.numel() + k.numel()) + 4 * 2 * t.cos.numel()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_plain_triton_copy_copies_every_element_and_refuses_a_mismatch(dtype):
+    """speed.triton_copy (the report's Triton ceiling) under the interpreter: a size that is not a
+    multiple of its block, every element equal to the source's bits; a dtype, size or layout
+    mismatch is a ValueError naming both; off a GPU its bandwidth is None (no bandwidth there)."""
+    n = speed.TRITON_COPY_BLOCK + 37
+    src = torch.randn(n).to(dtype)
+    dst = torch.full_like(src, float("nan"))
+    speed.triton_copy(src, dst)
+    assert torch.equal(dst.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       src.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    for bad in (torch.empty(n, dtype=torch.float16), torch.empty(n - 1, dtype=dtype),
+                torch.empty(2 * n, dtype=dtype)[::2]):
+        with pytest.raises(ValueError, match=r"triton_copy: src and dst must be contiguous, of one dtype and size"):
+            speed.triton_copy(src, bad)
+    assert speed.triton_copy_bandwidth(src, src, torch.device("cpu")) is None
+
+
+def test_report_names_the_plain_triton_copy_where_it_was_measured():
+    """A GPU run's report (the first H200 make gpu's results.json, which predates the Triton copy,
+    with one added): the plain Triton copy's line (GB/s and its share of the device copy) and each
+    row's ``% Triton copy``. Without one, as that run was, neither appears."""
+    from pathlib import Path
+
+    from profiling import report
+
+    path = Path(__file__).resolve().parents[1] / "profiling/results/h200/speed/default/results.json"
+    r = json.loads(path.read_text())
+    assert "plain Triton copy" not in report.markdown(r) and "% Triton copy" not in report.markdown(r)
+    copy = r["copy_bandwidth"]["gbps"]
+    r["copy_bandwidth"]["triton"] = {"gbps": 0.97 * copy, "median_ms": 1.0, "block": 4096, "num_warps": 8}
+    for row in r["speed"]:
+        row["pct_triton_copy_bw"] = row["pct_copy_bw"] / 0.97 if isinstance(row["pct_copy_bw"], float) else None
+    text = report.markdown(r)
+    assert f"plain Triton copy of the same bytes" in text and f"{0.97 * copy:.1f} GB/s, 97.0 % of the copy's" in text
+    head = next(line for line in text.splitlines() if line.startswith("| variant |") and "% copy BW" in line)
+    assert "% Triton copy" in head
+    col = head.split(" | ").index("% Triton copy")
+    rome_row = next(line for line in text.splitlines() if line.startswith("| rome.apply_qk | fwd"))
+    want = next(x for x in r["speed"] if x["variant"] == "rome.apply_qk" and x["pass"] == "fwd")
+    assert rome_row.split(" | ")[col] == f"{want['pct_copy_bw'] / 0.97:.1f}"
+
+
 def test_report_cli_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "rep"
     monkeypatch.setenv("COLUMNS", "80")  # a CI log's width: the console tables must stay readable
