@@ -114,13 +114,9 @@ if __name__ == "__main__":
     # AB_PAIRS=1: inside launch.pairs_halves(), the sections' pairs where the tree has them;
     # AB_NO_NEXT=1: launch.seam_next off, the q -> k seam as before it; AB_PPS=n: launch.PROGRAMS_PER_SM
     # = n, fewer heads a gather program where the T tiles alone make fewer programs than n an SM;
-    # AB_TABLES=x: cos and sin in x's dtype; AB_TILE=RxW: the gather launches at BLOCK_R=R, W warps)
+    # AB_TABLES=x: cos and sin in x's dtype)
     if os.environ.get("AB_NO_NEXT") and hasattr(launch, "seam_next"):
         launch.seam_next = lambda *a, **k: False
-    if os.environ.get("AB_TILE"):  # "16x4": every gather launch at that tile (its one candidate)
-        from dataclasses import replace
-        rows_, warps_ = map(int, os.environ["AB_TILE"].split("x"))
-        launch.candidates = lambda cfg, **k: (replace(cfg, block_r=rows_, num_warps=warps_),)
     if os.environ.get("AB_PPS"):
         launch.PROGRAMS_PER_SM = int(os.environ["AB_PPS"])
         launch.heads_per_program.cache_clear()

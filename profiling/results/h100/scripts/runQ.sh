@@ -27,10 +27,4 @@ for v in fp32tables xtables; do
   AB_TABLES=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v default > $R/ab-$v.json 2> $R/ab-$v.log
   echo "ab $v rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v.log | cut -c1-200; keep
 done
-for tile in 16x4; do  # the copy probe's best bf16 tile (call P: 93.0 % where 16x8 and 8x4 gave 88.9), not among
-  # rome's candidates (8x4, 4x2, 16x8); static: spill-free under triton 3.6 (profiling/results/cpu/tile-16x4/)
-  t=$(cap $END 25); [ $t -lt 10 ] && { echo "ab tile $tile skipped"; continue; }
-  AB_TILE=$tile PYTHONPATH=.:$S timeout $t python3 $S/ab.py tile$tile default > $R/ab-tile$tile.json 2> $R/ab-tile$tile.log
-  echo "ab tile $tile rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-tile$tile.log | cut -c1-200; keep
-done
 echo "total $(( $(date +%s)-T0 )) s"
