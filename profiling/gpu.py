@@ -1,6 +1,6 @@
 """``make gpu``: the first contact with a GPU, in one command under ten minutes.
 
-``python -m profiling.gpu [--out DIR] [--budget S] [--only PART,...] [--skip PART,...] [--list]``
+``python -m profiling.gpu [--out DIR] [--budget S] [--only PART,...] [--skip PART,...] [--archive F] [--list]``
 
 Writes ``profiling/results/<gpu>/`` (``h100``, ``h200``, ``a100``, ... from the device's name;
 without a CUDA device in torch, a rehearsal: ``reports/gpu-rehearsal-<gpu>-<stamp>/``):
@@ -40,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,6 +112,7 @@ class Context:
     deadline: float
     summary: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)  # environment.json
+    archive: Path | None = None  # --archive: the folder as one .tar.gz, rewritten after every part
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -671,6 +673,38 @@ def write_summary(ctx: Context) -> None:
               "`precision/<workload>/report.md`; Nsight Compute: `ncu/ncu.json` (per kernel; bytes the op must read in "
               "`ncu/*-needed.json`), `ncu/*.ncu-rep`.", ""]
     (ctx.out / "README.md").write_text("\n".join(lines))
+    if ctx.archive is not None:
+        write_archive(ctx.out, ctx.archive)
+
+
+ARCHIVE_MAX_FILE = 32 << 20  # bytes: a bigger file (an .ncu-rep, a trace) stays out of --archive
+
+
+def write_archive(out: Path, path: Path, max_file: int = ARCHIVE_MAX_FILE) -> list[str]:
+    """``out`` as one .tar.gz at ``path`` (under ``out``'s name), rewritten whole and renamed into
+    place, so that a machine which hands back only a few files a call (the device tool: 8) returns
+    the whole folder, and a run killed mid-part leaves the last complete archive. Files over
+    ``max_file`` bytes are left out and named in the archive's ``archive-left-out.txt``; the
+    names of the files left out are returned."""
+    path = Path(path).resolve()
+    part = path.with_name(path.name + ".part")
+    left = []
+    with tarfile.open(part, "w:gz") as tar:
+        for f in sorted(Path(out).rglob("*")):
+            if not f.is_file() or f.is_symlink() or f.resolve() in (path, part):
+                continue
+            rel = f.relative_to(out)
+            if f.stat().st_size > max_file:
+                left.append(f"{rel} ({f.stat().st_size} bytes)")
+                continue
+            tar.add(f, arcname=str(Path(Path(out).name) / rel))
+        if left:
+            data = ("\n".join(left) + "\n").encode()
+            info = tarfile.TarInfo(f"{Path(out).name}/archive-left-out.txt")
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    os.replace(part, path)
+    return left
 
 
 def main(argv=None) -> int:
@@ -685,6 +719,8 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="comma-separated parts to run (see --list)")
     parser.add_argument("--skip", help="comma-separated parts to leave out")
     parser.add_argument("--list", action="store_true", help="list the parts and exit")
+    parser.add_argument("--archive", help="also write the folder as one .tar.gz at this path after every part "
+                        "(for a machine that returns only a few files a call: e.g. $OUT/gpu.tgz)")
     args = parser.parse_args(argv)
     if args.list:
         for p in PARTS:
@@ -726,6 +762,7 @@ def main(argv=None) -> int:
             shutil.move(str(f), dest)
     shutil.rmtree(probe, ignore_errors=True)
     ctx.out, ctx.info = out, info
+    ctx.archive = Path(args.archive) if args.archive else None
     if not cuda:
         print(f"[make gpu] torch sees no CUDA device: a rehearsal, written to {out}", flush=True)
     try:

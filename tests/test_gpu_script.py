@@ -90,6 +90,28 @@ def test_part_selection(tmp_path, capsys):
     assert not names["speed-flux-qknorm"].default and not names["speed-wan-qknorm"].default
 
 
+def test_archive_holds_the_folder_after_every_part(tmp_path):
+    """--archive: the folder as one .tar.gz (the device tool returns 8 files a call; 2026-12-04's
+    call O lost make gpu's folder and four ncu reports to that): written after the environment
+    part, under the folder's name, the summary in it; a file over the size cap is named, not held."""
+    import tarfile
+
+    out, arc = tmp_path / "out", tmp_path / "gpu.tgz"
+    assert gpu.main(["--out", str(out), "--only", "environment", "--archive", str(arc)]) == 0
+    with tarfile.open(arc) as tar:
+        names = set(tar.getnames())
+        summary = json.loads(tar.extractfile("out/summary.json").read())
+    assert {"out/summary.json", "out/README.md", "out/environment.json"} <= names
+    assert list(summary["parts"]) == ["environment"] and not (tmp_path / "gpu.tgz.part").exists()
+    (out / "big.bin").write_bytes(b"x" * (1 << 20))
+    inside = out / "a.tgz"  # (an archive inside the folder does not hold itself)
+    assert gpu.write_archive(out, inside, max_file=1 << 19) == ["big.bin (1048576 bytes)"]
+    with tarfile.open(inside) as tar:
+        names = set(tar.getnames())
+        assert tar.extractfile("out/archive-left-out.txt").read() == b"big.bin (1048576 bytes)\n"
+    assert "out/big.bin" not in names and "out/a.tgz" not in names and "out/summary.json" in names
+
+
 def test_speed_summary_names_the_fused_qk_norm_against_the_unfused_pair(tmp_path):
     """A QK-norm workload's speed part: its summary line gives the fused op's and the unfused
     pair's median ms per pass and the ratio."""
