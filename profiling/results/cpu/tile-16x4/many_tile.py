@@ -1,0 +1,52 @@
+"""rome.apply_qk of several workloads (and dtypes), compiled for sm_90 and modelled: one line each.
+    PYTHONPATH=<tree> TRITON_CACHE_DIR=DIR python many.py OUT.json [workload:dtype[:variant] ...]
+PAIRS=1 or PAIRS=0: the capture inside rome.launch.pairs_halves(True / False) (trees that have it;
+unset: the tree's default).
+"""
+import contextlib, json, os, sys
+from profiling.static import launches
+if os.environ.get("TILE"):  # every gather launch at BLOCK_R x warps (its one candidate), as ab.py AB_TILE
+    from dataclasses import replace as _replace
+    from rome import launch as _launch
+    _r, _w = map(int, os.environ["TILE"].split("x"))
+    _launch.candidates = lambda cfg, **k: (_replace(cfg, block_r=_r, num_warps=_w),)
+    _cg = _launch.choose_gather  # (the capture records choose()'s tile: that one too)
+    _launch.choose_gather = lambda *a, **k: _replace(_cg(*a, **k), block_r=_r, num_warps=_w)
+from profiling.static.archs import ARCHS
+from profiling.static.compile import compile_all, compiler_pool
+
+def _capture(workload, dtype, variant):
+    pairs = os.environ.get("PAIRS")
+    if pairs is None:
+        block = contextlib.nullcontext()
+    else:
+        from rome import launch
+        block = launch.pairs_halves(pairs == "1")
+    with block:
+        return launches.workload_launches(workload, {"dtype": dtype}, variants=(variant,), liger=False)
+
+def main():
+    out = sys.argv[1]
+    specs = sys.argv[2:] or ["default:bf16", "llama-1d:bf16", "wan:bf16", "hunyuan-video:bf16",
+                             "default:fp32", "llama-1d:fp32", "wan:fp32", "hunyuan-video:fp32"]
+    rows = []
+    with compiler_pool(1) as pool:
+        for spec in specs:
+            w, dt, *v = spec.split(":")
+            variant = v[0] if v else "rome.apply_qk"
+            cap = pool.submit(_capture, w, dt, variant).result()["launches"]
+            res = compile_all(pool, [L["job"] for L in cap])
+            for L in cap:
+                r = launches.launch_row(L, ARCHS[90], res[L["job"]])
+                r["workload"] = f"{w}:{dt}"
+                e = r.get("schedule", {}).get("ends", {})
+                print(f"{w:14s} {dt} {r['pass']:8s} reg {r.get('registers')} spill {r.get('spill_bytes')} "
+                      f"h100 {r.get('estimate_h100', 0):.3f} h200 {r.get('estimate_h200', 0):.3f} "
+                      f"kb {e.get('800ns@1.755GHz', {}).get('inflight_kb_per_sm', 0):.1f} "
+                      f"busy {e.get('800ns@1.755GHz', {}).get('issue_busy', 0):.2f} {r.get('error') or ''}", flush=True)
+                r.pop("tile", None)
+                rows.append(r)
+    json.dump(rows, open(out, "w"), indent=1, default=str)
+
+if __name__ == "__main__":
+    main()
