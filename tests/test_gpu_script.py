@@ -104,12 +104,37 @@ def test_archive_holds_the_folder_after_every_part(tmp_path):
     assert {"out/summary.json", "out/README.md", "out/environment.json"} <= names
     assert list(summary["parts"]) == ["environment"] and not (tmp_path / "gpu.tgz.part").exists()
     (out / "big.bin").write_bytes(b"x" * (1 << 20))
-    inside = out / "a.tgz"  # (an archive inside the folder does not hold itself)
-    assert gpu.write_archive(out, inside, max_file=1 << 19) == ["big.bin (1048576 bytes)"]
+    inside = out / "a.tgz"  # (an archive inside the folder, written twice, holds neither itself nor its .part)
+    for _ in range(2):
+        assert gpu.write_archive(out, inside, max_file=1 << 19) == ["big.bin (1048576 bytes)"]
     with tarfile.open(inside) as tar:
         names = set(tar.getnames())
         assert tar.extractfile("out/archive-left-out.txt").read() == b"big.bin (1048576 bytes)\n"
-    assert "out/big.bin" not in names and "out/a.tgz" not in names and "out/summary.json" in names
+    assert "out/big.bin" not in names and "out/summary.json" in names
+    assert not {"out/a.tgz", "out/a.tgz.part"} & names and not (out / "a.tgz.part").exists()
+
+
+def test_archive_of_a_relative_folder_and_where_it_cannot_be_written(tmp_path, monkeypatch, capsys):
+    """--out . is archived under the folder's own name (no bare or "../" entries); an archive
+    whose folder is missing is refused before any part runs; one that fails to write mid-run
+    (here: its folder removed) is a printed line, not the end of the run, and leaves no .part."""
+    import tarfile
+
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "a.txt").write_text("a")
+    monkeypatch.chdir(out)
+    gpu.write_archive(".", tmp_path / "r.tgz")
+    with tarfile.open(tmp_path / "r.tgz") as tar:
+        assert tar.getnames() == ["res/a.txt"]
+    with pytest.raises(SystemExit):
+        gpu.main(["--out", str(out), "--only", "environment", "--archive", str(tmp_path / "no" / "g.tgz")])
+    assert "--archive" in capsys.readouterr().err
+    ctx = gpu.Context(out=out, python="", env={}, deadline=0.0, summary={"parts": {}},
+                      archive=tmp_path / "gone" / "g.tgz")
+    gpu.write_summary(ctx)  # (no exception)
+    assert "archive" in capsys.readouterr().out and (out / "summary.json").exists()
+    assert not (tmp_path / "gone").exists()
 
 
 def test_speed_summary_names_the_fused_qk_norm_against_the_unfused_pair(tmp_path):

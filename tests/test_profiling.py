@@ -380,6 +380,12 @@ def test_report_names_the_plain_triton_copy_where_it_was_measured():
     rome_row = next(line for line in text.splitlines() if line.startswith("| rome.apply_qk | fwd"))
     want = next(x for x in r["speed"] if x["variant"] == "rome.apply_qk" and x["pass"] == "fwd")
     assert rome_row.split(" | ")[col] == f"{want['pct_copy_bw'] / 0.97:.1f}"
+    r["copy_bandwidth"]["triton"] = {"error": "CompilationError: no"}  # (a copy that failed: said, no column)
+    for row in r["speed"]:
+        row["pct_triton_copy_bw"] = None
+    text = report.markdown(r)
+    assert "The plain Triton copy of the same bytes failed: CompilationError: no" in text
+    assert "% Triton copy" not in next(line for line in text.splitlines() if line.startswith("| variant |"))
 
 
 def test_report_cli_end_to_end(tmp_path, monkeypatch, capsys):

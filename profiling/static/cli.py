@@ -38,9 +38,11 @@ def report_section(out: Path, arch: str | None = None, console=None, workload=No
             if console is not None:
                 console.print(f"compiling the {workload.name} launches ahead of time for "
                               f"{', '.join(ARCHS[c].name for c in archs)} (Triton's cache makes a second run quick)")
-            # (after the report's timings: every CPU compiles; two took 1 min 43 s of a GPU part)
+            # (after the report's timings: every CPU this process may use compiles; with two, a cold
+            # H200's speed-default part was stopped before the compile ended)
             section = collect_workload(workload.name, archs, out, overrides=_overrides(workload),
-                                       jobs=min(16, os.cpu_count() or 1))
+                                       jobs=min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                                else os.cpu_count() or 1))
             write_workload(out, section)
             return section
         archs = [parse_arch(a) for a in arch.split(",")] if arch else list(DEFAULT_ARCHS)
