@@ -49,6 +49,20 @@ def flat_copy(src, dst, n, BLOCK: tl.constexpr, HINT: tl.constexpr = False):
 
 
 @triton.jit
+def persistent_copy(src, dst, n, BLOCK: tl.constexpr, HINT: tl.constexpr = False):
+    # a fixed grid (a few programs an SM), each striding over the blocks, the next block's load
+    # issued before this one's store: no per-block program start, no partial last wave
+    step = tl.num_programs(0).to(tl.int64) * BLOCK
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    x = _ld(src + offs, offs < n, HINT)
+    for _ in range(tl.cdiv(n - tl.program_id(0).to(tl.int64) * BLOCK, step)):
+        nxt = _ld(src + offs + step, offs + step < n, HINT)
+        _st(dst + offs, x, offs < n, HINT)
+        x = nxt
+        offs += step
+
+
+@triton.jit
 def _apply(x, c, s, TABLES: tl.constexpr):
     if TABLES:
         x = (x.to(tl.float32) * c + s).to(x.dtype)
@@ -115,6 +129,13 @@ def main():
 
     flat = flats()
 
+    def persistent(block, warps, per_sm, hint=False):
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 2
+        def run():
+            for a, b in ((q, qo), (k, ko)):
+                persistent_copy[(sms * per_sm,)](a, b, a.numel(), BLOCK=block, HINT=hint, num_warps=warps)
+        return run
+
     def heads(tables, block_r, warps, nxt, hpg=h, hint=False, half=False):
         c, sn = (cos16, sin16) if half else (cos, sin)
         def run():
@@ -131,6 +152,9 @@ def main():
             probes.append((f"flat BLOCK={block} warps={warps}", flats(block, warps), xbytes))
         for block, warps in ((4096, 8), (16384, 16)):
             probes.append((f"flat BLOCK={block} warps={warps} hints", flats(block, warps, True), xbytes))
+        for block, warps, per_sm in ((4096, 8, 4), (8192, 8, 4), (4096, 4, 8)):
+            probes.append((f"persistent BLOCK={block} warps={warps} programs/SM={per_sm}",
+                           persistent(block, warps, per_sm), xbytes))
         tb16 = tbytes * q.element_size() // 4
         for block_r, warps in ((8, 4), (16, 4), (16, 8)):
             probes.append((f"heads+tables BLOCK_R={block_r} warps={warps} next",

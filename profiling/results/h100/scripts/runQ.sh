@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # device call Q (prepared 2026-12-04 after calls O and P, not yet run): make gpu's first parts in
-# their new order and limits (18b2bd5), then whether a Triton copy can come nearer memcpy than calls
+# their new order and limits (18b2bd5, 8d95c88), then whether a Triton copy can come nearer memcpy than calls
 # O/P's flat copy (0.959-0.972 of memcpy's rate: block sizes, warps, evict-first loads and streaming
-# stores; copyprobe.py DT forms), what default's bytes leave with the tables in x's dtype (as
+# stores, a persistent grid; copyprobe.py DT forms), what default's bytes leave with the tables in x's dtype (as
 # transformers passes them: 98.0 % of the q/k copy by bytes where fp32 tables leave 96.0 %), and
 # rome's default with its tables in bf16 (ab.py, AB_TABLES=x) beside fp32 tables, tuned, same run.
 # Set up as runL.sh (profiling/results out of the index, these scripts in .gpu/); run with
