@@ -182,7 +182,7 @@ is not what the command writes.
 TRANSFORMERS_INTRO = """\
 ## transformers
 
-For transformers 5.17–5.24 (`docs/compatibility.md`: both ends run in CI). A model is matched by its
+For transformers 5.17–5.25 (`docs/compatibility.md`: both ends run in CI). A model is matched by its
 config's `model_type` (a `<type>_text` config as `<type>`). Every family below is tested in
 `tests/test_integrations_transformers.py` or `tests/test_integrations_transformers_families.py` on a
 tiny random model (1–2 layers, hidden 64) against the same model unpatched: fp32 logits within 1e-5
