@@ -9,6 +9,7 @@ all its callables interleaved (``bench_interleaved``); labelled CPU in the repor
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import re
@@ -108,11 +109,12 @@ def io_bytes(q, k, cos, sin) -> int:
     return qk + cos.numel() * cos.element_size() + sin.numel() * sin.element_size()
 
 
-def copy_bandwidth(q, k, device, *, cudagraph=False) -> dict:
-    """GB/s of a device-to-device copy of q's and k's bytes (read + write counted)."""
+def copy_bandwidth(q, k, device, *, cudagraph=False, copy=None) -> dict:
+    """GB/s of a copy of q's and k's bytes (read + write counted): a device-to-device copy, or
+    ``copy(src, dst)`` (``triton_copy``) where given."""
     src = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=device)
     dst = torch.empty_like(src)
-    t = bench(lambda: dst.copy_(src), device, cudagraph=cudagraph)
+    t = bench((lambda: dst.copy_(src)) if copy is None else (lambda: copy(src, dst)), device, cudagraph=cudagraph)
     moved = 2 * src.numel() * src.element_size()
     return {**t, "bytes": moved, "gbps": moved / (t["median_ms"] * 1e-3) / 1e9}
 
@@ -120,28 +122,23 @@ def copy_bandwidth(q, k, device, *, cudagraph=False) -> dict:
 TRITON_COPY_BLOCK, TRITON_COPY_WARPS = 4096, 8  # elements a program (16-byte vectors), warps
 
 
+@functools.cache  # (built on first use: importing profiling.speed compiles nothing)
 def _triton_copy_kernel():
-    """The plain Triton copy (built on first use: importing profiling.speed compiles nothing).
-    One program per TRITON_COPY_BLOCK contiguous elements, loaded and stored as they are: no
-    arithmetic, no second tensor, so its rate is what a Triton kernel's loads and stores reach on
-    the GPU, the ceiling a Triton RoPE kernel can meet (on an H200 with triton 3.6 it measured 0.96
-    of a device copy's rate in fp32 and 0.97 in bf16: profiling/results/h200/next-f06c2d3/)."""
-    global _COPY
-    if _COPY is None:
-        import triton
-        import triton.language as tl
+    """The plain Triton copy: one program per TRITON_COPY_BLOCK contiguous elements, loaded and
+    stored as they are, no arithmetic, no second tensor, so its rate is what a Triton kernel's
+    loads and stores reach on the GPU, the ceiling a Triton RoPE kernel can meet (on an H200 with
+    triton 3.6 it measured 0.96 of a device copy's rate in fp32 and 0.97 in bf16:
+    profiling/results/h200/next-f06c2d3/)."""
+    import triton
+    import triton.language as tl
 
-        @triton.jit
-        def triton_copy(src, dst, n, BLOCK: tl.constexpr):
-            offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-            m = offs < n
-            tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+    @triton.jit
+    def triton_copy(src, dst, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
-        _COPY = triton_copy
-    return _COPY
-
-
-_COPY = None
+    return triton_copy
 
 
 def triton_copy(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -159,11 +156,7 @@ def triton_copy_bandwidth(q, k, device, *, cudagraph=False) -> dict | None:
     as ``copy_bandwidth`` times the device copy; None off a GPU (no bandwidth there)."""
     if device.type != "cuda":
         return None
-    src = torch.empty(q.numel() + k.numel(), dtype=q.dtype, device=device)
-    dst = torch.empty_like(src)
-    t = bench(lambda: triton_copy(src, dst), device, cudagraph=cudagraph)
-    moved = 2 * src.numel() * src.element_size()
-    return {**t, "bytes": moved, "gbps": moved / (t["median_ms"] * 1e-3) / 1e9,
+    return {**copy_bandwidth(q, k, device, cudagraph=cudagraph, copy=triton_copy),
             "block": TRITON_COPY_BLOCK, "num_warps": TRITON_COPY_WARPS}
 
 

@@ -6,7 +6,6 @@ the static bandwidth model (kernels.json, kernels.md). ``report_section``: the s
 from __future__ import annotations
 
 import argparse
-import os
 import datetime as dt
 from pathlib import Path
 
@@ -38,11 +37,7 @@ def report_section(out: Path, arch: str | None = None, console=None, workload=No
             if console is not None:
                 console.print(f"compiling the {workload.name} launches ahead of time for "
                               f"{', '.join(ARCHS[c].name for c in archs)} (Triton's cache makes a second run quick)")
-            # (after the report's timings: every CPU this process may use compiles; with two, a cold
-            # H200's speed-default part was stopped before the compile ended)
-            section = collect_workload(workload.name, archs, out, overrides=_overrides(workload),
-                                       jobs=min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                else os.cpu_count() or 1))
+            section = collect_workload(workload.name, archs, out, overrides=_overrides(workload))
             write_workload(out, section)
             return section
         archs = [parse_arch(a) for a in arch.split(",")] if arch else list(DEFAULT_ARCHS)
@@ -130,6 +125,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="output folder (default reports/kernels-<timestamp>/)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="with --workload: q and k in this dtype instead of "
                                                             "the workload's own (e.g. fp32)")
-    p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU)")
+    p.add_argument("--jobs", type=int, help="compile processes (default: one per CPU this process may use, at most 16)")
     p.add_argument("--configs", help="MODULE:FUNCTION listing the KernelConfigs of an arch "
                                      "(default: rome.launch.kernel_configs)")

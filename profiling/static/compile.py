@@ -58,6 +58,13 @@ def _pid_after(seconds: float) -> int:
     return os.getpid()
 
 
+def default_jobs() -> int:
+    """Compile processes when none are asked for: one per CPU this process may run on (a
+    container's limit, not the host's count), at most 16 (each worker holds torch and triton)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cpus))
+
+
 def start_compiler_pool(jobs: int = 1, *, nice: int = 0) -> cf.ProcessPoolExecutor:
     """``jobs`` worker processes (spawned) for ``triton.compile``, all started before this
     returns, whose environment has ``TRITON_INTERPRET=0`` from the start. ``nice``: added to the

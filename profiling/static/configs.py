@@ -17,7 +17,7 @@ from pathlib import Path
 from .amd import AMD_METHOD
 from .archs import AMD_ARCHS, DEFAULT_ARCHS, PROJECT_SMEM_LIMIT, AmdArch, Arch, amd_occupancy, amd_total_vgprs, \
     arch_of, occupancy
-from .compile import Job, compile_all, compiler_pool, environment, json_safe, slug
+from .compile import Job, compile_all, compiler_pool, default_jobs, environment, json_safe, slug
 from .model import MODEL_METHOD, bandwidth_model, tile_elements
 from .nvidia import strip_encodings
 
@@ -196,7 +196,7 @@ def inspect_kernels(archs=DEFAULT_ARCHS, *, jobs: int | None = None, configs_ref
     ``sass=False``: NVIDIA rows from the resource usage alone (registers, stack, local and shared
     memory: what the gate checks), without dumping the SASS (~0.7-1.2 s a build) or modelling it.
     """
-    with pool if pool is not None else compiler_pool(jobs or os.cpu_count() or 1) as pool:
+    with pool if pool is not None else compiler_pool(jobs or default_jobs()) as pool:
         listed = dict(zip(archs, pool.map(_list_configs, [configs_ref] * len(archs), archs, [sass] * len(archs))))
         plan = [(cfg, arch_of(cc)) for cc in archs for cfg in listed[cc]]
         results = compile_all(pool, [cfg["job"] for cfg, _ in plan], on_done)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import os
 import time
 from pathlib import Path
 
 from .archs import ARCHS, Arch
-from .compile import Job, compile_all, compiler_pool, environment, json_safe, slug
+from .compile import Job, compile_all, compiler_pool, default_jobs, environment, json_safe, slug
 from .model import GPU_NOTES, GPUS, MODEL_METHOD, bandwidth_model, tile_elements
 
 
@@ -333,7 +332,7 @@ def collect_workload(name: str, archs=(WORKLOAD_ARCH,), out: Path | None = None,
     installed) compiled for ``archs`` into Triton's cache, each with the bandwidth model.
     Captures in a worker; ``out``: where the cubins and SASS (with encodings) are copied."""
     t0 = time.perf_counter()
-    with pool if pool is not None else compiler_pool(jobs or min(2, os.cpu_count() or 1)) as pool:
+    with pool if pool is not None else compiler_pool(jobs or default_jobs()) as pool:
         captured = {cc: pool.submit(workload_launches, name, overrides, cc=cc, num_sms=num_sms).result()
                     for cc in archs}
         plan = []
