@@ -1,10 +1,24 @@
 """rome.apply_qk of several workloads (and dtypes), compiled for sm_90 and modelled: one line each.
     PYTHONPATH=<tree> TRITON_CACHE_DIR=DIR python many.py OUT.json [workload:dtype[:variant] ...]
 PAIRS=1 or PAIRS=0: the capture inside rome.launch.pairs_halves(True / False) (trees that have it;
-unset: the tree's default).
+unset: the tree's default). XTABLES=1: the workload's tables in x's dtype (../tables-in-x-dtype/).
+TILE=RxW: every gather launch at BLOCK_R=R and W warps, through launch.choose_gather (the tile the
+capture records) and launch.candidates (../tile-16x4/).
 """
 import contextlib, json, os, sys
 from profiling.static import launches
+
+if os.environ.get("XTABLES"):  # (module level: the spawned capture worker imports this file too)
+    import profiling.workloads as _workloads
+    _tables = _workloads.tables
+    _workloads.tables = lambda w, *a, **k: _tables(w, *a, **{"dtype": w.dtype, **k})
+if os.environ.get("TILE"):
+    from dataclasses import replace as _replace
+    from rome import launch as _launch
+    _r, _w = map(int, os.environ["TILE"].split("x"))
+    _choose = _launch.choose_gather
+    _launch.choose_gather = lambda *a, **k: _replace(_choose(*a, **k), block_r=_r, num_warps=_w)
+    _launch.candidates = lambda cfg, **k: (_replace(cfg, block_r=_r, num_warps=_w),)
 from profiling.static.archs import ARCHS
 from profiling.static.compile import compile_all, compiler_pool
 
