@@ -95,7 +95,6 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
         copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
     except Exception as e:  # noqa: BLE001
         copy["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    tgbps = (copy["triton"] or {}).get("gbps")
     moved = speed.io_bytes(q, k, t.cos, t.sin)
     statuses, records = [], []
     default_method = ("do_bench_cudagraph" if graphs else "do_bench") if device.type == "cuda" else \
@@ -149,9 +148,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
         records.append({
             "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
             **timing, "method": method, "bytes": nbytes, "gbps": gbps,
-            "pct_copy_bw": 100 * gbps / copy["gbps"],
-            "pct_triton_copy_bw": 100 * gbps / tgbps if tgbps else None,
-            "peak_mem_bytes": mem, **kern,
+            **speed.copy_shares(gbps, copy), "peak_mem_bytes": mem, **kern,
         })
     for r in records:
         for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):

@@ -160,6 +160,14 @@ def triton_copy_bandwidth(q, k, device, *, cudagraph=False) -> dict | None:
             "block": TRITON_COPY_BLOCK, "num_warps": TRITON_COPY_WARPS}
 
 
+def copy_shares(gbps: float, copy: dict) -> dict:
+    """A timed row's percentages: of the device copy's rate (``copy_bandwidth``) and of the plain
+    Triton copy's (``copy["triton"]``, None where it was not measured or failed)."""
+    triton_gbps = (copy.get("triton") or {}).get("gbps")
+    return {"pct_copy_bw": 100 * gbps / copy["gbps"],
+            "pct_triton_copy_bw": 100 * gbps / triton_gbps if triton_gbps else None}
+
+
 class Passes:
     """The three timed passes of one variant: fn() callables on prepared leaf tensors."""
 

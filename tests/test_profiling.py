@@ -357,6 +357,16 @@ def test_the_plain_triton_copy_copies_every_element_and_refuses_a_mismatch(dtype
     assert speed.triton_copy_bandwidth(src, src, torch.device("cpu")) is None
 
 
+def test_a_rows_shares_of_both_copies():
+    """Each speed row's % of the device copy and of the plain Triton copy (run_speed's fields);
+    none of the Triton copy where it was not measured (a CPU) or failed."""
+    shares = speed.copy_shares(3000.0, {"gbps": 4000.0, "triton": {"gbps": 3750.0}})
+    assert shares == {"pct_copy_bw": 75.0, "pct_triton_copy_bw": 80.0}
+    for triton in (None, {"error": "CompilationError: no"}):
+        assert speed.copy_shares(3000.0, {"gbps": 4000.0, "triton": triton}) == {
+            "pct_copy_bw": 75.0, "pct_triton_copy_bw": None}
+
+
 def test_report_names_the_plain_triton_copy_where_it_was_measured():
     """A GPU run's report (the first H200 make gpu's results.json, which predates the Triton copy,
     with one added): the plain Triton copy's line (GB/s and its share of the device copy) and each
