@@ -4,6 +4,7 @@ workload (a Wan block and a Llama layer, unpatched vs rome-patched), written to
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import json
@@ -17,7 +18,7 @@ import torch
 
 import rome
 
-from . import accuracy, models, speed
+from . import accuracy, clocks, models, speed
 from .static.cli import report_section as kernels_report_section
 from .static.tables import kernels_section
 from .variants import VARIANTS, Setup, Unavailable, Unsupported
@@ -90,71 +91,75 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     matrix = rome.rotation_matrix(w.sections, w.mode, dtype=w.dtype, device=device)
     setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend, t.positions)
     graphs = device.type == "cuda" and w.decode
-    copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
-    try:  # (the reference, not a variant: a copy that fails is a line in the report, not the end)
-        copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
-    except Exception as e:  # noqa: BLE001
-        copy["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
-    moved = speed.io_bytes(q, k, t.cos, t.sin)
-    statuses, records = [], []
-    default_method = ("do_bench_cudagraph" if graphs else "do_bench") if device.type == "cuda" else \
-        "perf_counter (CPU), interleaved rounds"
+    # the GPU's clocks while the copies and the variants are timed (profiling.clocks): which end
+    # of the static model's clocks a measurement is to be read against
+    sampler = clocks.Clocks(device) if device.type == "cuda" else contextlib.nullcontext()
+    with sampler:
+        copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
+        try:  # (the reference, not a variant: a copy that fails is a line in the report, not the end)
+            copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
+        except Exception as e:  # noqa: BLE001
+            copy["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+        moved = speed.io_bytes(q, k, t.cos, t.sin)
+        statuses, records = [], []
+        default_method = ("do_bench_cudagraph" if graphs else "do_bench") if device.type == "cuda" else \
+            "perf_counter (CPU), interleaved rounds"
 
-    def jobs():
-        for v in VARIANTS.values():
-            status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
-            statuses.append(status)
-            try:
-                run = v.build(setup)
-                passes = speed.Passes(run, v.prepare(q), v.prepare(k), differentiable=v.differentiable)
-            except (Unsupported, Unavailable) as e:
-                status |= {"status": type(e).__name__.lower(), "reason": str(e)}
-                continue
-            if not v.differentiable:
-                status["reason"] = "no backward: bwd and fwd+bwd not timed"
-            for name, fn in passes.passes.items():
-                yield v, status, name, fn, passes.leaves()
-
-    timed = failed = None
-    if device.type == "cpu":  # every variant and pass timed in shared rounds: a drifting CPU
-        all_jobs = list(jobs())  # shifts them alike (speed.bench_interleaved)
-        if on_step:
-            on_step("speed: every variant, interleaved rounds")
-        timed, failed = speed.bench_interleaved({i: job[3] for i, job in enumerate(all_jobs)})
-    for i, (v, status, name, fn, leaves) in enumerate(all_jobs if timed is not None else jobs()):
-        if on_step:
-            on_step(f"speed {v.name} {name}")
-        try:
-            method = default_method
-            if timed is not None:
-                if i in failed:
-                    raise failed[i]
-                timing = timed[i]
-            else:
+        def jobs():
+            for v in VARIANTS.values():
+                status = {"variant": v.name, "kind": v.kind, "description": v.description, "status": "ok", "reason": None}
+                statuses.append(status)
                 try:
-                    timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)
-                except Exception:
-                    if not graphs:
-                        raise
-                    method = "do_bench (CUDA graph capture failed)"
-                    timing = speed.bench(fn, device, grad_to_none=leaves)
-            mem = speed.peak_memory(fn, device)
-            kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
-        except Exception as e:  # one broken variant must not sink the report
-            status |= {"status": "error", "reason": f"{name}: {type(e).__name__}: {e}"}
-            continue
-        nbytes = moved * (2 if name == "fwd+bwd" else 1)
-        gbps = nbytes / (timing["median_ms"] * 1e-3) / 1e9
-        records.append({
-            "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
-            **timing, "method": method, "bytes": nbytes, "gbps": gbps,
-            **speed.copy_shares(gbps, copy), "peak_mem_bytes": mem, **kern,
-        })
+                    run = v.build(setup)
+                    passes = speed.Passes(run, v.prepare(q), v.prepare(k), differentiable=v.differentiable)
+                except (Unsupported, Unavailable) as e:
+                    status |= {"status": type(e).__name__.lower(), "reason": str(e)}
+                    continue
+                if not v.differentiable:
+                    status["reason"] = "no backward: bwd and fwd+bwd not timed"
+                for name, fn in passes.passes.items():
+                    yield v, status, name, fn, passes.leaves()
+
+        timed = failed = None
+        if device.type == "cpu":  # every variant and pass timed in shared rounds: a drifting CPU
+            all_jobs = list(jobs())  # shifts them alike (speed.bench_interleaved)
+            if on_step:
+                on_step("speed: every variant, interleaved rounds")
+            timed, failed = speed.bench_interleaved({i: job[3] for i, job in enumerate(all_jobs)})
+        for i, (v, status, name, fn, leaves) in enumerate(all_jobs if timed is not None else jobs()):
+            if on_step:
+                on_step(f"speed {v.name} {name}")
+            try:
+                method = default_method
+                if timed is not None:
+                    if i in failed:
+                        raise failed[i]
+                    timing = timed[i]
+                else:
+                    try:
+                        timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)
+                    except Exception:
+                        if not graphs:
+                            raise
+                        method = "do_bench (CUDA graph capture failed)"
+                        timing = speed.bench(fn, device, grad_to_none=leaves)
+                mem = speed.peak_memory(fn, device)
+                kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
+            except Exception as e:  # one broken variant must not sink the report
+                status |= {"status": "error", "reason": f"{name}: {type(e).__name__}: {e}"}
+                continue
+            nbytes = moved * (2 if name == "fwd+bwd" else 1)
+            gbps = nbytes / (timing["median_ms"] * 1e-3) / 1e9
+            records.append({
+                "variant": v.name, "pass": name, "backend": backend if v.kind == "rome" else v.kind,
+                **timing, "method": method, "bytes": nbytes, "gbps": gbps,
+                **speed.copy_shares(gbps, copy), "peak_mem_bytes": mem, **kern,
+            })
     for r in records:
         for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):
             base = next((b for b in records if b["variant"] == ref and b["pass"] == r["pass"]), None)
             r[field] = base["median_ms"] / r["median_ms"] if base else None
-    return records, statuses, copy
+    return records, statuses, copy, sampler.summary() if device.type == "cuda" else None
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -352,6 +357,8 @@ def markdown(r: dict) -> str:
         f"(a device-to-device copy of q's and k's bytes, {r['copy_bandwidth']['median_ms']:.4g} ms median).",
         "",
     ]
+    if r.get("clocks") is not None:  # (a GPU run: its clocks, sampled or why not)
+        lines += [clocks.line(r["clocks"]), ""]
     tc = r["copy_bandwidth"].get("triton")
     if tc and "error" in tc:
         lines += [f"The plain Triton copy of the same bytes failed: {tc['error']}", ""]
@@ -468,9 +475,9 @@ def report(args) -> Path:
         def step(text):
             progress.update(task, description=text[:58], advance=1)
 
-        speed_rows, statuses, copy = ([], [], {"gbps": float("nan"), "median_ms": float("nan")})
+        speed_rows, statuses, copy, clock = ([], [], {"gbps": float("nan"), "median_ms": float("nan")}, None)
         if not args.skip_speed:
-            speed_rows, statuses, copy = run_speed(run_w, device, out / "traces", step)
+            speed_rows, statuses, copy, clock = run_speed(run_w, device, out / "traces", step)
         prec, table_err, skipped = ([], [], [])
         if not args.skip_precision:
             prec, table_err, skipped = accuracy.run_precision(VARIANTS.values(), prec_w, device, backend=prec_backend,
@@ -512,6 +519,7 @@ def report(args) -> Path:
                           "each q and k element counts once."),
         },
         "copy_bandwidth": copy,
+        "clocks": clock,  # (GPU: profiling.clocks' summary over the speed timings; None on a CPU)
         "variants": statuses,
         "speed": speed_rows,
         "precision": prec,

@@ -221,3 +221,26 @@ def test_the_plain_triton_copy_on_the_gpu():
     t, c = speed.triton_copy_bandwidth(q, k, q.device), speed.copy_bandwidth(q, k, q.device)
     assert t["bytes"] == c["bytes"] and 0 < t["gbps"] < 2 * c["gbps"]
 
+
+
+def test_the_clocks_are_sampled_on_the_gpu():
+    """profiling.clocks on the machine's nvidia-smi: the timed GPU's own samples (its UUID as torch
+    gives it), SM and memory clocks in MHz, while a kernel loop runs."""
+    import shutil
+    import time
+
+    from profiling import clocks
+
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("no nvidia-smi on this GPU machine")
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device)
+    with clocks.Clocks(device) as sampler:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 1.0:
+            a = (a @ a).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    s = sampler.summary()
+    assert "error" not in s, s
+    assert s["samples"] >= 3 and 100 <= s["sm_mhz"]["min"] <= s["sm_mhz"]["median"] <= s["sm_mhz"]["max"] <= 4000, s
+    assert 100 <= s["mem_mhz"]["median"] <= 20000, s

@@ -421,6 +421,8 @@ def test_report_cli_end_to_end(tmp_path, monkeypatch, capsys):
         assert (out / f).stat().st_size > 0, f
     assert not (out / ("speed_vs_v1.png" if torch.cuda.is_available() else "gbps.png")).exists()
     assert {"device", "torch", "triton", "commit"} <= set(r["environment"])
+    # the clocks over the speed timings: sampled or why not on a GPU (profiling.clocks), none on a CPU
+    assert ("sm_mhz" in r["clocks"] or "error" in r["clocks"]) if torch.cuda.is_available() else r["clocks"] is None
     ran = {s["variant"] for s in r["variants"] if s["status"] == "ok"}
     assert {"v1 slice+concat", "v1 torch.compile", "v3 torch.compile", "rome.apply", "rome.apply_qk"} <= ran
     assert all(s["reason"] for s in r["variants"] if s["status"] != "ok")  # never silently dropped

@@ -4,7 +4,8 @@
 # O/P's flat copy (0.959-0.972 of memcpy's rate: block sizes, warps, evict-first loads and streaming
 # stores, a persistent grid; copyprobe.py DT forms), what default's bytes leave with the tables in x's dtype (as
 # transformers passes them: 98.0 % of the q/k copy by bytes where fp32 tables leave 96.0 %), and
-# rome's default with its tables in bf16 (ab.py, AB_TABLES=x) beside fp32 tables, tuned, same run.
+# rome's default with its tables in bf16 (ab.py, AB_TABLES=x) beside fp32 tables, tuned, same run;
+# the SM clock sampled throughout (clocks.csv).
 # Set up as runL.sh (profiling/results out of the index, these scripts in .gpu/); run with
 # timeout_s 590. The tool returns at most 8 files: everything goes into one archive, $OUT/q.tgz,
 # rewritten after every step, so a kill keeps what ran.
@@ -14,6 +15,10 @@ left() { echo $(( $1 - ($(date +%s) - T0) )); }
 cap() { local t=$(left $1); [ $t -gt $2 ] && t=$2; echo $t; }
 keep() { (cd /tmp && tar czf $OUT/q.tgz q); }
 nvidia-smi > $R/nvidia-smi.txt 2>&1
+# the clocks through the whole call (which of the model's clock ends the A/B and probes ran at;
+# make gpu's report keeps its own over its timings): stopped before the last archive
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv --loop-ms=100 > $R/clocks.csv 2>&1 &
+SMI=$!
 timeout 400 python3 -m profiling.gpu --out $R/gpu --only environment,speed-default,gpu-tests,precision-default --budget 390 > $R/gpu.log 2>&1
 echo "make gpu rc $? at $(( $(date +%s)-T0 )) s"; grep "make gpu" $R/gpu.log | cut -c1-240; keep
 for dt in bf16 fp32; do
@@ -27,4 +32,6 @@ for v in fp32tables xtables; do
   AB_TABLES=$e PYTHONPATH=.:$S timeout $t python3 $S/ab.py $v default > $R/ab-$v.json 2> $R/ab-$v.log
   echo "ab $v rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v.log | cut -c1-200; keep
 done
+kill -INT $SMI 2>/dev/null; sleep 1; keep
+echo "clocks: $(wc -l < $R/clocks.csv) samples, SM MHz min/median/max $(cut -d, -f2 $R/clocks.csv | grep -o '[0-9]*' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[1], a[int((NR+1)/2)], a[NR]}')"
 echo "total $(( $(date +%s)-T0 )) s"

@@ -1,0 +1,135 @@
+"""profiling.clocks: the GPU's clocks sampled by nvidia-smi while the report times kernels. The
+sampler runs against stand-in nvidia-smi executables here (no GPU); what a real one prints is its
+``--format=csv,noheader,nounits`` lines, ``uuid, sm MHz, mem MHz``."""
+
+import json
+import stat
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from profiling import clocks, gpu, report
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="stand-in executables are POSIX scripts")
+
+
+def _fake_smi(tmp_path, lines, *, ignore_sigint=False, name="nvidia-smi"):
+    """An executable that writes its arguments to args.json and prints ``lines`` (one per 10 ms,
+    flushed, cycling) until it is interrupted (or, ``ignore_sigint``, terminated)."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import json, signal, sys, time
+        json.dump(sys.argv[1:], open({str(tmp_path / "args.json")!r}, "w"))
+        if {ignore_sigint!r}:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        lines = {lines!r}
+        try:
+            i = 0
+            while True:
+                print(lines[i % len(lines)], flush=True)
+                i += 1
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            sys.exit(0)
+        """))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_samples_the_timed_gpu_while_the_block_runs(tmp_path):
+    """The sampler asks nvidia-smi for uuid, SM and memory clocks in a loop of ``period_ms``, keeps
+    the timed GPU's samples (its UUID, with or without ``GPU-``, any case; another GPU's and "[N/A]"
+    lines left out) and gives their minimum, median and maximum."""
+    smi = _fake_smi(tmp_path, ["GPU-AAA, 1980, 2619", "GPU-bbb, 1410, 1593", "GPU-aaa, 1755, 2619",
+                               "GPU-aaa, [N/A], 2619"])
+    sampler = clocks.Clocks(smi=smi, period_ms=20)
+    sampler.uuid = "GPU-aaa"
+    with sampler:
+        time.sleep(0.6)
+    s = sampler.summary()
+    assert s["samples"] >= 2, s
+    assert s["sm_mhz"]["min"] == 1755 and s["sm_mhz"]["max"] == 1980 and 1755 <= s["sm_mhz"]["median"] <= 1980
+    assert s["mem_mhz"] == {"min": 2619, "median": 2619, "max": 2619} and s["period_ms"] == 20
+    args = json.loads((tmp_path / "args.json").read_text())
+    assert "--query-gpu=uuid,clocks.sm,clocks.mem" in args and "--format=csv,noheader,nounits" in args
+    assert "--loop-ms=20" in args
+    assert sampler.proc.poll() is not None  # (stopped, not left running)
+
+
+def test_a_sampler_that_ignores_ctrl_c_is_terminated_and_its_samples_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(clocks, "STOP_WAIT_S", 0.5)
+    smi = _fake_smi(tmp_path, ["GPU-aaa, 1980, 2619"], ignore_sigint=True)
+    t0 = time.monotonic()
+    with clocks.Clocks(smi=smi) as sampler:
+        time.sleep(0.3)
+    assert time.monotonic() - t0 < 3 and sampler.proc.poll() is not None
+    assert sampler.summary()["sm_mhz"]["median"] == 1980
+
+
+def test_no_nvidia_smi_or_no_sample_is_said_not_guessed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # (an empty folder: no nvidia-smi)
+    with clocks.Clocks() as sampler:
+        pass
+    assert sampler.summary() == {"error": "no nvidia-smi on PATH", "period_ms": clocks.PERIOD_MS}
+    smi = _fake_smi(tmp_path, ["GPU-bbb, 1410, 1593", "GPU-ccc, 1410, 1593"])
+    sampler = clocks.Clocks(smi=smi)
+    sampler.uuid = "aaa"
+    with sampler:
+        time.sleep(0.2)
+    assert sampler.summary()["error"] == "no clock sample of the timed GPU (sampled: bbb, ccc)"
+    missing = clocks.Clocks(smi=str(tmp_path / "gone"))
+    with missing:
+        pass
+    assert missing.summary()["error"].startswith("nvidia-smi: ")
+
+
+def test_parse_takes_one_gpu_or_says_which_it_could_not():
+    text = "GPU-aaa, 1980, 2619\nGPU-bbb, 1410, 1593\nnot a sample\nGPU-aaa, [Not Supported], 2619\n"
+    assert clocks.parse(text, None) == {"error": "2 GPUs sampled and the timed one's UUID unknown"}
+    assert clocks.parse(text, "GPU-BBB") == {"sm_mhz": {"min": 1410, "median": 1410, "max": 1410},
+                                             "mem_mhz": {"min": 1593, "median": 1593, "max": 1593}, "samples": 1}
+    assert clocks.parse("GPU-aaa, 1755, 2619\nGPU-aaa, 1980, 2619\n", None)["sm_mhz"]["median"] == pytest.approx(1867.5)
+    assert clocks.parse("", None) == {"error": "no clock sample of the timed GPU"}
+    # one GPU sampled: the machine's only one, the timed one, whatever UUID torch gave
+    assert clocks.parse("GPU-aaa, 1980, 2619\n", "GPU-zzz")["samples"] == 1
+
+
+def test_the_sentence_names_the_models_clock_ends():
+    s = {"sm_mhz": {"min": 1755, "median": 1980, "max": 1980}, "mem_mhz": {"min": 2619, "median": 2619, "max": 2619},
+         "samples": 40, "period_ms": 20}
+    assert clocks.line(s) == ("Clocks during the timings (nvidia-smi every 20 ms, 40 samples): SM median 1980 MHz "
+                              "(1755–1980), memory median 2619 MHz (2619–2619). The static model's ends: 1,755 and "
+                              "1,980 MHz (H100, H200).")
+    assert clocks.line({"error": "no nvidia-smi on PATH", "period_ms": 20}) == \
+        "Clocks during the timings: not known (no nvidia-smi on PATH)."
+    assert clocks.line(None) == "Clocks during the timings: not sampled."
+
+
+def test_a_gpu_reports_clocks_line_and_make_gpus_summary(tmp_path):
+    """The report of a GPU run says the clocks (sampled, or why not); a run without the field (the
+    first H200 make gpu's results.json predates it) or a CPU run (None) says nothing of them. make
+    gpu's speed line gives the SM clock's median."""
+    path = Path(__file__).resolve().parents[1] / "profiling/results/h200/speed/default/results.json"
+    r = json.loads(path.read_text())
+    assert "Clocks during the timings" not in report.markdown(r)
+    r["clocks"] = None
+    assert "Clocks during the timings" not in report.markdown(r)
+    r["clocks"] = {"sm_mhz": {"min": 1755.0, "median": 1980.0, "max": 1980.0},
+                   "mem_mhz": {"min": 3201.0, "median": 3201.0, "max": 3201.0}, "samples": 7, "period_ms": 20}
+    text = report.markdown(r)
+    assert clocks.line(r["clocks"]) in text
+    assert text.index("Copy bandwidth, measured in this run") < text.index("Clocks during the timings") < \
+        text.index("| variant |")
+    r["clocks"] = {"error": "no nvidia-smi on PATH", "period_ms": 20}
+    assert "Clocks during the timings: not known (no nvidia-smi on PATH)." in report.markdown(r)
+    (tmp_path / "results.json").write_text(json.dumps({"speed": [], "copy_bandwidth": {"gbps": 3000.0},
+                                                       "clocks": {"sm_mhz": {"median": 1980.0}}}))
+    assert "copy 3000 GB/s; SM clock median 1980 MHz" in gpu._report_numbers(tmp_path, "speed")
+    (tmp_path / "results.json").write_text(json.dumps({"speed": [], "copy_bandwidth": {"gbps": 3000.0},
+                                                       "clocks": {"error": "no nvidia-smi on PATH"}}))
+    assert "SM clock" not in gpu._report_numbers(tmp_path, "speed")
+
