@@ -1,19 +1,26 @@
 """The GPU's clocks while timings run: nvidia-smi sampled in the background.
 
 A kernel's share of copy depends on the SM clock where it issues more instructions than the
-memory's round trips hide, and the static model gives both ends (1.755 and 1.98 GHz on an
-H100/H200): the clock the timings ran at says which end a measurement is to be read against.
-``Clocks`` runs ``nvidia-smi --query-gpu=uuid,clocks.sm,clocks.mem -lms PERIOD`` for the length of
-a ``with`` block and keeps the samples of the timed device; ``summary()`` gives their minimum,
-median and maximum, or the reason there are none (no nvidia-smi, no sample, another device).
+memory's round trips hide, and the static model gives both ends (1.755 GHz sustained and 1.98 GHz
+boost on an H100/H200): the clock the timings ran at says which end a measurement is to be read
+against. ``Clocks`` runs ``nvidia-smi --query-gpu=uuid,clocks.sm,clocks.mem --loop-ms=PERIOD`` for
+the length of a ``with`` block, a thread reading its lines as they come (a pipe left unread fills
+and stalls nvidia-smi); ``window()`` marks the calls that time kernels, and ``summary()`` gives
+the minimum, median and maximum of the timed GPU's samples taken inside them, or the reason there
+are none (no nvidia-smi, no sample, another device). (Under MIG torch names the instance and
+nvidia-smi the GPU: on a machine with several GPUs that is "no sample", never another GPU's.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import statistics
 import subprocess
+import threading
+import time
 
 from .static.schedule import CLOCKS_GHZ
 
@@ -39,50 +46,72 @@ def _bare(uuid: str) -> str:
     return uuid[4:] if uuid.startswith("gpu-") else uuid
 
 
-def parse(text: str, uuid: str | None) -> dict:
-    """The samples of ``text`` (nvidia-smi's ``uuid, sm MHz, mem MHz`` lines, no header or units)
-    for the device ``uuid``; where only one device was sampled, that one (the machine's only GPU,
-    the timed one whatever UUID torch gave); with several and no ``uuid``, none."""
-    rows = []
-    for line in text.splitlines():
+def samples(lines) -> tuple[list[tuple[float, str, float, float]], str | None]:
+    """``(at, uuid, sm MHz, mem MHz)`` of each whole sample among ``(at, line)`` pairs (nvidia-smi's
+    ``uuid, sm, mem`` lines, no header or units; a line without its newline, cut off, is not one),
+    and the first line that is not a sample (nvidia-smi prints its failures there)."""
+    rows, other = [], None
+    for at, line in lines:
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 3:
-            continue
         try:
-            rows.append((_bare(parts[0]), float(parts[1]), float(parts[2])))
-        except ValueError:  # ("[N/A]", "[Not Supported]")
-            continue
-    devices = {r[0] for r in rows}
+            if not line.endswith("\n") or len(parts) != 3:
+                raise ValueError
+            rows.append((at, _bare(parts[0]), float(parts[1]), float(parts[2])))
+        except ValueError:  # ("[N/A]", "[Not Supported]", a message)
+            if other is None and line.strip() and len(parts) != 3:
+                other = line.strip()[:300]
+    return rows, other
+
+
+def summarise(rows, uuid: str | None, windows=()) -> dict:
+    """Min / median / max of the SM and memory clocks over ``rows`` (``samples``) of the device
+    ``uuid`` (where only one device was sampled, that one: the machine's only GPU, the timed one
+    whatever UUID torch gave; with several and no ``uuid``, none) taken inside ``windows`` (``(t0,
+    t1)`` monotonic seconds; none given: every sample)."""
+    devices = {r[1] for r in rows}
     if uuid is None and len(devices) > 1:
         return {"error": f"{len(devices)} GPUs sampled and the timed one's UUID unknown"}
-    if uuid is not None and (_bare(uuid) in devices or len(devices) > 1):  # (one GPU sampled: the
-        rows = [r for r in rows if r[0] == _bare(uuid)]  # machine's only one, whatever torch called it)
+    if uuid is not None and (_bare(uuid) in devices or len(devices) > 1):
+        rows = [r for r in rows if r[1] == _bare(uuid)]
     if not rows:
         return {"error": "no clock sample of the timed GPU" + (f" (sampled: {', '.join(sorted(devices))})"
                                                               if devices else "")}
+    whole = len(rows)
+    if windows:
+        rows = [r for r in rows if any(t0 <= r[0] <= t1 for t0, t1 in windows)]
+        if not rows:
+            return {"error": f"no clock sample inside the {len(windows)} timed calls ({whole} outside them)"}
 
     def spread(values):
         return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
-    return {"sm_mhz": spread([r[1] for r in rows]), "mem_mhz": spread([r[2] for r in rows]), "samples": len(rows)}
+    return {"sm_mhz": spread([r[2] for r in rows]), "mem_mhz": spread([r[3] for r in rows]), "samples": len(rows),
+            "samples_outside": whole - len(rows)}
 
 
 class Clocks:
-    """``with Clocks(device) as c: ...`` then ``c.summary()``: the SM and memory clocks nvidia-smi
-    sampled every ``period_ms`` while the block ran (``smi``: the executable, found on PATH)."""
+    """``with Clocks(device) as c: ... with c.window(): <time a kernel> ...`` then ``c.summary()``:
+    the SM and memory clocks nvidia-smi sampled every ``period_ms`` inside the windows (the whole
+    block where none was marked) (``smi``: the executable, found on PATH)."""
 
     def __init__(self, device=None, *, period_ms: int = PERIOD_MS, smi: str | None = None):
         self.uuid = device_uuid(device) if device is not None else None
         self.period_ms = period_ms
         self.smi = smi or shutil.which("nvidia-smi")
         self.proc = None
+        self.lines: list[tuple[float, str]] = []  # (arrival, line), filled by the reader thread
+        self.windows: list[tuple[float, float]] = []
         self.result: dict = {"error": "not run"}
+        self._reader = None
 
     def __enter__(self):
         if not self.smi:
             self.result = {"error": "no nvidia-smi on PATH"}
             return self
-        # (line-buffered where coreutils' stdbuf is there: a pipe's block buffer could hold every sample)
+        if not (os.path.isfile(self.smi) and os.access(self.smi, os.X_OK)):
+            self.result = {"error": f"nvidia-smi: no executable at {self.smi}"}
+            return self
+        # (line-buffered where coreutils' stdbuf is there: else samples reach the pipe in blocks)
         cmd = [self.smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", f"--loop-ms={self.period_ms}"]
         stdbuf = shutil.which("stdbuf")
         try:
@@ -90,30 +119,68 @@ class Clocks:
                                          stderr=subprocess.PIPE, text=True)
         except OSError as e:
             self.result = {"error": f"nvidia-smi: {e}"}
+            return self
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         return self
+
+    def _read(self):
+        for line in self.proc.stdout:  # (until nvidia-smi exits; a dead reader's pipe ends it by SIGPIPE)
+            self.lines.append((time.monotonic(), line))
+
+    @contextlib.contextmanager
+    def window(self):
+        """Marks a timed call: the summary keeps the samples that arrived while it ran."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.windows.append((t0, time.monotonic()))
 
     def __exit__(self, *exc):
         if self.proc is None:
             return False
-        out = err = ""
+        err = ""
         for stop in (lambda p: p.send_signal(signal.SIGINT), lambda p: p.terminate(), lambda p: p.kill()):
             # (Ctrl+C ends nvidia-smi's loop with its output flushed; then harder)
             if self.proc.poll() is None:
                 stop(self.proc)
             try:
-                out, err = self.proc.communicate(timeout=STOP_WAIT_S)
+                self.proc.wait(timeout=STOP_WAIT_S)
                 break
             except subprocess.TimeoutExpired:
                 continue
-        self.result = parse(out, self.uuid)
-        if "error" in self.result and err.strip():
-            self.result["error"] += f"; nvidia-smi: {err.strip()[:300]}"
+        self._reader.join(timeout=STOP_WAIT_S)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        rows, other = samples(self.lines)
+        self.result = summarise(rows, self.uuid, self.windows)
+        if "error" in self.result:
+            said = "; ".join(s for s in (other, err.strip()[:300]) if s)
+            if said:
+                self.result["error"] += f"; nvidia-smi: {said}"
         return False
 
     def summary(self) -> dict:
-        """``{"sm_mhz": {min, median, max}, "mem_mhz": {...}, "samples": n, "period_ms": p}``, or
-        ``{"error": why, "period_ms": p}``."""
-        return {**self.result, "period_ms": self.period_ms}
+        """``{"sm_mhz": {min, median, max}, "mem_mhz": {...}, "samples": n, "samples_outside": m,
+        "timed_calls": w, "period_ms": p}`` (``samples``: those inside the timed calls, or all where
+        none was marked), or ``{"error": why, ...}``."""
+        return {**self.result, "timed_calls": len(self.windows), "period_ms": self.period_ms}
+
+
+class NotSampled:
+    """What a CPU run takes instead of ``Clocks``: windows that mark nothing, no summary."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def window(self):
+        return contextlib.nullcontext()
+
+    def summary(self):
+        return None
 
 
 def line(summary: dict | None) -> str:
@@ -123,7 +190,10 @@ def line(summary: dict | None) -> str:
     if "error" in summary:
         return f"Clocks during the timings: not known ({summary['error']})."
     sm, mem = summary["sm_mhz"], summary["mem_mhz"]
-    return (f"Clocks during the timings (nvidia-smi every {summary['period_ms']} ms, {summary['samples']} "
-            f"samples): SM median {sm['median']:.0f} MHz ({sm['min']:.0f}–{sm['max']:.0f}), memory median "
-            f"{mem['median']:.0f} MHz ({mem['min']:.0f}–{mem['max']:.0f}). The static model's ends: "
-            + " and ".join(f"{1000 * g:,.0f}" for g in CLOCKS_GHZ) + " MHz (H100, H200).")
+    where = (f"{summary['samples']} samples inside its {summary['timed_calls']} timed calls"
+             if summary.get("timed_calls") else f"{summary['samples']} samples")
+    low, high = (f"{1000 * g:,.0f}" for g in CLOCKS_GHZ)
+    return (f"Clocks during the timings (nvidia-smi every {summary['period_ms']} ms, {where}): SM median "
+            f"{sm['median']:.0f} MHz ({sm['min']:.0f}–{sm['max']:.0f}), memory median {mem['median']:.0f} MHz "
+            f"({mem['min']:.0f}–{mem['max']:.0f}). The static model's clock ends for an H100/H200: {low} MHz "
+            f"(sustained) and {high} MHz (boost).")

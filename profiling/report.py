@@ -4,7 +4,6 @@ workload (a Wan block and a Llama layer, unpatched vs rome-patched), written to
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import datetime as dt
 import json
@@ -91,13 +90,16 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     matrix = rome.rotation_matrix(w.sections, w.mode, dtype=w.dtype, device=device)
     setup = Setup(w, w.mode, t.cos, t.sin, t.angles, matrix, backend, t.positions)
     graphs = device.type == "cuda" and w.decode
-    # the GPU's clocks while the copies and the variants are timed (profiling.clocks): which end
-    # of the static model's clocks a measurement is to be read against
-    sampler = clocks.Clocks(device) if device.type == "cuda" else contextlib.nullcontext()
+    # the GPU's clocks while the copies and the variants are timed (profiling.clocks: sampled
+    # through the section, kept inside the timing calls): which end of the static model's clocks a
+    # measurement is to be read against
+    sampler = clocks.Clocks(device) if device.type == "cuda" else clocks.NotSampled()
     with sampler:
-        copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
+        with sampler.window():  # (the samples kept: those taken while a call times kernels)
+            copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
         try:  # (the reference, not a variant: a copy that fails is a line in the report, not the end)
-            copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
+            with sampler.window():
+                copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
         except Exception as e:  # noqa: BLE001
             copy["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
         moved = speed.io_bytes(q, k, t.cos, t.sin)
@@ -137,12 +139,14 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
                     timing = timed[i]
                 else:
                     try:
-                        timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)
+                        with sampler.window():
+                            timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)
                     except Exception:
                         if not graphs:
                             raise
                         method = "do_bench (CUDA graph capture failed)"
-                        timing = speed.bench(fn, device, grad_to_none=leaves)
+                        with sampler.window():
+                            timing = speed.bench(fn, device, grad_to_none=leaves)
                 mem = speed.peak_memory(fn, device)
                 kern = speed.kernels_per_call(fn, device, f"{v.name} {name}", trace_dir)
             except Exception as e:  # one broken variant must not sink the report
@@ -159,7 +163,7 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
         for ref, field in (("v1 slice+concat", "speedup_vs_v1"), ("v3 torch.compile", "speedup_vs_compiled")):
             base = next((b for b in records if b["variant"] == ref and b["pass"] == r["pass"]), None)
             r[field] = base["median_ms"] / r["median_ms"] if base else None
-    return records, statuses, copy, sampler.summary() if device.type == "cuda" else None
+    return records, statuses, copy, sampler.summary()
 
 
 # --- writing ------------------------------------------------------------------------------
@@ -519,7 +523,7 @@ def report(args) -> Path:
                           "each q and k element counts once."),
         },
         "copy_bandwidth": copy,
-        "clocks": clock,  # (GPU: profiling.clocks' summary over the speed timings; None on a CPU)
+        "clocks": clock,  # (GPU: profiling.clocks' summary over the speed timings; None on a CPU or without speed)
         "variants": statuses,
         "speed": speed_rows,
         "precision": prec,

@@ -17,7 +17,7 @@ keep() { (cd /tmp && tar czf $OUT/q.tgz q); }
 nvidia-smi > $R/nvidia-smi.txt 2>&1
 # the clocks through the whole call (which of the model's clock ends the A/B and probes ran at;
 # make gpu's report keeps its own over its timings): stopped before the last archive
-nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv --loop-ms=100 > $R/clocks.csv 2>&1 &
+$(command -v stdbuf > /dev/null && echo stdbuf -oL) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv --loop-ms=100 > $R/clocks.csv 2> $R/clocks.err &
 SMI=$!
 timeout 400 python3 -m profiling.gpu --out $R/gpu --only environment,speed-default,gpu-tests,precision-default --budget 390 > $R/gpu.log 2>&1
 echo "make gpu rc $? at $(( $(date +%s)-T0 )) s"; grep "make gpu" $R/gpu.log | cut -c1-240; keep
@@ -33,5 +33,5 @@ for v in fp32tables xtables; do
   echo "ab $v rc $? at $(( $(date +%s)-T0 )) s"; grep -E "^\[" $R/ab-$v.log | cut -c1-200; keep
 done
 kill -INT $SMI 2>/dev/null; sleep 1; keep
-echo "clocks: $(wc -l < $R/clocks.csv) samples, SM MHz min/median/max $(cut -d, -f2 $R/clocks.csv | grep -o '[0-9]*' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[1], a[int((NR+1)/2)], a[NR]}')"
+echo "clocks: $(( $(wc -l < $R/clocks.csv) - 1 )) samples, SM MHz min/median/max $(cut -d, -f2 $R/clocks.csv | grep -o '[0-9]*' | sort -n | awk '{a[NR]=$1} END {if (NR) print a[1], a[int((NR+1)/2)], a[NR]}')"
 echo "total $(( $(date +%s)-T0 )) s"
