@@ -95,11 +95,10 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
     # measurement is to be read against
     sampler = clocks.Clocks(device) if device.type == "cuda" else clocks.NotSampled()
     with sampler:
-        with sampler.window():  # (the samples kept: those taken while a call times kernels)
-            copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs)
+        # (the samples kept: those taken while a call times kernels, each call warmed first)
+        copy = speed.copy_bandwidth(q, k, device, cudagraph=graphs, window=sampler.window)
         try:  # (the reference, not a variant: a copy that fails is a line in the report, not the end)
-            with sampler.window():
-                copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs)
+            copy["triton"] = speed.triton_copy_bandwidth(q, k, device, cudagraph=graphs, window=sampler.window)
         except Exception as e:  # noqa: BLE001
             copy["triton"] = {"error": f"{type(e).__name__}: {e}"[:500]}
         moved = speed.io_bytes(q, k, t.cos, t.sin)
@@ -138,6 +137,8 @@ def run_speed(w: Workload, device, trace_dir: Path, on_step=None):
                         raise failed[i]
                     timing = timed[i]
                 else:
+                    fn()  # (a first call outside the clocks' window: a compile or an autotune idles the GPU)
+                    torch.cuda.synchronize(device)
                     try:
                         with sampler.window():
                             timing = speed.bench(fn, device, cudagraph=graphs, grad_to_none=leaves)

@@ -236,12 +236,21 @@ def test_the_clocks_are_sampled_on_the_gpu():
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi on this GPU machine")
     device = torch.device("cuda")
+    mig = subprocess.run(["nvidia-smi", "--query-gpu=mig.mode.current", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout
+    if "Enabled" in mig:
+        pytest.skip("MIG: torch names the instance, nvidia-smi the GPU")
     listed = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
                             text=True, check=True).stdout
     assert clocks.device_uuid(device) in {clocks._bare(u) for u in listed.split()}, listed
     a = torch.randn(4096, 4096, device=device)
     with clocks.Clocks(device) as sampler:
-        time.sleep(0.3)
+        t0 = time.monotonic()
+        while not sampler.lines:  # (nvidia-smi's start: up to seconds without persistence mode)
+            assert time.monotonic() - t0 < 20 and sampler.proc.poll() is None, sampler.lines
+            time.sleep(0.01)
+        a = (a @ a).clamp_(-1, 1)  # (warm: cuBLAS's first call outside the window)
+        torch.cuda.synchronize()
         with sampler.window():
             t0 = time.monotonic()
             while time.monotonic() - t0 < 1.0:
