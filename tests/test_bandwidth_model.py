@@ -703,6 +703,23 @@ def test_report_section_puts_measured_gbps_beside_the_estimate():
     cpu = tables.kernels_section({"kernels": section, "speed": speed, "environment": {"device": "CPU: x"}})
     assert "measured GB/s" not in cpu and "| 40.0 | 95% | 81–96% | latency | 70% | 60–70% | 0.8 |" in cpu
     assert "Liger-Kernel: not installed" in cpu
+    assert "this run's clock" not in gpu
+    # the run's measured SM clock (profiling.clocks): the model's range at the clock end nearest it,
+    # for the run's GPU; none without a clock, on a GPU the model does not know, or on a CPU
+    clocked = {"kernels": section, "speed": speed, "environment": {"device": "NVIDIA H100 80GB HBM3"},
+               "clocks": {"sm_mhz": {"median": 1950.0}}}
+    assert tables.clock_end(clocked) == ("h100", 1.98)
+    assert tables.clock_end(clocked | {"clocks": {"sm_mhz": {"median": 1800.0}}}) == ("h100", 1.755)
+    assert tables.clock_end(clocked | {"environment": {"device": "NVIDIA H200"}}) == ("h200", 1.98)
+    assert tables.clock_end(clocked | {"environment": {"device": "NVIDIA A100"}}) is None
+    assert tables.clock_end(clocked | {"clocks": {"error": "no nvidia-smi on PATH"}}) is None
+    text = tables.kernels_section(clocked)
+    assert "| H100 800–600 ns at 1.98 GHz (this run's clock) |" in text
+    assert "| latency | 70% | 60–70% | n/a | 0.8 |" in text  # (its 800 ns end at 1.98 GHz missing: n/a)
+    launch["estimates_h100"]["800ns@1.98GHz"] = 0.9
+    assert "| latency | 70% | 60–70% | 90–100% | 0.8 |" in tables.kernels_section(clocked)
+    assert "nearest this run's measured SM clock (1950 MHz median" in tables.kernels_section(clocked)
+    assert "this run's clock" not in tables.kernels_section(clocked | {"environment": {"device": "CPU: x"}})
 
 
 def _fake_liger(monkeypatch, constexprs):

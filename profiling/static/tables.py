@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from .archs import AMD_ARCHS
+from .schedule import CLOCKS_GHZ
 
 # --- every configuration, one table per arch -----------------------------------------------
 
@@ -152,13 +153,19 @@ def workload_cell(r: dict, key: str, fmt: str) -> str:
     return cell(v, fmt)
 
 
-def workload_markdown(section: dict, heading: str = "##", measured: dict | None = None) -> str:
+def workload_markdown(section: dict, heading: str = "##", measured: dict | None = None,
+                      at_clock: tuple[str, float] | None = None) -> str:
     """The workload's launches with the model's figures (``measured``: (variant, pass) -> GB/s of
-    this run's GPU speed section, set beside the estimate)."""
+    this run's GPU speed section, set beside the estimate; ``at_clock``: (gpu, GHz), the model's
+    800–600 ns range for that GPU at that clock end, the one nearest the run's measured SM clock)."""
     wl = section["workload"]
     cols = list(WORKLOAD_COLUMNS)
     if measured:
         cols.insert(cols.index(("limit", "limit_h100", "")), ("measured GB/s", "measured_gbps", "1"))
+    if at_clock:
+        gpu, ghz = at_clock
+        cols.insert(cols.index(("µs H100", "time_us_h100", "1")),
+                    (f"{gpu.upper()} 800–600 ns at {ghz:g} GHz (this run's clock)", "model_at_clock", ""))
     lines = [f"{heading} Kernels of the `{wl['name']}` workload: static bandwidth model", "",
              f"q {wl['q_shape']}, k {wl['k_shape']} {wl['dtype']}, {wl['mode']} {wl['sections']}; launches from "
              f"{section['capture']} ({section['num_sms']} SMs); {section['builds']} builds for "
@@ -175,6 +182,8 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
                 continue
             if measured:
                 r = r | {"measured_gbps": measured.get((r["variant"], r["pass"]))}
+            if at_clock:
+                r = r | {"model_at_clock": estimate_range(r, at_clock[0], at_clock[1])}
             lines.append("| " + " | ".join(workload_cell(r, k, f).replace("|", "/") for _, k, f in cols) + " |")
         lines.append("")
     liger = section.get("liger") or {}
@@ -213,6 +222,18 @@ def _measured_gbps(results: dict) -> dict | None:
     return {(r["variant"], passes[r["pass"]]): r["gbps"] for r in results["speed"] if r["pass"] in passes}
 
 
+def clock_end(results: dict) -> tuple[str, float] | None:
+    """(gpu, GHz): the model's GPU for this run's device (an H100 or an H200, by its name) and its
+    clock end (``schedule.CLOCKS_GHZ``) nearest the SM clock the run measured over its timings
+    (``results["clocks"]``, ``profiling.clocks``); None without both."""
+    sm = ((results.get("clocks") or {}).get("sm_mhz") or {}).get("median")
+    device = str((results.get("environment") or {}).get("device", ""))
+    gpu = "h200" if "H200" in device else "h100" if "H100" in device else None
+    if not isinstance(sm, (int, float)) or gpu is None:
+        return None
+    return gpu, min(CLOCKS_GHZ, key=lambda g: abs(1000 * g - sm))
+
+
 def kernels_section(results: dict) -> str:
     """The report's kernels section (markdown) from ``results["kernels"]``; empty if absent. The
     report workload's launches with the model's estimate (and, on a GPU, the measured GB/s beside
@@ -224,11 +245,15 @@ def kernels_section(results: dict) -> str:
         return f"## Kernels (compiled ahead of time)\n\nNot measured: {section['error']}\n"
     if "launches" in section:
         measured = _measured_gbps(results)
-        text = workload_markdown(section, measured=measured)
+        at_clock = clock_end(results) if measured else None
+        text = workload_markdown(section, measured=measured, at_clock=at_clock)
         note = ("The full table of every configuration: `python -m profiling kernels` (all archs); this "
                 "section compiles only the launches of the report's workload.")
         if measured:
             note += (" measured GB/s: this run's speed section for the variant and pass (q, k read and written, "
                      "tables read once), beside the estimate as a fraction of copy.")
+        if at_clock:
+            note += (f" The model's range at {at_clock[1]:g} GHz: its clock end nearest this run's measured SM "
+                     f"clock ({results['clocks']['sm_mhz']['median']:.0f} MHz median over the timings).")
         return text + "\n" + note + "\n"
     return markdown(section)
