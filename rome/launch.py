@@ -414,8 +414,9 @@ def choose_gather(x_dtype, table_dtype, head_dim: int, *, transpose: bool, inter
         # halves from 16 rows; the model (bf16 D=128, sm_90): 16 rows x 4 warps 82% of copy, 32 x 8
         # 86% (triton 3.9 and 3.6), 32 x 4 at up to 255 registers 92-100% but at 249-255 of them.
         # fp32 x's three pieces: 32 rows spilled 136-144 B; 16 x 8, 115-116 registers, by the corrected
-        # model 65-66% (H100) / 49-50% (H200), L1-bound: each piece's dot reads M's slice from shared
-        # memory again (no tile, depth or stacking tried did better: profiling/results/cpu/dot-fp32/). Angles:
+        # model 65-66% (H100) / 49-50% (H200), L1-bound: every warp reads each whole piece of x from
+        # shared memory as its A operand (no tile, depth or stacking tried did better:
+        # profiling/results/cpu/dot-fp32/). Angles:
         # the backward's two angle tables spilled 104-184 B at 32 rows (triton 3.9, sm_80/sm_90)
         # and at 16 on sm_100 under the 128-register cap: 16 rows, no cap
         # fp16 on sm_100 (triton 3.9): 32 rows spilled 24-32 B at D = 80-128 under the 128 cap (164

@@ -711,7 +711,8 @@ def test_report_section_puts_measured_gbps_beside_the_estimate():
     assert tables.clock_end(clocked) == ("h100", 1.98)
     assert tables.clock_end(clocked | {"clocks": {"sm_mhz": {"median": 1800.0}}}) == ("h100", 1.755)
     assert tables.clock_end(clocked | {"environment": {"device": "NVIDIA H200"}}) == ("h200", 1.98)
-    assert tables.clock_end(clocked | {"environment": {"device": "NVIDIA A100"}}) is None
+    for other in ("NVIDIA A100", "NVIDIA GH200 480GB", "NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H200 NVL"):
+        assert tables.clock_end(clocked | {"environment": {"device": other}}) is None, other
     assert tables.clock_end(clocked | {"clocks": {"error": "no nvidia-smi on PATH"}}) is None
     text = tables.kernels_section(clocked)
     assert "| H100 800–600 ns at 1.98 GHz (this run's clock) |" in text

@@ -223,12 +223,14 @@ def _measured_gbps(results: dict) -> dict | None:
 
 
 def clock_end(results: dict) -> tuple[str, float] | None:
-    """(gpu, GHz): the model's GPU for this run's device (an H100 or an H200, by its name) and its
-    clock end (``schedule.CLOCKS_GHZ``) nearest the SM clock the run measured over its timings
+    """(gpu, GHz): the model's GPU for this run's device (an H100 or an H200 SXM, by its name: not a
+    GH200, PCIe or NVL part, whose SMs, clocks and memory are not the model's) and its clock end
+    (``schedule.CLOCKS_GHZ``) nearest the SM clock the run measured over its timings
     (``results["clocks"]``, ``profiling.clocks``); None without both."""
     sm = ((results.get("clocks") or {}).get("sm_mhz") or {}).get("median")
     device = str((results.get("environment") or {}).get("device", ""))
-    gpu = "h200" if "H200" in device else "h100" if "H100" in device else None
+    other = any(tag in device for tag in ("GH200", "PCIe", "NVL"))
+    gpu = None if other else "h200" if "H200" in device else "h100" if "H100" in device else None
     if not isinstance(sm, (int, float)) or gpu is None:
         return None
     return gpu, min(CLOCKS_GHZ, key=lambda g: abs(1000 * g - sm))
