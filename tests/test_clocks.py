@@ -183,8 +183,9 @@ def test_samples_and_their_summary():
 def test_the_sentence_names_the_models_clock_ends():
     s = {"sm_mhz": {"min": 1755, "median": 1980, "max": 1980}, "mem_mhz": {"min": 2619, "median": 2619, "max": 2619},
          "samples": 40, "samples_outside": 9, "windows_sampled": 11, "timed_calls": 12, "period_ms": 20}
-    assert clocks.line(s) == ("Clocks during the timings (nvidia-smi asked every 20 ms, 40 samples inside 11 of its "
-                              "12 timed calls): SM median 1980 MHz (1755–1980), memory median 2619 MHz (2619–2619). "
+    assert clocks.line(s) == ("Clocks during the timings (nvidia-smi asked every 20 ms, 40 samples inside 11 of "
+                              "its 12 timed calls): SM median 1980 MHz (1755–1980), memory median 2619 MHz "
+                              "(2619–2619). "
                               "The static model's clock ends for an H100/H200: 1,755 MHz (sustained) and 1,980 MHz "
                               "(boost).")
     assert clocks.line({"error": "no nvidia-smi on PATH", "period_ms": 20}) == \

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from .archs import AMD_ARCHS
+from .model import GPUS
 from .schedule import CLOCKS_GHZ
 
 # --- every configuration, one table per arch -----------------------------------------------
@@ -223,17 +224,16 @@ def _measured_gbps(results: dict) -> dict | None:
 
 
 def clock_end(results: dict) -> tuple[str, float] | None:
-    """(gpu, GHz): the model's GPU for this run's device (an H100 or an H200 SXM, by its name: not a
-    GH200, PCIe or NVL part, whose SMs, clocks and memory are not the model's) and its clock end
+    """(gpu, GHz): the model's GPU (``model.GPUS``) named in this run's device (an H100 or an H200
+    SXM: not a GH200, PCIe or NVL part, whose SMs, clocks and memory are not the model's) and its clock end
     (``schedule.CLOCKS_GHZ``) nearest the SM clock the run measured over its timings
     (``results["clocks"]``, ``profiling.clocks``); None without both."""
     sm = ((results.get("clocks") or {}).get("sm_mhz") or {}).get("median")
     device = str((results.get("environment") or {}).get("device", ""))
-    other = any(tag in device for tag in ("GH200", "PCIe", "NVL"))
-    gpu = None if other else "h200" if "H200" in device else "h100" if "H100" in device else None
-    if not isinstance(sm, (int, float)) or gpu is None:
+    named = [] if any(tag in device for tag in ("GH200", "PCIe", "NVL")) else [g for g in GPUS if g in device]
+    if not isinstance(sm, (int, float)) or len(named) != 1:
         return None
-    return gpu, min(CLOCKS_GHZ, key=lambda g: abs(1000 * g - sm))
+    return named[0].lower(), min(CLOCKS_GHZ, key=lambda g: abs(1000 * g - sm))
 
 
 def kernels_section(results: dict) -> str:
