@@ -3,7 +3,8 @@
 PAIRS=1 or PAIRS=0: the capture inside rome.launch.pairs_halves(True / False) (trees that have it;
 unset: the tree's default). XTABLES=1: the workload's tables in x's dtype (../tables-in-x-dtype/).
 TILE=RxW: every gather launch at BLOCK_R=R and W warps, through launch.choose_gather (the tile the
-capture records) and launch.candidates (../tile-16x4/).
+capture records) and launch.candidates (../tile-16x4/). REGS=N: every gather launch and its tuner
+candidates at ptxas's register cap N (../bound-default-bf16/: 168, three programs an SM on sm_90).
 """
 import contextlib, json, os, sys
 from profiling.static import launches
@@ -19,6 +20,14 @@ if os.environ.get("TILE"):
     _choose = _launch.choose_gather
     _launch.choose_gather = lambda *a, **k: _replace(_choose(*a, **k), block_r=_r, num_warps=_w)
     _launch.candidates = lambda cfg, **k: (_replace(cfg, block_r=_r, num_warps=_w),)
+if os.environ.get("REGS"):  # every gather launch (and its tuner candidates) at that register cap
+    from dataclasses import replace as _replace
+    from rome import launch as _launch
+    _regs = int(os.environ["REGS"])
+    _choose_r = _launch.choose_gather
+    _launch.choose_gather = lambda *a, **k: _replace(_choose_r(*a, **k), maxnreg=_regs)
+    _candidates_r = _launch.candidates
+    _launch.candidates = lambda cfg, **k: tuple(_replace(c, maxnreg=_regs) for c in _candidates_r(cfg, **k))
 from profiling.static.archs import ARCHS
 from profiling.static.compile import compile_all, compiler_pool
 
