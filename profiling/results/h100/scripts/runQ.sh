@@ -7,11 +7,11 @@
 # rome's default with its tables in bf16 (ab.py, AB_TABLES=x) beside fp32 tables, tuned, same run;
 # the SM clock sampled throughout (clocks.csv). Added after make gpu (2026-12-04, later session),
 # before the probes, which come after it only as time allows: ncu of default's bf16 partner form
-# and wan's, forward and backward (issuencu.py), with the GPU's own clocks: the SM clock, the issue
+# and wan's, forward and backward (pairsncu.py partner bf16 default,wan), with the GPU's own clocks: the SM clock, the issue
 # slots used and the instructions executed, what the static model's worst end charges default for
 # (profiling/results/cpu/bound-default-bf16/).
 # Set up as runL.sh (profiling/results out of the index, these scripts in .gpu/: ab.py, copyprobe.py,
-# issuencu.py, runQ.sh); run with
+# pairsncu.py, runQ.sh); run with
 # timeout_s 590. The tool returns at most 8 files: everything goes into one archive, $OUT/q.tgz,
 # rewritten after every step, so a kill keeps what ran.
 export PYTHONUNBUFFERED=1 ROME_COMMIT=$1 TRITON_PRINT_AUTOTUNING=1
@@ -31,9 +31,9 @@ if [ $t -ge 40 ]; then
   PYTHONPATH=.:$S timeout $t ncu --clock-control none --profile-from-start off --kernel-name regex:gather \
     --section SpeedOfLight --section SchedulerStats --section WarpStateStats --section LaunchStats \
     --metrics gpc__cycles_elapsed.avg.per_second,sm__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
-    python3 $S/issuencu.py default,wan bf16 > $R/ncu-issue.txt 2>&1
+    python3 $S/pairsncu.py partner bf16 default,wan > $R/ncu-issue.txt 2>&1
   echo "ncu rc $? at $(( $(date +%s)-T0 )) s"
-  grep -E "^  _rome|SM Frequency|Duration  |Issue Slots Busy|sm__inst_executed.sum|smsp__issue_active|ran; tuned" $R/ncu-issue.txt | cut -c1-160; keep
+  grep -E "^  _rome|SM Frequency|Duration  |Issued Warp|sm__inst_executed.sum|smsp__issue_active|launches \(" $R/ncu-issue.txt | cut -c1-160; keep
 else echo "ncu skipped: $t s left"; fi
 for dt in bf16 fp32; do
   t=$(cap $((END-50)) 45); [ $t -lt 10 ] && { echo "copyprobe $dt skipped"; continue; }
