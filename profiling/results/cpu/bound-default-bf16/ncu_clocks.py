@@ -19,19 +19,37 @@ def from_csv(path: Path):
                float(get("gpu__time_duration.sum")) / 1e3, float(get("dram__bytes.sum.per_second")) / 1e12)
 
 
-def from_text(path: Path):
-    kernel = None
-    for line in path.read_text().splitlines():
+FIELDS = (  # (key, a line of ncu's text report: its sections and --metrics; the value's group)
+    ("sm_ghz", r"\s+SM Frequency\s+Ghz\s+([\d.,]+)"),
+    ("issued_per_scheduler", r"\s+Issued Warp Per Scheduler\s+([\d.,]+)"),
+    ("duration_us", r"\s+Duration\s+(us|ms)\s+([\d.,]+)"),
+    ("inst", r"\s+sm__inst_executed\.sum\s+\S+\s+([\d.,]+)"),
+    ("read", r"\s+dram__bytes_read\.sum\s+(\S+)\s+([\d.,]+)"),
+    ("write", r"\s+dram__bytes_write\.sum\s+(\S+)\s+([\d.,]+)"),
+)
+SCALE = {"us": 1, "ms": 1e3, "byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}  # (ncu scales units)
+
+
+def kernels(text: str) -> list[dict]:
+    """Each kernel of an ncu text report, in order: ``name`` and the ``FIELDS`` it prints (durations
+    in us, bytes in bytes), the first of each."""
+    out = []
+    for line in text.splitlines():
         m = re.match(r"\s+(\w+) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", line)
         if m:
-            kernel, clock, duration = m.group(1), None, None
-        m = re.match(r"\s+SM Frequency\s+Ghz\s+([\d.]+)", line)
-        if m:
-            clock = float(m.group(1))
-        m = re.match(r"\s+Duration\s+(us|ms)\s+([\d.,]+)", line)
-        if m and kernel:
-            duration = float(m.group(2).replace(",", "")) * (1000 if m.group(1) == "ms" else 1)
-            yield kernel, clock, duration, None
+            out.append({"name": m.group(1)})
+            continue
+        for key, pattern in FIELDS if out else ():
+            m = re.match(pattern, line)
+            if m and key not in out[-1]:
+                *unit, value = m.groups()
+                out[-1][key] = float(value.replace(",", "")) * (SCALE[unit[0].lower()] if unit else 1)
+    return out
+
+
+def from_text(path: Path):
+    for k in kernels(path.read_text()):
+        yield k["name"], k.get("sm_ghz"), k.get("duration_us"), None
 
 
 def main():

@@ -13,21 +13,19 @@ if os.environ.get("XTABLES"):  # (module level: the spawned capture worker impor
     import profiling.workloads as _workloads
     _tables = _workloads.tables
     _workloads.tables = lambda w, *a, **k: _tables(w, *a, **{"dtype": w.dtype, **k})
+_fields = {}  # (TILE, REGS: what every gather launch's config is replaced with)
 if os.environ.get("TILE"):
+    _fields |= dict(zip(("block_r", "num_warps"), map(int, os.environ["TILE"].split("x"))))
+if os.environ.get("REGS"):
+    _fields["maxnreg"] = int(os.environ["REGS"])
+if _fields:
     from dataclasses import replace as _replace
     from rome import launch as _launch
-    _r, _w = map(int, os.environ["TILE"].split("x"))
-    _choose = _launch.choose_gather
-    _launch.choose_gather = lambda *a, **k: _replace(_choose(*a, **k), block_r=_r, num_warps=_w)
-    _launch.candidates = lambda cfg, **k: (_replace(cfg, block_r=_r, num_warps=_w),)
-if os.environ.get("REGS"):  # every gather launch (and its tuner candidates) at that register cap
-    from dataclasses import replace as _replace
-    from rome import launch as _launch
-    _regs = int(os.environ["REGS"])
-    _choose_r = _launch.choose_gather
-    _launch.choose_gather = lambda *a, **k: _replace(_choose_r(*a, **k), maxnreg=_regs)
-    _candidates_r = _launch.candidates
-    _launch.candidates = lambda cfg, **k: tuple(_replace(c, maxnreg=_regs) for c in _candidates_r(cfg, **k))
+    _choose, _candidates = _launch.choose_gather, _launch.candidates
+    _launch.choose_gather = lambda *a, **k: _replace(_choose(*a, **k), **_fields)
+    # (a forced tile is the one candidate; a register cap applies to each of the tuner's)
+    _launch.candidates = lambda cfg, **k: (_replace(cfg, **_fields),) if "block_r" in _fields else \
+        tuple(_replace(c, **_fields) for c in _candidates(cfg, **k))
 from profiling.static.archs import ARCHS
 from profiling.static.compile import compile_all, compiler_pool
 
