@@ -215,8 +215,10 @@ def _report_numbers(out: Path, kind: str) -> str:
         parts = [f"copy {copy:.0f} GB/s" if isinstance(copy, (int, float)) else ""]
         if isinstance(copy, (int, float)) and isinstance(tcopy, (int, float)) and copy > 0:
             parts.append(f"plain Triton copy {tcopy:.0f} GB/s ({100 * tcopy / copy:.1f}% of copy)")
-        sm = ((r.get("clocks") or {}).get("sm_mhz") or {}).get("median")  # (profiling.clocks)
-        if isinstance(sm, (int, float)):
+        from .static.tables import measured_sm_mhz
+
+        sm = measured_sm_mhz(r)
+        if sm is not None:
             parts.append(f"SM clock median {sm:.0f} MHz")
         parts += [f"{k} fwd {v:.0f}% copy" for k, v in list(best.items())[:4]]
         ms = {(s.get("variant"), s.get("pass")): s.get("median_ms") for s in r.get("speed", [])}

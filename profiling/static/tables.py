@@ -223,15 +223,22 @@ def _measured_gbps(results: dict) -> dict | None:
     return {(r["variant"], passes[r["pass"]]): r["gbps"] for r in results["speed"] if r["pass"] in passes}
 
 
+def measured_sm_mhz(results: dict) -> float | None:
+    """The median SM clock a report's speed timings ran at (``results["clocks"]``, written by
+    ``profiling.clocks``), None where not sampled."""
+    sm = ((results.get("clocks") or {}).get("sm_mhz") or {}).get("median")
+    return sm if isinstance(sm, (int, float)) else None
+
+
 def clock_end(results: dict) -> tuple[str, float] | None:
     """(gpu, GHz): the model's GPU (``model.GPUS``) named in this run's device (an H100 or an H200
     SXM: not a GH200, PCIe or NVL part, whose SMs, clocks and memory are not the model's) and its clock end
     (``schedule.CLOCKS_GHZ``) nearest the SM clock the run measured over its timings
     (``results["clocks"]``, ``profiling.clocks``); None without both."""
-    sm = ((results.get("clocks") or {}).get("sm_mhz") or {}).get("median")
+    sm = measured_sm_mhz(results)
     device = str((results.get("environment") or {}).get("device", ""))
     named = [] if any(tag in device for tag in ("GH200", "PCIe", "NVL")) else [g for g in GPUS if g in device]
-    if not isinstance(sm, (int, float)) or len(named) != 1:
+    if sm is None or len(named) != 1:
         return None
     return named[0].lower(), min(CLOCKS_GHZ, key=lambda g: abs(1000 * g - sm))
 
@@ -256,6 +263,6 @@ def kernels_section(results: dict) -> str:
                      "tables read once), beside the estimate as a fraction of copy.")
         if at_clock:
             note += (f" The model's range at {at_clock[1]:g} GHz: its clock end nearest this run's measured SM "
-                     f"clock ({results['clocks']['sm_mhz']['median']:.0f} MHz median over the timings).")
+                     f"clock ({measured_sm_mhz(results):.0f} MHz median over the timings).")
         return text + "\n" + note + "\n"
     return markdown(section)
