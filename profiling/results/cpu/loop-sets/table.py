@@ -3,7 +3,7 @@
 import glob, json, os
 
 RUNS = ["base36", "ping2-k4", "ring4-k2", "slots4-k2", "slots4-k2-latep", "slots4-k3-latep",
-        "slots4-k2-regs168"]
+        "slots4-k2-regs168", "ring4-k2-unrolled", "slots4-k2-unrolled"]
 here = os.path.dirname(os.path.abspath(__file__))
 print("| run | pass | registers, spill B | H100 / H200 % of copy, worst end | H200 at 600 ns, 1.98 GHz | H200 µs | KB/SM in flight | issue busy |")
 print("|---|---|---|---|---|---|---|---|")
