@@ -1,9 +1,12 @@
-"""The table of README.md from the *.json files of this folder (many.py's rows).
-    python table.py"""
-import glob, json, os
+"""The tables of README.md from the *.json files of this folder (many.py's rows): triton 3.6's
+runs, then with --39 triton 3.9's.
+    python table.py [--39]"""
+import json, os, sys
 
 RUNS = ["base36", "ping2-k4", "ring4-k2", "slots4-k2", "slots4-k2-latep", "slots4-k3-latep",
         "slots4-k2-regs168", "ring4-k2-unrolled", "slots4-k2-unrolled"]
+if "--39" in sys.argv:
+    RUNS = ["base39", "ping2-k4-39", "ring4-k2-39", "slots4-k2-39", "slots4-k2-unrolled-39"]
 here = os.path.dirname(os.path.abspath(__file__))
 print("| run | pass | registers, spill B | H100 / H200 % of copy, worst end | H200 at 600 ns, 1.98 GHz | H200 µs | KB/SM in flight | issue busy |")
 print("|---|---|---|---|---|---|---|---|")
