@@ -112,16 +112,16 @@ def _checkable(t: Tensor) -> bool:
 
 
 def _byte_range(t: Tensor) -> tuple[int, int]:
-    lo = t.storage_offset()
-    hi = lo + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
-    return lo * t.element_size(), hi * t.element_size()
+    """The device addresses [lo, hi) t's elements lie in. Addresses, not offsets into a storage:
+    two storages may hold the same memory (``torch.from_numpy`` of overlapping numpy views,
+    ``torch.frombuffer`` at an offset)."""
+    lo = t.data_ptr()
+    return lo, lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
 def _same_memory(a: Tensor, b: Tensor) -> bool:
-    """Whether a and b may share memory: one storage and intersecting byte ranges."""
+    """Whether a and b may share memory: intersecting address ranges on one device."""
     if not (_checkable(a) and _checkable(b)) or a.device != b.device:
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     (alo, ahi), (blo, bhi) = _byte_range(a), _byte_range(b)
     return alo < bhi and blo < ahi
@@ -133,19 +133,19 @@ def _same_view(a: Tensor, b: Tensor) -> bool:
         return True
     return (
         _same_memory(a, b) and a.dtype == b.dtype and a.shape == b.shape
-        and a.stride() == b.stride() and a.storage_offset() == b.storage_offset()
+        and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
     )
 
 
 def _pieces(t: Tensor) -> tuple[Tensor, int]:
-    """Sorted byte offsets of t's rows (unit last stride) or elements, and each one's length."""
+    """Sorted addresses of t's rows (unit last stride) or elements, and each one's length in bytes."""
     unit_rows = t.ndim > 0 and t.shape[-1] > 1 and t.stride(-1) == 1
     dims = range(t.ndim - 1) if unit_rows else range(t.ndim)
-    offsets = torch.tensor(t.storage_offset(), dtype=torch.int64)
+    offsets = torch.tensor(0, dtype=torch.int64)
     for i in dims:
         offsets = (offsets[..., None] + torch.arange(t.shape[i]) * t.stride(i))
     item = t.element_size()
-    return (offsets.flatten() * item).sort().values, (t.shape[-1] if unit_rows else 1) * item
+    return (offsets.flatten() * item + t.data_ptr()).sort().values, (t.shape[-1] if unit_rows else 1) * item
 
 
 def _overlaps_itself(t: Tensor) -> bool:
@@ -174,7 +174,7 @@ def _overlap(a: Tensor, b: Tensor) -> bool:
 
 
 def _describe(t: Tensor) -> str:
-    return f"{list(t.shape)} strides {list(t.stride())} at offset {t.storage_offset()}"
+    return f"{list(t.shape)} strides {list(t.stride())} at address {t.data_ptr():#x}"
 
 
 def _check_memory(written: dict[str, Tensor], read: dict[str, Tensor], may_equal: dict[str, str]) -> None:
@@ -398,6 +398,13 @@ def _check_args(xs: dict, cos, sin, matrix, backend, outs: dict | None = None, r
     for name, out in (outs or {}).items():
         if not isinstance(out, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(out).__name__}")
+    for name, t in (xs if outs is None else outs).items():  # the tensors the op writes (dynamo
+        # cannot trace is_neg(); a traced graph's tensors are functionalised)
+        if not torch.compiler.is_compiling() and t.is_neg():
+            raise TypeError(
+                f"{name} is a lazily negated view (is_neg(), e.g. z.conj().imag): rome cannot write "
+                f"it in place; write into {name}.resolve_neg() or use the functional rome.apply"
+            )
 
 
 def apply_(x: Tensor, cos: Tensor, sin: Tensor, matrix: Tensor, *, backend: Backend = "auto",

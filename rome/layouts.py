@@ -27,7 +27,7 @@ from einops import repeat
 from .frequencies import Frequencies, _describe, _number, _positive_int, base_inv_freq
 from .matrices import check_mode, check_sections, rotation_matrix
 from .positions import axes_last
-from .tables import _thetas
+from .tables import _thetas, check_finite_positions, check_table_dtype
 from .types import Mode
 
 BLOCK_MODES = ("half", "interleave", "none")
@@ -267,6 +267,7 @@ def _check_layout(layout) -> RopeLayout:
 def _cos_sin(angles: torch.Tensor, layout: RopeLayout, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables from float64 angles ``[..., D]``: scaled on the rotated columns, 1/0 on the others,
     rounded once to ``dtype``."""
+    check_table_dtype(dtype)
     rotated = ~layout.passthrough.to(angles.device)
     s = layout.attention_scaling
     cos = torch.where(rotated, angles.cos() * s, 1.0)
@@ -370,6 +371,7 @@ def angles_for_positions(
     pos = _positions(layout, positions, axes_dim)
     if pos.dtype == torch.bool or pos.is_complex():
         raise TypeError(f"positions must be integer or floating, got {pos.dtype}")
+    check_finite_positions(pos)
     pos = pos.to(torch.float64)
     return pos[..., layout.axis.to(pos.device)] * layout.inv_freq.to(pos.device)
 

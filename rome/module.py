@@ -518,6 +518,8 @@ class RoPE(nn.Module):
     def vision(cls, head_dim: int, *, theta: float = 10000.0, n_axes: int = 2, **kwargs) -> RoPE:
         """Axial RoPE of a ViT (Qwen2-VL's vision tower): every axis turns by the frequencies of
         ``head_dim // n_axes`` inside one half rotation (``axial_layout``)."""
+        if isinstance(n_axes, bool) or not isinstance(n_axes, numbers.Integral) or n_axes <= 0:
+            raise ValueError(f"n_axes must be a positive int, got {n_axes!r}")
         if isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) \
                 or head_dim <= 0 or head_dim % (2 * n_axes):
             raise ValueError(

@@ -285,6 +285,12 @@ def _unit_last(t: Tensor) -> Tensor:
     return t if t.shape[-1] <= 1 or t.stride(-1) == 1 else t.contiguous()
 
 
+def _resolved(t):
+    """t with its negative bit applied (a lazily negated view, such as ``z.conj().imag``, whose
+    storage holds -t: the kernel reads storage), else t itself."""
+    return t.resolve_neg() if isinstance(t, Tensor) and t.is_neg() else t
+
+
 def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None, axis=None,
             angles=False, outs=None, norm=None, rounding="exact") -> list[Tensor]:
     """The one launcher: into ``outs`` (x's shape and dtype, unit last stride; rome.inplace checks
@@ -304,6 +310,8 @@ def _rotate(xs, cos, sin, matrix, backend: str, transpose: bool, positions=None,
         learn.calls += 1
         learn.backend, learn.outs = backend, outs
     if backend == "triton":
+        xs = [_resolved(x) for x in xs]
+        cos, sin, matrix, positions, axis = map(_resolved, (cos, sin, matrix, positions, axis))
         kernel = _kernel()
         x0 = xs[0]
         warn = x0.is_cuda and x0.dtype != torch.float32 and kernel.launch.uses_fp32_dot(x0.dtype, matrix)
@@ -809,10 +817,12 @@ class _Learn:
 
 
 class _Entry:
-    __slots__ = ("matrix", "version", "triton", "recipe", "outs", "warn", "grad", "n", "transpose", "rounding")
+    __slots__ = ("matrix", "version", "values", "triton", "recipe", "outs", "warn", "grad", "n", "transpose",
+                 "rounding")
 
     def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose, rounding="exact"):
         self.matrix, self.version = matrix, matrix._version
+        self.values = matrix.detach().clone() if matrix.device.type == "cpu" else None  # (_changed)
         self.triton, self.recipe, self.outs, self.warn, self.grad, self.n = triton, recipe, outs, warn, grad, n
         self.transpose, self.rounding = transpose, rounding
 
@@ -847,7 +857,8 @@ def _settings():
 
 def _key(kind, tensors, backend, mode, rounding="exact"):
     """The call's signature, or None where the lean path does not apply (a tensor of another type,
-    an unhashable argument, a legacy-vmap batched tensor, a layout without strides)."""
+    an unhashable argument, a legacy-vmap batched tensor, a layout without strides, a lazily
+    negated view: the full path resolves it)."""
     settings = _settings()
     if settings is None:
         return None
@@ -856,7 +867,7 @@ def _key(kind, tensors, backend, mode, rounding="exact"):
         for t in tensors:
             if t is None:
                 sig.append(None)
-            elif type(t) in _PLAIN and not _is_legacy_batched(t):
+            elif type(t) in _PLAIN and not _is_legacy_batched(t) and not t.is_neg():
                 sig.append((t.shape, t.stride(), t.dtype, t.device, t.requires_grad))
             else:
                 return None
@@ -886,7 +897,8 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
         entry = _LEAN.get(key)
     except TypeError:  # an unhashable backend or mode: the full path says what is wrong
         return full()
-    if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version)) \
+    if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version
+                                                   and not _changed(entry, matrix))) \
             and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
         axis_read = axis is not None and positions is not None and key[-1][1]
         outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted, axis_read)
@@ -898,6 +910,14 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     if key is not None:
         _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode, rounding)
     return result
+
+
+def _changed(entry, matrix: Tensor) -> bool:
+    """Whether a CPU matrix's values changed behind its version counter (written through
+    ``.data``, as ``gradcheck`` does) since the entry was learned: its recipe's gather was built
+    from the old values. (On the CPU reading is cheap; on a GPU such writes are not seen, as
+    ``rome.structure`` says.)"""
+    return entry.values is not None and not torch.equal(matrix.detach(), entry.values)
 
 
 def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode, rounding="exact") -> None:

@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from . import ops
+from .checks import check_arguments
 from .ops import BACKENDS, apply_qk, apply_qk_at
 from .positions import rows_of
 from .torch_backend import matmul
@@ -102,6 +103,12 @@ def _module_spec(name: str, m) -> tuple[str, float, Tensor | None, Tensor | None
     eps = getattr(m, "eps", None)
     if eps is None:
         eps = getattr(m, "variance_epsilon", None)
+    if eps is None and isinstance(m, torch.nn.RMSNorm):  # eps=None: torch's machine epsilon of the
+        # dtype it computes in (float32 for half and float32 inputs, float64 for float64), here the
+        # module's parameters' dtype
+        w = getattr(m, "weight", None)
+        dt = w.dtype if isinstance(w, Tensor) else torch.get_default_dtype()
+        eps = torch.finfo(torch.float64 if dt == torch.float64 else torch.float32).eps
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
         raise ValueError(f"{name} ({type(m).__name__}) has no eps rome can read (eps or variance_epsilon)")
     w = getattr(m, "weight", None)
@@ -228,6 +235,9 @@ def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, e
                            norm=norm if over == "head" else "rms_heads",
                            eps=float(eps), offset=float(weight_offset), backend=backend, positions=positions,
                            axis=axis)
+    # the unfused steps convert the tables and the matrix before apply_qk sees them: their types
+    # are checked as apply_qk checks them first (a complex or integer table is no table)
+    check_arguments({"q": q, "k": k}, cos, sin, matrix, backend, positions, axis)
     dt = torch.float64 if torch_path else torch.float32
     kw = dict(norm=norm, over=over, eps=float(eps), offset=float(weight_offset), dt=dt)
     qn = _normalised(q, q_weight, q_bias, **kw)

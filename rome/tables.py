@@ -50,6 +50,24 @@ def _thetas(theta, n: int) -> list[float]:
     return [float(t) for t in values]
 
 
+TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_table_dtype(dtype) -> torch.dtype:
+    """``dtype`` itself if tables can be in it (a floating dtype), else TypeError naming it."""
+    if dtype not in TABLE_DTYPES:
+        raise TypeError(f"dtype must be one of {[str(d) for d in TABLE_DTYPES]} for cos/sin tables, got {dtype!r}")
+    return dtype
+
+
+def check_finite_positions(positions: torch.Tensor) -> None:
+    """ValueError for floating positions holding inf or nan (one host read: integer positions,
+    the usual, need none), as ``rome.RoPE`` raises it; not while torch.compile traces (no values)."""
+    if positions.is_floating_point() and positions.device.type != "meta" \
+            and not torch.compiler.is_compiling() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite, got inf or nan")
+
+
 def rope_angles(positions, sections, *, mode: Mode, theta=10000.0, device=None) -> torch.Tensor:
     """float64 ``[S, D]`` rotation angles, D = sum(sections), laid out for ``mode``."""
     sections = check_sections(sections)
@@ -70,6 +88,7 @@ def rope_angles(positions, sections, *, mode: Mode, theta=10000.0, device=None) 
             f"positions must be [S] or [S, {len(sections)}] for sections={list(sections)}, "
             f"got {list(positions.shape)}"
         )
+    check_finite_positions(positions)
     pos = positions.to(torch.float64)
     parts = []
     for i, (d, t) in enumerate(zip(sections, thetas)):
@@ -87,5 +106,6 @@ def rope_cos_sin(
     ``grid_positions([t, h, w])`` for 3D video RoPE. ``theta`` is one base or one per section.
     Angles are computed in float64 and rounded once to ``dtype``.
     """
+    check_table_dtype(dtype)
     angles = rope_angles(positions, sections, mode=mode, theta=theta, device=device)
     return angles.cos().to(dtype), angles.sin().to(dtype)

@@ -1,0 +1,179 @@
+"""A review pass over the public API and the transformers patch (2026-12-05): the cases it found
+wrong, each against an independent reference or the exception the standards ask for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rome
+from conftest import BACKENDS
+
+D = 8
+
+
+def _case(seed=0, s=3):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, 2, s, D, generator=g)
+    cos, sin = rome.rope_cos_sin(torch.arange(s), [D], mode="half")
+    return x, cos, sin
+
+
+def _negated(t):
+    """t's values as a lazily negated view (is_neg(), unit strides): its storage holds -t."""
+    v = torch._neg_view(-t)
+    assert v.is_neg() and v.is_contiguous() and torch.equal(v, t)
+    return v
+
+
+# --- lazily negated views (is_neg): read by value, never written raw ---------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("which", ["x", "cos", "sin", "matrix", "dense matrix"])
+def test_negated_views_are_read_by_value(backend, which):
+    x, cos, sin = _case()
+    m = rome.half_matrix(D)
+    if which == "dense matrix":  # not a signed permutation: the kernel reads the matrix's storage
+        m = torch.randn(D, D, generator=torch.Generator().manual_seed(1)).round()
+    want = rome.apply(x, cos, sin, m, backend=backend)
+    args = dict(x=x, cos=cos, sin=sin, matrix=m)
+    key = "matrix" if which == "dense matrix" else which
+    args[key] = _negated(args[key])
+    got = rome.apply(args["x"], args["cos"], args["sin"], args["matrix"], backend=backend)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # a second call of the same signature (the lean path) too
+    got = rome.apply(args["x"], args["cos"], args["sin"], args["matrix"], backend=backend)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_negated_views_are_not_written_in_place(backend):
+    x, cos, sin = _case()
+    m = rome.half_matrix(D)
+    with pytest.raises(TypeError, match=r"x is a lazily negated view.*resolve_neg"):
+        rome.apply_(_negated(x.clone()), cos, sin, m, backend=backend)
+    with pytest.raises(TypeError, match=r"out is a lazily negated view"):
+        rome.apply_out(x, cos, sin, m, out=_negated(torch.zeros_like(x)), backend=backend)
+    # read-only negated arguments of an out= op are read by value
+    out = torch.empty_like(x)
+    rome.apply_out(_negated(x), _negated(cos), sin, m, out=out, backend=backend)
+    torch.testing.assert_close(out, rome.apply(x, cos, sin, m, backend=backend), rtol=0, atol=0)
+
+
+# --- out= and in place: memory shared through two storage objects -----------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_out_overlapping_x_through_another_storage_is_refused(backend):
+    rows = 6
+    buf = bytearray(4 * D * (rows + 1))
+    x = torch.frombuffer(buf, dtype=torch.float32, count=rows * D).view(rows, D)
+    out = torch.frombuffer(buf, dtype=torch.float32, count=rows * D, offset=4 * D).view(rows, D)
+    assert x.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()  # two storages
+    x.copy_(torch.randn(rows, D))
+    cos, sin = rome.rope_cos_sin(torch.arange(rows), [D], mode="half")
+    before = x.clone()
+    with pytest.raises(ValueError, match="out partially overlaps x"):
+        rome.apply_out(x, cos, sin, rome.half_matrix(D), out=out, backend=backend)
+    assert torch.equal(x, before)
+    # disjoint memory of one buffer is taken
+    x2 = torch.frombuffer(buf, dtype=torch.float32, count=3 * D).view(3, D)
+    out2 = torch.frombuffer(buf, dtype=torch.float32, count=3 * D, offset=4 * 3 * D).view(3, D)
+    rome.apply_out(x2, cos[:3], sin[:3], rome.half_matrix(D), out=out2, backend=backend)
+    torch.testing.assert_close(out2, rome.apply(x2.clone(), cos[:3], sin[:3], rome.half_matrix(D), backend=backend),
+                               rtol=0, atol=0)
+
+
+# --- a CPU matrix written through .data (no version bump), as gradcheck does -------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_matrix_written_through_data_is_seen_by_the_next_call(backend):
+    x, cos, sin = _case(s=3)
+    m = rome.rotation_matrix((D,), "interleave")
+    for _ in range(2):  # learned, then the lean path
+        rome.apply(x, cos, sin, m, backend=backend)
+    version = m._version
+    m.data.copy_(rome.rotation_matrix((D,), "half"))
+    assert m._version == version
+    want = rome.apply(x, cos, sin, rome.rotation_matrix((D,), "half"), backend=backend)
+    torch.testing.assert_close(rome.apply(x, cos, sin, m, backend=backend), want, rtol=0, atol=0)
+    # a call of another signature re-reads the matrix first; the first signature still sees it
+    m.data.copy_(rome.rotation_matrix((D,), "interleave"))
+    rome.apply(torch.randn(1, 3, 3, D), cos, sin, m, backend=backend)
+    want = rome.apply(x, cos, sin, rome.rotation_matrix((D,), "interleave"), backend=backend)
+    torch.testing.assert_close(rome.apply(x, cos, sin, m, backend=backend), want, rtol=0, atol=0)
+
+
+# --- apply_qk_norm checks its tables and matrix as apply_qk does -------------------------------
+
+def _bad_tables():
+    x, cos, sin = _case()
+    m = rome.half_matrix(D)
+    return {
+        "complex cos": (cos.to(torch.complex64), sin, m, TypeError, "cos must be a float16/bfloat16/float32/float64"),
+        "int64 sin": (cos, sin.to(torch.int64), m, TypeError, "sin must be a float16/bfloat16/float32/float64"),
+        "int64 matrix": (cos, sin, m.to(torch.int64), TypeError, "matrix must be a float16/bfloat16/float32/float64"),
+        "float64 tables, float32 q": (cos.double(), sin.double(), m, TypeError, "cos must be float32 or q's dtype"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_tables()))
+def test_apply_qk_norm_rejects_what_apply_qk_rejects(case):
+    x, _, _ = _case()
+    cos, sin, m, exc, message = _bad_tables()[case]
+    with pytest.raises(exc, match=message):
+        rome.apply_qk(x, x, cos, sin, m)
+    with pytest.raises(exc, match=message):
+        rome.apply_qk_norm(x, x, cos, sin, m, None, None)
+
+
+def test_apply_qk_norm_of_float64_q_on_the_triton_backend_is_refused_as_apply_qk():
+    x, cos, sin = _case()
+    x = x.double()
+    m = rome.half_matrix(D)
+    with pytest.raises(TypeError, match="backend='triton' takes float32/float16/bfloat16 q, got float64"):
+        rome.apply_qk_norm(x, x, cos.double(), sin.double(), m, None, None, backend="triton")
+
+
+# --- small validations ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_axes", [0, -1, 1.5, True])
+def test_rope_vision_names_a_bad_n_axes(n_axes):
+    with pytest.raises(ValueError, match=r"n_axes must be a positive int"):
+        rome.RoPE.vision(16, n_axes=n_axes)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_qknorm_from_an_rmsnorm_of_eps_none_normalises_as_torch(dtype):
+    q_norm, k_norm = (torch.nn.RMSNorm(D, dtype=dtype) for _ in range(2))
+    assert q_norm.eps is None
+    spec = rome.QKNorm.from_modules(q_norm, k_norm)
+    assert spec.eps == torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    # small values, where eps decides the result
+    x = (torch.randn(1, 2, 3, D, dtype=torch.float64) * 1e-4).to(dtype)
+    cos, sin = torch.ones(3, D, dtype=dtype), torch.zeros(3, D, dtype=dtype)  # the identity rotation
+    q, _ = rome.apply_qk_norm(x, x, cos, sin, rome.half_matrix(D), q_norm.weight, k_norm.weight, **spec.kwargs(),
+                              backend="torch")
+    torch.testing.assert_close(q, q_norm(x))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_table_builders_refuse_non_finite_positions(bad):
+    pos = torch.tensor([0.0, 1.0, bad])
+    with pytest.raises(ValueError, match="positions must be finite"):
+        rome.rope_cos_sin(pos, [D], mode="half")
+    with pytest.raises(ValueError, match="positions must be finite"):
+        rome.rope_angles(pos, [D], mode="half")
+    layout = rome.RoPE.sections([D]).layout
+    from rome.layouts import cos_sin_for_positions
+
+    with pytest.raises(ValueError, match="positions must be finite"):
+        cos_sin_for_positions(layout, pos)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.complex64, "float32"])
+def test_table_builders_refuse_a_dtype_tables_cannot_have(dtype):
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        rome.rope_cos_sin(torch.arange(3), [D], mode="half", dtype=dtype)
+    with pytest.raises(TypeError, match="dtype must be one of"):
+        rome.cos_sin_cache(rome.RoPE.sections([D]).layout, 4, dtype=dtype)
+
