@@ -228,7 +228,13 @@ inlined in its attention's `forward`; an MLA model whose forward may call
 silent no-op; a model without RoPE (GPT-2, BLOOM) raises "does not support". Phi-4-multimodal
 (`phi4_multimodal`) is not added: it has no tiny-model test (it needs its audio and vision configs).
 `patch` on a module of the user's own patches every transformers/diffusers model it holds (one
-`undo()` for all).
+`undo()` for all). Each must be one `patch` takes: one without RoPE beside them (a CLIP or T5
+text encoder, a VAE) raises "does not support" as it does alone, so patch the transformer itself
+there. A model that holds a part rome does not patch beside one it does (Mistral 3's Pixtral
+vision tower beside its Mistral text model) raises ValueError naming that part's rotary class,
+rather than patching the rest under a patch that says the model is patched; patch the part rome
+takes (`model.model.language_model`) on its own. Llama 4's vision tower is the one part kept as
+transformers runs it (its table row above).
 
 **MLA's interleaved pairs (DeepSeek-V3, GLM-4.7-Flash).** With `rope_interleave=True`
 transformers rotates the pairs `(x0, x1), (x2, x3), ...` and returns

@@ -177,3 +177,52 @@ def test_table_builders_refuse_a_dtype_tables_cannot_have(dtype):
     with pytest.raises(TypeError, match="dtype must be one of"):
         rome.cos_sin_cache(rome.RoPE.sections([D]).layout, 4, dtype=dtype)
 
+
+# --- the transformers patch ----------------------------------------------------------------
+
+def test_a_model_holding_a_part_rome_does_not_patch_is_not_patched():
+    """Mistral 3: a Mistral text model (patched) beside a Pixtral vision tower (not): patch
+    raises, naming the rotary class it would have left eager, and changes nothing."""
+    transformers = pytest.importorskip("transformers")
+    from rome.integrations import patch
+
+    text = dict(model_type="mistral", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=8, vocab_size=128,
+                max_position_embeddings=64, pad_token_id=0)
+    vision = dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=32, patch_size=8, head_dim=8)
+    cfg = transformers.AutoConfig.for_model("mistral3", text_config=text, vision_config=vision,
+                                            image_token_id=100, spatial_merge_size=2)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=r"Mistral3ForConditionalGeneration.*PixtralVisionRotaryEmbedding.*not patched"):
+        patch(model, backend="torch")
+    assert not any("forward" in m.__dict__ for m in model.modules())  # nothing left patched
+    # its language model alone is one rome patches
+    handle = patch(model.model.language_model, backend="torch")
+    handle.undo()
+
+
+def test_negative_position_ids_rotate_as_transformers_does():
+    """Left padding's position_ids as cumsum(mask) - 1, unfilled: -1 on the pads. transformers
+    rotates by -1 there; the patched model too (float64 angles, not the cache), whatever the
+    batch's largest position."""
+    transformers = pytest.importorskip("transformers")
+    from rome.integrations import patch
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=97, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+    for positions in ([[-1, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]], [[-1, 0, 1, 2, 3, 40], [0, 1, 2, 3, 4, 5]]):
+        pos = torch.tensor(positions)
+        with torch.no_grad():
+            want = model(input_ids=ids, position_ids=pos).logits
+        handle = patch(model, backend="torch")
+        try:
+            with torch.no_grad():
+                got = model(input_ids=ids, position_ids=pos).logits
+        finally:
+            handle.undo()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

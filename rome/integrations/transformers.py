@@ -228,10 +228,13 @@ class _Tables:
                     "them from the positions' values on the host: run the rotary module eagerly"
                 )
         elif not positions.is_floating_point() and positions.numel():
-            top = int(positions.max()) + 1
+            low, top = (int(v) for v in torch.stack(torch.aminmax(positions)).tolist())  # (one host read)
+            top += 1
             if rope.dynamic is not None:
                 layout = rope.dynamic(top)
-            elif top <= rope.cache_limit:  # past it: float64 angles of this call (below)
+            elif 0 <= low and top <= rope.cache_limit:  # else float64 angles of this call (below): past
+                # the cache, or negative (transformers rotates by -1 where a left-padded batch's
+                # position_ids are cumsum(mask) - 1 unfilled; the cache has no such row)
                 key = (positions.device, dtype)
                 cache = self.caches.get(key)
                 if cache is None or cache[0].shape[0] < top:
@@ -666,6 +669,10 @@ def _discovered(model: nn.Module) -> tuple[_Family, ...]:
     return tuple(out)
 
 
+# rotary modules a patched model keeps as transformers runs them, as docs/families.md says
+_KEPT_ROTARY = frozenset({"Llama4VisionRotaryEmbedding"})
+
+
 def _model_type(model: nn.Module) -> str | None:
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None) or ""
@@ -731,6 +738,16 @@ def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "
         found.append((family, rotaries[0], layers))
     if not found:
         return None
+    covered = {id(rotary) for _, rotary, _ in found}
+    left = sorted({type(m).__name__ for m in model.modules()
+                   if type(m).__name__.endswith("RotaryEmbedding") and id(m) not in covered} - _KEPT_ROTARY)
+    if left:  # a part rome cannot patch (another family's vision tower: Mistral 3's Pixtral) would
+        # keep transformers' RoPE under a patch that says the model is patched
+        raise ValueError(
+            f"rome.integrations.patch({name}): it also holds {', '.join(left)}, whose attention rome does "
+            f"not patch ({', '.join(sorted(type(r).__name__ for _, r, _ in found))} it would); not patched "
+            f"(patch the part rome takes, e.g. the language model, on its own)"
+        )
     for _, rotary, layers in found:
         for m in (rotary, *layers):
             if m in _PATCHED:
