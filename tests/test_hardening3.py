@@ -226,3 +226,82 @@ def test_negative_position_ids_rotate_as_transformers_does():
         finally:
             handle.undo()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _hook(module, calls):
+    """An accelerate-style hook (``add_hook_to_module``): the instance's forward wrapped, what it
+    wraps kept as ``_old_forward``; counts its calls."""
+    import functools
+
+    old = module.forward
+
+    def new_forward(mod, *args, **kwargs):
+        calls[mod] = calls.get(mod, 0) + 1
+        return mod._old_forward(*args, **kwargs)
+
+    module._old_forward = old
+    module.forward = functools.update_wrapper(functools.partial(new_forward, module), old)
+
+
+def _tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=97)
+    return transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(2))
+
+
+def test_hooks_on_the_instances_keep_running_around_romes_forward(monkeypatch):
+    from rome.integrations import patch
+    from rome.integrations import transformers as rome_tf
+    from helpers import RomeCalls
+
+    model, ids = _tiny_llama()
+    with torch.no_grad():
+        want = model(ids).logits
+    attn, rotary = model.model.layers[0].self_attn, model.model.rotary_emb
+    calls = {}
+    for m in (attn, rotary):
+        _hook(m, calls)
+    count = RomeCalls(monkeypatch, rome_tf)
+    handle = patch(model, backend="torch")
+    with torch.no_grad():
+        got = model(ids).logits
+    assert calls == {attn: 1, rotary: 1} and count.n == 1  # the hooks ran, and rome inside them
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    handle.undo()
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    assert calls == {attn: 2, rotary: 2} and count.n == 1
+
+
+def test_a_hook_added_after_the_patch_survives_its_undo(monkeypatch):
+    from rome.integrations import patch
+    from rome.integrations import transformers as rome_tf
+    from helpers import RomeCalls
+
+    model, ids = _tiny_llama()
+    with torch.no_grad():
+        want = model(ids).logits
+    attn = model.model.layers[0].self_attn
+    handle = patch(model, backend="torch")
+    calls = {}
+    _hook(attn, calls)
+    handle.undo()
+    count = RomeCalls(monkeypatch, rome_tf)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    assert calls == {attn: 1} and count.n == 0  # the hook stays; rome no longer runs
+
+
+def test_an_unknown_instance_forward_is_not_bypassed():
+    from rome.integrations import patch
+
+    model, ids = _tiny_llama()
+    attn = model.model.layers[0].self_attn
+    attn.forward = lambda *a, **k: type(attn).forward(attn, *a, **k)
+    with pytest.raises(ValueError, match=r"LlamaAttention.forward is replaced on this instance"):
+        patch(model, backend="torch")
+    assert "forward" not in model.model.rotary_emb.__dict__  # nothing left patched
+    del attn.forward
+    patch(model, backend="torch").undo()  # and nothing recorded as patched

@@ -28,6 +28,7 @@ library needed; docs/adapters.md maps their arguments to rome's):
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 
 from torch import nn
@@ -54,16 +55,43 @@ class Patch:
         """``setattr(obj, name, value)``, recorded: undo restores the old value, or removes the
         attribute where ``obj`` had none of its own (an instance attribute shadowing its class's)."""
         missing = object()
-        old = obj.__dict__.get(name, missing) if hasattr(obj, "__dict__") else getattr(obj, name)
+        own = hasattr(obj, "__dict__")
+        old = obj.__dict__.get(name, missing) if own else getattr(obj, name)
         setattr(obj, name, value)
 
         def restore():
-            if old is missing:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
+            now = obj.__dict__.get(name, missing) if own else getattr(obj, name)
+            if now is value:
+                if old is missing:
+                    delattr(obj, name)
+                else:
+                    setattr(obj, name, old)
+            elif own and obj.__dict__.get("_old_forward") is value:  # a hook added on top of rome's
+                # forward (accelerate's add_hook_to_module keeps what it wraps as _old_forward):
+                # the hook stays, around the module's own forward again
+                obj._old_forward = type(obj).forward.__get__(obj) if old is missing else old
+            else:  # replaced after the patch by something else: left as it is, said
+                warnings.warn(f"rome.integrations: {type(obj).__name__}.{name} was replaced after rome's patch; "
+                              "undo leaves that value in place", stacklevel=3)
 
         self._undo.append(restore)
+
+    def set_forward(self, module: nn.Module, forward) -> None:
+        """``module.forward = forward``, recorded (``setattr``). Where a hook already wraps the
+        instance's forward and keeps the one it wraps as ``_old_forward`` (accelerate's
+        ``add_hook_to_module``: device placement, offloading), rome's forward takes that place, so
+        the hook still runs around it. Another forward set on the instance: ValueError (rome's
+        would replace it, and whatever it does, silently)."""
+        own = module.__dict__.get("forward")
+        if own is None:
+            self.setattr(module, "forward", forward)
+        elif "_old_forward" in module.__dict__:
+            self.setattr(module, "_old_forward", forward)
+        else:
+            raise ValueError(
+                f"{type(module).__name__}.forward is replaced on this instance ({own!r}), not by a hook that "
+                "keeps the original as _old_forward (accelerate's): rome's forward would bypass it; not patched"
+            )
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the patch is undone (after the changes recorded later are reverted)."""

@@ -1640,5 +1640,5 @@ def patch(model, *, backend: Backend = "auto", rounding: Rounding = "exact") -> 
         new._rome = rotate
         handle.setattr(attn, "processor", new)
     if spec.rope_forward is not None and not native:  # (native: the model's own tables)
-        handle.setattr(model.rope, "forward", spec.rope_forward(model.rope))
+        handle.set_forward(model.rope, spec.rope_forward(model.rope))
     return handle

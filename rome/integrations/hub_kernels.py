@@ -294,8 +294,9 @@ def kernelize(model: nn.Module, *, backend: str = "auto") -> Patch | None:
     rotate = _Rotate(backend)
     try:
         for module in layers:
-            handle.setattr(module, "forward", _Forward(module, (type(module), FUNCTION, rotate), name))
+            patched = _Forward(module, (type(module), FUNCTION, rotate), name)
             handle.on_undo(lambda m=module: _PATCHED.pop(m, None))
+            handle.set_forward(module, patched)
     except BaseException:
         handle.undo()
         raise

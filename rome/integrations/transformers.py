@@ -785,8 +785,9 @@ def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "
             forward = _RotaryForward(tables, family.kind, one.n_axes, convention,
                                      _rotary_width(one.layout))
             if not native:  # (native: transformers' own tables, as the modeling file multiplies them)
-                handle.setattr(rotary, "forward", _Forward(rotary, (forward,), name))
+                patched = _Forward(rotary, (forward,), name)
                 handle.on_undo(lambda m=rotary: _PATCHED.pop(m, None))
+                handle.set_forward(rotary, patched)
             rotate_cls = {"vision": _RotateVision, "complex": _RotateComplex}.get(
                 family.kind, _RotatePairs if function != family.function else _RotateText)
             rotate = rotate_cls(one, backend, convention)
@@ -812,10 +813,11 @@ def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "
                 layer_rotate = rotate
                 if fused is not None:  # the q/k norms in the rotation: one apply_qk_norm
                     layer_rotate = _RotateNormed(one, backend, convention, layer, *fused)
-                    handle.setattr(layer.q_norm, "forward", _PassThrough())
-                    handle.setattr(layer.k_norm, "forward", _PassThrough())
-                handle.setattr(layer, "forward", _Forward(layer, (cls, function, layer_rotate), name))
+                    handle.set_forward(layer.q_norm, _PassThrough())
+                    handle.set_forward(layer.k_norm, _PassThrough())
+                patched = _Forward(layer, (cls, function, layer_rotate), name)
                 handle.on_undo(lambda m=layer: _PATCHED.pop(m, None))
+                handle.set_forward(layer, patched)
     except BaseException:
         handle.undo()
         raise
