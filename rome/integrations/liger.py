@@ -18,8 +18,10 @@ _halfwidth``'s rule) and one ``rome.apply_qk`` with the rotation matrix of the f
 ``2 * (D // 2)`` columns (a zero block for the odd column). Computed in float32 and rounded
 once to q's dtype; Liger computes in the tables' dtype (bf16 tables: bf16 products), so with
 bf16/fp16 tables rome is the more accurate (``rounding="exact"``, the default). ``rounding="native"``:
-the bits of transformers' eager ``apply_rotary_pos_emb``, the reference Liger's kernel replaces
-(the tables rounded to q's dtype, each product and the sum rounded to it);
+the bits of transformers' eager ``apply_rotary_pos_emb``, the reference Liger's kernel replaces,
+for tables in q's dtype, as transformers' rotary modules return them (the tables rounded to q's
+dtype, each product and the sum rounded to it; with float32 tables and half q the eager function
+promotes to a float32 result, where rome returns q's dtype, as Liger's kernel does);
 ``liger_rotary_pos_emb_vision`` then gives those of Qwen's ``apply_rotary_pos_emb_vision`` (float32
 products and sum, one rounding to q's dtype). Differentiable in q, k and the first ``D // 2``
 columns of cos/sin (Liger gives cos/sin no gradient). Returns new tensors (Liger's kernel
