@@ -571,6 +571,29 @@ def test_vllm_scaling_caches():
     torch.testing.assert_close(rope.cos_sin_cache.double(), _cache(torch.arange(64), want), **CACHE_TOL)
 
 
+def test_vllm_get_rope_yarn_takes_vllms_keys_and_dynamic_its_unrounded_length():
+    """vLLM's get_rope passes yarn only extrapolation_factor, attn_factor, beta_fast, beta_slow,
+    apply_yarn_scaling and truncate (apply_yarn_scaling=False: mscale = attn_factor alone);
+    mscale / mscale_all_dim / attention_factor are deepseek_yarn's and change nothing here. The
+    dynamic NTK base stretches for max_position * factor unrounded (the cache rounds its rows up)."""
+    hs, rd, base = 16, 16, 10000.0
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+    inv, mscale = _yarn_ref(rd, base, 4.0, 16, attn_factor=0.8)
+    rope = vllm.get_rope(hs, 64, True, {**yarn, "attn_factor": 0.8, "apply_yarn_scaling": False})
+    assert math.isclose(rope.mscale, 0.8)
+    torch.testing.assert_close(rope.cos_sin_cache.double(), _cache(torch.arange(64), inv, 0.8), **CACHE_TOL)
+    rope = vllm.get_rope(hs, 64, True, {**yarn, "attn_factor": 0.8, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                        "attention_factor": 2.0})
+    assert math.isclose(rope.mscale, mscale)
+    torch.testing.assert_close(rope.cos_sin_cache.double(), _cache(torch.arange(64), inv, mscale), **CACHE_TOL)
+    f, m = 2.3, 32
+    rope = vllm.get_rope(hs, m, True, {"rope_type": "dynamic", "factor": f})
+    stretched = base * (f * (m * f) / m - (f - 1)) ** (rd / (rd - 2))
+    assert rope.cos_sin_cache.shape == (math.ceil(m * f), rd)
+    torch.testing.assert_close(rope.cos_sin_cache.double(), _cache(torch.arange(math.ceil(m * f)), _inv(rd, stretched)),
+                               **CACHE_TOL)
+
+
 def test_vllm_phi3_longrope():
     """``Phi3LongRoPEScaledRotaryEmbedding``: short cache (original rows, short factors) above
     the long one (max rows, long factors), both times sqrt(1 + ln(max/orig) / ln(orig));

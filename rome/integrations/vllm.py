@@ -365,10 +365,13 @@ class DynamicNTKScalingRotaryEmbedding(RotaryEmbedding):
         return math.ceil(self.max_position_embeddings * self.scaling_factor)
 
     def _frequencies(self) -> Frequencies:
+        # vLLM stretches the base for the unrounded length max_position_embeddings * scaling_factor
+        # (the cache's rows round it up): the stretch f * L / max_pos - (f - 1) as vLLM writes it,
+        # given as a fixed NTK alpha (the same d / (d - 2) exponent)
+        f, m = self.scaling_factor, self.max_position_embeddings
+        stretch = f * (m * f) / m - (f - 1)
         return rope_frequencies(self.head_size, theta=self.base, rotary_dim=self.rotary_dim,
-                                scaling={"rope_type": "dynamic", "factor": self.scaling_factor},
-                                max_position_embeddings=self.max_position_embeddings,
-                                seq_len=self._cache_rows())
+                                scaling={"rope_type": "ntk_alpha", "alpha": stretch})
 
 
 class DynamicNTKAlphaRotaryEmbedding(RotaryEmbedding):
@@ -386,8 +389,17 @@ class DynamicNTKAlphaRotaryEmbedding(RotaryEmbedding):
 
 
 def _yarn_params(scaling_factor, original, extrapolation_factor, attn_factor, beta_fast, beta_slow,
-                 truncate, mscale=None, mscale_all_dim=None, attention_factor=None) -> dict:
-    """vLLM's YaRN arguments as a transformers ``yarn`` dict for ``rome.rope_frequencies``."""
+                 truncate, mscale=None, mscale_all_dim=None, attention_factor=None,
+                 apply_yarn_scaling=True) -> dict:
+    """vLLM's YaRN arguments as a transformers ``yarn`` dict for ``rome.rope_frequencies``
+    (``apply_yarn_scaling=False``: vLLM's mscale is ``attn_factor`` alone)."""
+    if not isinstance(apply_yarn_scaling, bool):
+        raise ValueError(f"apply_yarn_scaling must be a bool, got {apply_yarn_scaling!r}")
+    if not apply_yarn_scaling:
+        if attention_factor is not None:
+            raise ValueError("apply_yarn_scaling=False takes attn_factor as the mscale; attention_factor is "
+                             f"for the default, got attention_factor={attention_factor!r}")
+        attention_factor = _positive(attn_factor, "attn_factor")
     if extrapolation_factor != 1:
         raise ValueError(
             f"YaRN with extrapolation_factor={extrapolation_factor!r} is not supported by rome "
@@ -405,19 +417,20 @@ def _yarn_params(scaling_factor, original, extrapolation_factor, attn_factor, be
 class YaRNScalingRotaryEmbedding(RotaryEmbedding):
     """vLLM's ``YaRNScalingRotaryEmbedding(head_size, rotary_dim, max_position_embeddings, base,
     is_neox_style, scaling_factor, dtype, *, extrapolation_factor=1, attn_factor=1, beta_fast=32,
-    beta_slow=1, truncate=True)``, ``max_position_embeddings`` the original context: a cache of
+    beta_slow=1, truncate=True, apply_yarn_scaling=True)``, ``max_position_embeddings`` the original context: a cache of
     ``ceil(max_position_embeddings * scaling_factor)`` rows, frequencies blended between
     ``inv_freq`` and ``inv_freq / scaling_factor`` over YaRN's ramp, cos and sin times
-    ``mscale = (0.1 * ln(scaling_factor) + 1) * attn_factor`` (transformers' ``yarn``).
+    ``mscale = (0.1 * ln(scaling_factor) + 1) * attn_factor`` (transformers' ``yarn``; ``attn_factor``
+    alone with ``apply_yarn_scaling=False``, as vLLM).
     ``extrapolation_factor`` other than 1 is refused (``ValueError``)."""
 
     def __init__(self, head_size, rotary_dim, max_position_embeddings, base, is_neox_style,
                  scaling_factor, dtype=None, *, extrapolation_factor=1, attn_factor=1, beta_fast=32,
-                 beta_slow=1, truncate=True, mscale=None, mscale_all_dim=None, attention_factor=None,
-                 max_position=None, **kwargs) -> None:
+                 beta_slow=1, truncate=True, apply_yarn_scaling=True, mscale=None, mscale_all_dim=None,
+                 attention_factor=None, max_position=None, **kwargs) -> None:
         self._yarn = _yarn_params(scaling_factor, _int(max_position_embeddings, "max_position_embeddings"),
                                   extrapolation_factor, attn_factor, beta_fast, beta_slow, truncate,
-                                  mscale, mscale_all_dim, attention_factor)
+                                  mscale, mscale_all_dim, attention_factor, apply_yarn_scaling)
         self.scaling_factor = self._yarn["factor"]
         self.max_position = max_position
         super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype, **kwargs)
@@ -665,15 +678,17 @@ def get_rope(
             raise ValueError("Dynamic rope scaling must contain either 'alpha' or 'factor' field")
     elif scaling_type == "yarn":
         original = need("original_max_position_embeddings")
-        extra = {k: params[k] for k in ("extrapolation_factor", "attn_factor", "beta_fast", "beta_slow", "truncate")
-                 if k in params}
+        # (vLLM's get_rope passes these keys on, and no others: mscale, mscale_all_dim and
+        # attention_factor are deepseek_yarn's; apply_yarn_scaling not to mRoPE)
+        extra = {k: params[k] for k in ("extrapolation_factor", "attn_factor", "beta_fast", "beta_slow",
+                                        "apply_yarn_scaling", "truncate") if k in params}
         if "mrope_section" in params:
+            extra.pop("apply_yarn_scaling", None)
             rope = MRotaryEmbedding(*common, original, base, is_neox_style, dtype,
                                     mrope_section=params["mrope_section"],
                                     mrope_interleaved=params.get("mrope_interleaved", False),
                                     scaling_factor=need("factor"), **extra, **kw)
         else:
-            extra.update({k: params[k] for k in ("mscale", "mscale_all_dim", "attention_factor") if k in params})
             rope = YaRNScalingRotaryEmbedding(*common, original, base, is_neox_style, need("factor"), dtype,
                                               max_position=max_position, **extra, **kw)
     elif scaling_type == "longrope":
