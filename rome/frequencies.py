@@ -250,14 +250,17 @@ def _llama3(dim, theta, params, max_pos, seq_len, turning):
         _number(_require(params, key, "llama3"), key, positive=True)
         for key in ("low_freq_factor", "high_freq_factor")
     )
-    if high <= low:
+    if high < low:
         raise ValueError(
-            f"llama3 needs high_freq_factor > low_freq_factor, got high_freq_factor={high}, "
+            f"llama3 needs high_freq_factor >= low_freq_factor, got high_freq_factor={high}, "
             f"low_freq_factor={low}"
         )
     original = _original_max(params, "llama3", max_pos)
     inv = base_inv_freq(dim, theta)
     wavelen = 2 * math.pi / inv
+    if high == low:  # no band between: each frequency kept or divided (transformers and vLLM
+        # divide by high - low there, and take 0/0 where a wavelength is exactly at the edge)
+        return torch.where(wavelen > original / low, inv / factor, inv), 1.0
     smooth = (original / wavelen - low) / (high - low)
     smoothed = (1 - smooth) * inv / factor + smooth * inv
     out = torch.where(wavelen > original / low, inv / factor, inv)

@@ -335,6 +335,19 @@ def test_flashinfer_ragged_and_pos_ids(interleave, rotary_dim, dtype):
     bitwise(fi.apply_llama31_rope_pos_ids(q, k, pos, rotary_dim, interleave, old_context_len=4)[0], lq)
 
 
+def test_flashinfer_negative_positions_rotate_back_in_both_forms():
+    """flashinfer computes the angles from the positions: a negative offset or pos_id rotates by
+    a negative angle, the same in apply_rope and apply_rope_pos_ids (no cache row is read)."""
+    q, k = rand(4, 2, 16), rand(4, 2, 16)
+    indptr = torch.tensor([0, 4], dtype=torch.int32, device=DEVICE)
+    pos = torch.tensor([-3, -2, -1, 0], device=DEVICE)
+    got = fi.apply_rope(q, k, indptr, torch.tensor([-3], dtype=torch.int32, device=DEVICE))
+    _close(got[0], fi_ref(q, pos, None, False, 1.0, 1e4), torch.float32)
+    by_ids = fi.apply_rope_pos_ids(q, k, pos)
+    bitwise(by_ids[0], got[0])
+    bitwise(by_ids[1], got[1])
+
+
 def test_flashinfer_signatures_and_errors():
     """Argument names, order and defaults as flashinfer documents them."""
     want = {
@@ -592,6 +605,27 @@ def test_vllm_get_rope_yarn_takes_vllms_keys_and_dynamic_its_unrounded_length():
     assert rope.cos_sin_cache.shape == (math.ceil(m * f), rd)
     torch.testing.assert_close(rope.cos_sin_cache.double(), _cache(torch.arange(math.ceil(m * f)), _inv(rd, stretched)),
                                **CACHE_TOL)
+
+
+def test_vllm_cache_of_another_dtype_is_cast_to_querys_as_vllm_does():
+    """vLLM casts cos_sin_cache to the query's dtype; rome reads a float32 cache as is and casts
+    any other (a float64 cache with float32 q, bf16 with fp16 q) as vLLM does. A non-floating
+    cache is named."""
+    rope = vllm.get_rope(16, 32, True, {"rope_type": "default"})
+    cache = rope.cos_sin_cache
+    pos = torch.tensor([0, 5, 31], device=DEVICE)
+    q, k = rand(3, 2 * 16), rand(3, 16)
+
+    def run(q, k, cache):
+        return vllm.rotary_embedding(pos, q, k, head_size=16, cos_sin_cache=cache)
+
+    for g, w in zip(run(q, k, cache.double()), run(q, k, cache.float())):
+        bitwise(g, w)
+    qh, kh = q.half(), k.half()
+    for g, w in zip(run(qh, kh, cache.bfloat16()), run(qh, kh, cache.bfloat16().half())):
+        bitwise(g, w)
+    with pytest.raises(TypeError, match="cos_sin_cache must be a floating tensor, got torch.int64"):
+        run(q, k, cache.long())
 
 
 def test_vllm_phi3_longrope():

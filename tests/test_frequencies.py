@@ -273,7 +273,7 @@ LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [
          r"rope_type='yarn' needs scaling\['factor'\]"),
         (dict(scaling={k: v for k, v in LLAMA3.items() if k != "low_freq_factor"}),
          r"rope_type='llama3' needs scaling\['low_freq_factor'\]"),
-        (dict(scaling={**LLAMA3, "high_freq_factor": 1.0}), r"high_freq_factor > low_freq_factor, got high_freq_factor=1.0"),
+        (dict(scaling={**LLAMA3, "high_freq_factor": 0.5}), r"high_freq_factor >= low_freq_factor, got high_freq_factor=0.5"),
         (dict(scaling={k: v for k, v in YARN.items() if k != "original_max_position_embeddings"}),
          r"needs scaling\['original_max_position_embeddings'\] \(or max_position_embeddings\)"),
         (dict(scaling={**YARN, "beta_fast": 1.0, "beta_slow": 2.0}), r"beta_fast > beta_slow, got beta_fast=1.0"),
@@ -340,3 +340,17 @@ def test_base_frequencies_are_the_c_librarys_pow_on_every_cpu(dim, theta):
     assert [float.hex(v) for v in rope_frequencies(dim, theta=theta).inv_freq.tolist()] == want
     angles = rope_angles(torch.tensor([1]), [dim], mode="interleave", theta=theta)
     assert [float.hex(v) for v in angles[0, ::2].tolist()] == want
+
+
+def test_llama3_with_equal_band_factors_keeps_or_divides_each_frequency():
+    """low_freq_factor == high_freq_factor (vLLM and transformers take it: their smoothing divides
+    by zero only where a wavelength lies exactly on the edge): no band between, each frequency
+    kept (wavelength <= original / low) or divided by the factor. Against transformers' own where
+    it is installed, and the formula."""
+    scaling = {**LLAMA3, "low_freq_factor": 2.0, "high_freq_factor": 2.0}
+    got = rope_frequencies(128, theta=500000.0, scaling=scaling).inv_freq
+    inv = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    wavelen = 2 * math.pi / inv
+    want = torch.where(wavelen > scaling["original_max_position_embeddings"] / 2.0, inv / 8.0, inv)
+    torch.testing.assert_close(got.double(), want, rtol=1e-15, atol=0)
+    assert 0 < int((wavelen > 256.0).sum()) < 64  # both kinds of frequency are there

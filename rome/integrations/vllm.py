@@ -146,6 +146,10 @@ def rotary_embedding(
             f"cos_sin_cache must be [max_positions, rotary_dim] (cos then sin, rotary_dim even), "
             f"got shape {_shape(cos_sin_cache)}"
         )
+    if not cos_sin_cache.is_floating_point():
+        raise TypeError(f"cos_sin_cache must be a floating tensor, got {cos_sin_cache.dtype}")
+    if query.is_floating_point() and cos_sin_cache.dtype not in (torch.float32, query.dtype):
+        cos_sin_cache = cos_sin_cache.to(query.dtype)  # as vLLM casts it (float32 is read as is)
     cache_dim = cos_sin_cache.shape[1]
     if rotary_dim is not None and _int(rotary_dim, "rotary_dim") != cache_dim:
         raise ValueError(
