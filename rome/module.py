@@ -88,8 +88,8 @@ from .layouts import (
 from .matrices import check_mode, kept_matrix
 from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
                   positions_checked)
-from .positions import angle_frequencies, check_range, normalize_positions, token_mask
-from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at
+from .positions import angle_frequencies, check_angle_frequencies, check_range, normalize_positions, token_mask
+from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at, check_affine
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode, Rounding
 
 __all__ = ["CACHE_POSITIONS", "RoPE", "registry_bytes"]
@@ -154,8 +154,16 @@ _REGISTRY: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 
-def _shared_cache(layout: RopeLayout, device: torch.device, dtype: torch.dtype) -> _Cache:
-    key = (_layout_key(layout), device, dtype)
+def _no_cache(device, dtype) -> RuntimeError:
+    return RuntimeError(
+        f"rome.RoPE has no {dtype} cache on {device} yet: call rope.reserve(n, device=..., "
+        f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture")
+
+
+def _shared_cache(layout: RopeLayout, device: torch.device, dtype: torch.dtype, layout_key=None) -> _Cache:
+    """``layout_key``: ``_layout_key(layout)`` if the caller has it (a RoPE keeps its own: reading
+    the layout's values would break a torch.compile trace)."""
+    key = (_layout_key(layout) if layout_key is None else layout_key, device, dtype)
     with _REGISTRY_LOCK:
         cache = _REGISTRY.get(key)
         if cache is None:
@@ -426,6 +434,8 @@ class RoPE(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if dynamic is not None and not callable(dynamic):
             raise TypeError(f"dynamic must be a callable seq_len -> RopeLayout, got {dynamic!r}")
+        if angles == "kernel":
+            check_angle_frequencies(layout.inv_freq)
         self.layout = layout
         self.max_positions = max_positions
         self.cache_positions = cache_positions
@@ -588,9 +598,23 @@ class RoPE(nn.Module):
         key = (device, dtype)
         cache = self._caches.get(key)
         if cache is None:
-            cache = _shared_cache(self.layout, device, dtype)
+            if torch.compiler.is_compiling():  # (the shared caches' registry takes a lock: not in a trace)
+                raise _no_cache(device, dtype)
+            cache = _shared_cache(self.layout, device, dtype, self._key)
             _keep(self._caches, key, cache)
         return cache
+
+    def __deepcopy__(self, memo):
+        """A copy whose memo of shared caches is this module's (``_Cache`` holds a lock, and is
+        shared by equal layouts anyway): a reserved module's copy runs under torch.compile as the
+        module does. Everything else deep-copied; pickling drops the memos (``__getstate__``)."""
+        import copy
+
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        for name, value in self.__dict__.items():
+            new.__dict__[name] = dict(value) if name == "_caches" else copy.deepcopy(value, memo)
+        return new
 
     def reserve(self, positions: int, *, device=None, dtype=torch.float32) -> None:
         """Make the shared cache on ``device`` (float32 tables; float64 for float64 q) hold
@@ -644,6 +668,8 @@ class RoPE(nn.Module):
         pos = pos[:, None]
         if self.angles == "kernel" and dtype == torch.float32:
             if norm is not None:  # (no norm prologue with kernel angles: the norm's fp32 ops first)
+                check_affine(q, k, norm.q_weight, norm.k_weight, norm.q_bias, norm.k_bias, norm=norm.norm,
+                             over=norm.over)
                 qn, kn = (_normalised(x, w, b, norm=norm.norm, over=norm.over, eps=norm.eps,
                                       offset=norm.weight_offset, dt=torch.float32)
                           for x, w, b in ((q, norm.q_weight, norm.q_bias), (k, norm.k_weight, norm.k_bias)))
@@ -665,10 +691,7 @@ class RoPE(nn.Module):
         cache = self._cache(device, dtype)
         if graph:  # the op checks positions when a compiled graph runs (not a captured one)
             if cache.cos is None:
-                raise RuntimeError(
-                    f"rome.RoPE has no {dtype} cache on {device} yet: call rope.reserve(n, device=..., "
-                    f"dtype={dtype}) or run it once eagerly before torch.compile or CUDA graph capture"
-                )
+                raise _no_cache(device, dtype)
             return self._at(q, k, cache.cos, cache.sin, m, pos, self._axis(device), norm)
         rows = max(rows or 1, 1)
         cache.reserve(rows, self._bound(rows))
@@ -792,6 +815,10 @@ class RoPE(nn.Module):
         """
         if norm is not None and not isinstance(norm, QKNorm):
             raise TypeError(f"norm must be a rome.QKNorm or None, got {type(norm).__name__}")
+        for name, t in (("positions", positions), ("offsets", offsets), ("cu_seqlens", cu_seqlens)):
+            if isinstance(t, Tensor) and _is_dtensor(t):
+                raise TypeError(f"{name} must be a plain tensor (every rank's whole positions), got a DTensor: "
+                                f"pass {name}.full_tensor(); q and k may be DTensors")
         if norm is not None and (cu_seqlens is not None or q.ndim != 4):
             raise ValueError("norm= takes BNSD q/k ([B, N, S, D]), not packed ones (cu_seqlens)")
         if norm is not None and self._rounding == "native":
@@ -821,7 +848,7 @@ class RoPE(nn.Module):
                     "torch.compile or CUDA graph capture)"
                 )
         else:
-            span = position_span(pos, positions, offsets, packed)
+            span = position_span(pos, positions, offsets, packed, axes_dim)
             if span is not None and self.max_positions is not None and span[1] >= self.max_positions:
                 raise ValueError(
                     f"positions must be < max_positions={self.max_positions}, got max {span[1]}"
@@ -891,10 +918,11 @@ def _tensor_key(t: Tensor):
     return (t._version, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
 
 
-def position_span(pos: Tensor, positions, offsets, packed: bool) -> tuple[float, float] | None:
+def position_span(pos: Tensor, positions, offsets, packed: bool, axes_dim=None) -> tuple[float, float] | None:
     """``check_range(pos)`` (``0 <= pos``, finite; the (min, max)) of the normalized positions
-    ``pos`` of ``positions`` and ``offsets``, read on the host once per positions tensor (see
-    above), or computed without reading for positions=None with an int offset."""
+    ``pos`` of ``positions`` and ``offsets`` (read along ``axes_dim``: one tensor read two ways
+    adds the offsets to other rows), read on the host once per positions tensor (see above), or
+    computed without reading for positions=None with an int offset."""
     if positions is None and not packed and (offsets is None or (
             isinstance(offsets, numbers.Integral) and not isinstance(offsets, bool))):
         seq = pos.shape[-2]
@@ -918,7 +946,7 @@ def position_span(pos: Tensor, positions, offsets, packed: bool) -> tuple[float,
         okey = oref = None if offsets is None else operator.index(offsets)
     else:
         return check_range(pos)  # (normalize_positions has already refused it)
-    key = (pkey, okey, tuple(pos.shape), pos.dtype, pos.device)
+    key = (pkey, okey, tuple(pos.shape), pos.dtype, pos.device, axes_dim)
     with _SPANS_LOCK:
         entry = _SPANS.get(id(positions))
     if entry is not None:

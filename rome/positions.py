@@ -353,11 +353,28 @@ def scatter_rows(grad: Tensor, positions: Tensor, axis: Tensor | None, rows: int
 # --- angles from positions and frequencies (no cache): the kernel's ANGLES mode ------------------
 
 
+def check_angle_frequencies(inv_freq: Tensor) -> None:
+    """ValueError unless every inverse frequency is in [0, 1]: the kernel reduces angles
+    ``p * inv_freq`` of positions below 2**24 by pi/2 in double-float, exact only for angles below
+    2**24 (a linear scaling's factor below 1 raises frequencies past 1). One host read; none while
+    torch.compile traces."""
+    if torch.compiler.is_compiling() or inv_freq.numel() == 0:
+        return
+    inv = inv_freq.detach().to(torch.float64)
+    if not bool(((inv >= 0) & (inv <= 1)).all()):
+        raise ValueError(
+            f"the kernel's angles (angles='kernel', apply_qk_angles) need inverse frequencies in [0, 1], got "
+            f"min {inv.min().item()!r}, max {inv.max().item()!r}: use the cos/sin cache (angles='cache', "
+            f"apply_qk_at)")
+
+
 def angle_frequencies(inv_freq: Tensor, scale=1.0) -> tuple[Tensor, Tensor]:
     """``(freqs, scales)`` for the angles mode, both float32 pairs ``[2, D]`` whose two rows sum to
-    the float64 value to 2**-48 relative: ``inv_freq`` ``[D]``, and ``scale`` on rotated columns
-    (1 on pass-through ones, ``inv_freq == 0``). The scale as a pair keeps ``scale * cos`` one
-    rounding from float64 (an fp32 scale such as 0.9 alone costs up to 0.4 ulp more)."""
+    the float64 value to 2**-48 relative: ``inv_freq`` ``[D]`` (in [0, 1]:
+    ``check_angle_frequencies``), and ``scale`` on rotated columns (1 on pass-through ones,
+    ``inv_freq == 0``). The scale as a pair keeps ``scale * cos`` one rounding from float64 (an
+    fp32 scale such as 0.9 alone costs up to 0.4 ulp more)."""
+    check_angle_frequencies(inv_freq)
     inv = inv_freq.to(torch.float64)
     scales = torch.where(inv != 0, torch.as_tensor(scale, dtype=torch.float64, device=inv.device), 1.0)
     return _pair(inv), _pair(scales)

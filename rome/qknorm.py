@@ -137,6 +137,17 @@ def _check_weight(name: str, w, x: Tensor, over: str, *, required: bool) -> None
         raise ValueError(f"{name} is on {w.device}, the tensors on {x.device}")
 
 
+def check_affine(q: Tensor, k: Tensor, q_weight, k_weight, q_bias, k_bias, *, norm: str, over: str) -> None:
+    """The norm's weights and biases for q and k ``[B, H, S, D]``: tensors of the shape ``over``
+    asks, floating, on q's and k's devices; biases only for ``norm="layer"``."""
+    for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
+        _check_weight(name, w, x, over, required=False)
+    for name, b, x in (("q_bias", q_bias, q), ("k_bias", k_bias, k)):
+        if b is not None and norm != "layer":
+            raise ValueError(f"{name} is for norm='layer' (LayerNorm's bias); norm={norm!r} has none")
+        _check_weight(name, b, x, over, required=False)
+
+
 def _normalised(x: Tensor, w: Tensor | None, b: Tensor | None, *, norm: str, over: str, eps: float,
                 offset: float, dt: torch.dtype) -> Tensor:
     """``norm(x) * (w + offset) [+ b]`` in ``dt``, x ``[B, H, S, D]``."""
@@ -220,12 +231,7 @@ def _norm_rope(q, k, cos, sin, matrix, q_weight, k_weight, positions, axis, *, e
         raise ValueError(f"weight_offset must be a finite float, got {weight_offset!r}")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    for name, w, x in (("q_weight", q_weight, q), ("k_weight", k_weight, k)):
-        _check_weight(name, w, x, over, required=False)
-    for name, b, x in (("q_bias", q_bias, q), ("k_bias", k_bias, k)):
-        if b is not None and norm != "layer":
-            raise ValueError(f"{name} is for norm='layer' (LayerNorm's bias); norm={norm!r} has none")
-        _check_weight(name, b, x, over, required=False)
+    check_affine(q, k, q_weight, k_weight, q_bias, k_bias, norm=norm, over=over)
     if positions is not None and not isinstance(positions, Tensor):
         raise TypeError(f"positions must be an integer tensor, got {type(positions).__name__}")
     torch_path = backend == "torch" or (backend == "auto" and q.device.type != "cuda") \

@@ -242,6 +242,17 @@ def _case_local_positions_errors(mesh):
         local_positions(torch.zeros(6, dtype=torch.long), "cpu", dim=0)
 
 
+def _case_module_dtensor_positions_refused(mesh):
+    """Positions are a plain tensor (the global ones): a DTensor there is a TypeError naming it,
+    not an error from inside (its host read)."""
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    q, k, *_ = _inputs()
+    rope, pos = _module_and_positions()
+    with pytest.raises(TypeError, match=r"positions must be a plain tensor .* got a DTensor: pass positions.full_tensor"):
+        rope(q, k, distribute_tensor(pos, mesh, [Replicate()]))
+
+
 def _case_triton(mesh):
     """The Triton kernel (interpreter on the CPU) per shard: bitwise the single-process run."""
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -273,6 +284,7 @@ CASES = {
     "q-heads-k-replicated": _case_q_heads_k_replicated,
     "head-dim-refused": _case_head_dim_refused,
     "module-dtensor": _case_module_dtensor,
+    "module-dtensor-positions-refused": _case_module_dtensor_positions_refused,
     "sequence-parallel": _case_sequence_parallel,
     "sequence-parallel-uneven": lambda mesh: _case_sequence_parallel(mesh, seq=7),
     "context-parallel": _case_context_parallel,

@@ -305,3 +305,65 @@ def test_an_unknown_instance_forward_is_not_bypassed():
     assert "forward" not in model.model.rotary_emb.__dict__  # nothing left patched
     del attn.forward
     patch(model, backend="torch").undo()  # and nothing recorded as patched
+
+
+# --- rome.RoPE and the angles in the kernel (the second review pass) -----------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_one_positions_tensor_read_along_another_axes_dim_is_checked_again(backend):
+    """The range memo of a positions tensor is per reading: [A, B, S] then [B, S, A] add the
+    offsets to other rows, so the second reading's max (150) is checked against max_positions."""
+    rope = rome.RoPE.sections((2, 2, 2), mode="half", max_positions=120, backend=backend)
+    q, k = torch.randn(3, 1, 3, 6), torch.randn(3, 1, 3, 6)
+    p = torch.zeros(3, 3, 3, dtype=torch.long)
+    p[2, 0, 0] = 50
+    offsets = torch.tensor([0, 0, 100])
+    rope(q, k, p, offsets=offsets, axes_dim=0)  # max 100
+    with pytest.raises(ValueError, match=r"positions must be < max_positions=120, got max 150"):
+        rope(q, k, p, offsets=offsets, axes_dim=-1)
+
+
+def test_kernel_angles_refuse_frequencies_above_one():
+    """The kernel's angle reduction is exact below 2**24 radians: frequencies above 1 (a linear
+    scaling's factor below 1) are refused where they are given, not computed wrong."""
+    from rome.frequencies import rope_frequencies
+    from rome.layouts import rope_layout
+    from rome.positions import angle_frequencies
+
+    layout = rope_layout(rope_frequencies(8, scaling={"rope_type": "linear", "factor": 1 / 16}))
+    assert float(layout.inv_freq.max()) == 16.0
+    with pytest.raises(ValueError, match=r"inverse frequencies in \[0, 1\], got min .* max 16.0"):
+        rome.RoPE(layout, angles="kernel")
+    with pytest.raises(ValueError, match=r"inverse frequencies in \[0, 1\]"):
+        angle_frequencies(layout.inv_freq)
+    rome.RoPE(layout, angles="cache")  # the cache takes them (float64 angles)
+    ok = angle_frequencies(rope_layout(rope_frequencies(8)).inv_freq)
+    freqs = ok[0] * 16  # built by hand, past the check of angle_frequencies
+    q = torch.randn(1, 1, 2, 8)
+    with pytest.raises(ValueError, match=r"inverse frequencies in \[0, 1\]"):
+        rome.apply_qk_angles(q, q, freqs, ok[1], rome.half_matrix(8), torch.tensor([[0], [1]]))
+
+
+def test_a_copy_of_a_reserved_module_compiles_and_a_missing_cache_is_named():
+    import copy
+
+    rope = rome.RoPE.sections((16,), mode="half", backend="torch")
+    rope.reserve(64)
+    q, k, pos = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 3, 16), torch.arange(3)
+    want = rope(q, k, pos)
+    twin = copy.deepcopy(rope)
+    torch._dynamo.reset()
+    got = torch.compile(lambda a, b, p: twin(a, b, p), fullgraph=True, backend="eager")(q, k, pos)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"rome.RoPE has no torch.float64 cache on cpu yet: call rope.reserve"):
+        torch.compile(lambda a, b, p: rope(a, b, p), fullgraph=True, backend="eager")(q.double(), k.double(), pos)
+
+
+def test_kernel_angles_check_the_norms_weights():
+    rope = rome.RoPE.sections((8,), mode="half", angles="kernel", backend="torch")
+    q, k, pos = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8), torch.arange(3)
+    for weight, exc, message in ((torch.ones(4), ValueError, r"q_weight must have shape \[8\]"),
+                                 (torch.ones(8, dtype=torch.int64), TypeError, "q_weight must be floating point")):
+        with pytest.raises(exc, match=message):
+            rope(q, k, pos, norm=rome.QKNorm(weight, torch.ones(8)))
