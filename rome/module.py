@@ -88,7 +88,8 @@ from .layouts import (
 from .matrices import check_mode, kept_matrix
 from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
                   positions_checked)
-from .positions import angle_frequencies, check_angle_frequencies, check_range, normalize_positions, token_mask
+from .positions import (OFFSET_MAX, angle_frequencies, check_angle_frequencies, check_range, normalize_positions,
+                        token_mask)
 from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at, check_affine
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode, Rounding
 
@@ -931,6 +932,8 @@ def position_span(pos: Tensor, positions, offsets, packed: bool, axes_dim=None) 
         lo = 0 if offsets is None else operator.index(offsets)
         if lo < 0:
             raise ValueError(f"positions must be >= 0, got min {lo}")
+        if lo > OFFSET_MAX:  # (normalize_positions refuses it too; here no tensor was built)
+            raise ValueError(f"offsets must be within +-2**53 (positions exact in float64), got {lo}")
         return lo, lo + seq - 1
     if positions is None or packed:
         return check_range(pos)

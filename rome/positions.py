@@ -129,6 +129,9 @@ def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int 
     )
 
 
+OFFSET_MAX = 2**53
+
+
 def _offsets(offsets, n: int, what: str, device) -> Tensor:
     """int64 ``[n]`` offsets from an int or a tensor of ``n`` (``what`` names n)."""
     if isinstance(offsets, Tensor):
@@ -150,6 +153,8 @@ def _offsets(offsets, n: int, what: str, device) -> Tensor:
         raise TypeError(
             f"offsets must be an int or an integer tensor, got {type(offsets).__name__}"
         ) from None
+    if abs(value) > OFFSET_MAX:  # (else int64 overflows, or positions past float64's integers)
+        raise ValueError(f"offsets must be within +-2**53 (positions exact in float64), got {value}")
     return torch.full((n,), value, dtype=torch.int64, device=device)
 
 

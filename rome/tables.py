@@ -41,6 +41,10 @@ def grid_positions(sizes: int | Sequence[int], *, device=None) -> torch.Tensor:
 
 
 def _thetas(theta, n: int) -> list[float]:
+    if isinstance(theta, (str, bytes)):
+        raise ValueError(f"theta must be a number or one per section, got {theta!r}")
+    if isinstance(theta, torch.Tensor):  # (a tensor's values: 0-d one base, 1-d one per section)
+        theta = theta.tolist() if theta.ndim == 1 else theta.item() if theta.ndim == 0 else theta
     values = list(theta) if isinstance(theta, Sequence) else [theta] * n
     if len(values) != n:
         raise ValueError(f"theta must be one float or one per section ({n}), got {len(values)}")

@@ -367,3 +367,20 @@ def test_kernel_angles_check_the_norms_weights():
                                  (torch.ones(8, dtype=torch.int64), TypeError, "q_weight must be floating point")):
         with pytest.raises(exc, match=message):
             rope(q, k, pos, norm=rome.QKNorm(weight, torch.ones(8)))
+
+
+@pytest.mark.parametrize("offsets", [2**63, 2**63 - 2, 2**53 + 1, -(2**60)])
+def test_int_offsets_past_float64s_integers_are_named(offsets):
+    rope = rome.RoPE.sections((8,), mode="half", backend="torch")
+    q, k = torch.randn(1, 1, 3, 8), torch.randn(1, 1, 3, 8)
+    with pytest.raises(ValueError, match=r"offsets must be within \+-2\*\*53|positions must be >= 0"):
+        rope(q, k, None, offsets=offsets)
+    with pytest.raises(ValueError, match=r"offsets must be within \+-2\*\*53"):
+        rope(q, k, torch.arange(3), offsets=offsets)
+
+
+def test_theta_as_a_string_or_a_tensor():
+    with pytest.raises(ValueError, match=r"theta must be a number or one per section, got '1e4'"):
+        rome.RoPE.sections((8, 8), theta="1e4")
+    by_tensor = rome.RoPE.sections((8, 8), theta=torch.tensor([1e4, 1e3])).layout.inv_freq
+    torch.testing.assert_close(by_tensor, rome.RoPE.sections((8, 8), theta=[1e4, 1e3]).layout.inv_freq, rtol=0, atol=0)
