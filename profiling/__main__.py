@@ -24,6 +24,16 @@ from .report import report  # noqa: E402
 from .workloads import WORKLOADS  # noqa: E402
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m profiling", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,7 +42,7 @@ def main(argv=None):
     p.add_argument("--shape", help="B,N,S,D or B,Nq,Nk,S,D (S at most the workload's grid)")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="q/k dtype for the speed part")
     p.add_argument("--out", help="output folder (default reports/<workload>-<timestamp>/)")
-    p.add_argument("--precision-tokens", type=int, default=256,
+    p.add_argument("--precision-tokens", type=_positive_int, default=256,
                    help="CPU only: tokens sampled across the sequence for precision (default 256)")
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--skip-precision", action="store_true")
@@ -40,7 +50,8 @@ def main(argv=None):
                    help="leave out the model workload (a Wan block and a Llama layer, unpatched vs patched)")
     p.add_argument("--skip-kernels", action="store_true",
                    help="leave out the ahead-of-time compile of the workload's launches (the kernels section)")
-    p.add_argument("--arch", help="archs of the kernels section (default sm_90; see `kernels --help`)")
+    p.add_argument("--arch", type=kernels_cli.arch_list,
+                   help="archs of the kernels section (default sm_90; see `kernels --help`)")
     k = sub.add_parser("kernels", help="compile the GPU kernel ahead of time (no GPU needed), read its cubins and "
                                        "model its bandwidth (--workload NAME: just that workload's launches)")
     kernels_cli.add_arguments(k)

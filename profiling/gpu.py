@@ -205,6 +205,8 @@ def _report_numbers(out: Path, kind: str) -> str:
     except (OSError, ValueError):
         return "no results.json"
     if kind == "speed":
+        if "environment" in r and r["environment"].get("driver") is None:  # a report run on a CPU: no GPU figure
+            return "CPU run (torch backend timings, no GPU figures): see its report.md"
         rows = [s for s in r.get("speed", []) if s.get("variant", "").startswith("rome")]
         best = {}
         for s in rows:

@@ -434,11 +434,14 @@ def main(args) -> dict:
     real = args.real if args.real is not None else _has_cuda()
     device = args.device or ("cuda" if real else "cpu")
     shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
-    out = Path(args.out or f"reports/overhead-{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
     trees = {"this tree": ROOT}
     if args.baseline:
-        trees = {"before": Path(args.baseline).resolve(), "after": ROOT}
+        base = Path(args.baseline).resolve()
+        if not (base / "rome" / "__init__.py").is_file():
+            raise SystemExit(f"--baseline {args.baseline}: not a checkout of rome (no rome/__init__.py there)")
+        trees = {"before": base, "after": ROOT}
+    out = Path(args.out or f"reports/overhead-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
     load = [os.getloadavg()[0]]
     rounds: dict[str, list] = {n: [] for n in trees}
     for i in range(args.rounds):

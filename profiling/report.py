@@ -242,7 +242,7 @@ def _plots(out: Path, results: dict):
         plt.close(fig)
 
     w = results["workload"]
-    rows = [r for r in results["precision"] if r["dtype"] == w["dtype"] and r["mode"] == w["mode"]]
+    rows = _hist_rows(results)
     if rows:
         table_dtypes = list(dict.fromkeys(r["table_dtype"] for r in rows))
         fig, axes = plt.subplots(1, len(table_dtypes), figsize=(6 * len(table_dtypes), 4), squeeze=False)
@@ -250,9 +250,12 @@ def _plots(out: Path, results: dict):
             sub = [r for r in rows if r["table_dtype"] == tdt]
             bins = list(sub[0]["ulp_hist"])
             width = 0.8 / len(sub)
+            colours = plt.get_cmap("tab20").colors  # (20 distinct: the default cycle repeats after 10)
             for i, r in enumerate(sub):
                 total = max(1, r["elements"])
-                ax.bar([j + i * width for j in range(len(bins))], [r["ulp_hist"][b] / total for b in bins], width, label=r["variant"])
+                ax.bar([j + i * width for j in range(len(bins))], [r["ulp_hist"][b] / total for b in bins], width,
+                       label=f"{r['variant']}{'' if r.get('ok', True) else ' (past its bound)'}",
+                       color=colours[i % len(colours)], hatch=None if r.get("ok", True) else "//")
             ax.set_xticks([j + 0.4 for j in range(len(bins))], bins)
             ax.set_yscale("log")
             ax.set_xlabel(f"ulp error of {w['dtype']} output vs float64 oracle")
@@ -291,7 +294,9 @@ def models_section(r: dict) -> str:
     lines += ["One Wan block and one Llama layer, forward and forward+backward, with the model's own RoPE "
               "(unpatched) and with `rome.integrations.patch` (patched, undone afterwards). RoPE ms: the "
               "RoPE call alone on the q, k and tables the layer passes it (captured from one forward); "
-              "share = RoPE ms / model ms of the same pass. Method: " + m["method"], ""]
+              "share = RoPE ms / model ms of the same pass. Where the patch fuses the model's q/k norm into "
+              "the rotation (Wan), RoPE ms after is rome's call with that norm, RoPE ms before the model's "
+              "RoPE without its norm: not like for like. Method: " + m["method"], ""]
     for c in m["cases"]:
         lines += [f"- **{c['model']}**: {c['description']}. Built: {c['built']} ({c['dtype']}"
                   f"{'' if c['full_size'] else ', scaled down for the CPU'}). Before: {c['rope_before']}. "
@@ -321,6 +326,8 @@ def failures(results: dict) -> list[str]:
             if p.get("ok") is False and str(p.get("variant", "")).startswith("rome")]
     models_ = results.get("models") or {}
     out += [f"models: {s['model']}: {s['reason']}" for s in models_.get("skipped", []) if s.get("status") == "error"]
+    if (results.get("kernels") or {}).get("error"):
+        out += [f"kernels: {results['kernels']['error']}"]
     return out
 
 
@@ -356,12 +363,20 @@ def markdown(r: dict) -> str:
         "",
         "## Speed",
         "",
-        f"Shape timed: q {r['speed_shape']['q']}, k {r['speed_shape']['k']}. Method: {r['method']['speed']}",
-        "",
-        f"Copy bandwidth, measured in this run: {r['copy_bandwidth']['gbps']:.1f} GB/s "
-        f"(a device-to-device copy of q's and k's bytes, {r['copy_bandwidth']['median_ms']:.4g} ms median).",
-        "",
     ]
+    ran = r.get("parts_run", {})
+    if ran.get("speed") is False:
+        lines += ["Not run (--skip-speed).", ""]
+    else:
+        lines += [f"Shape timed: q {r['speed_shape']['q']}, k {r['speed_shape']['k']}. Method: {r['method']['speed']}", ""]
+        copy_ = r["copy_bandwidth"]
+        if cpu:  # (the variants' rounds do not include it; and q, k fit in cache there)
+            lines += [f"Host memory copy of q's and k's bytes, timed before the rounds: {copy_['gbps']:.1f} GB/s "
+                      f"({copy_['median_ms']:.4g} ms median): cache bandwidth, not a device's. No row is put "
+                      "against it on a CPU.", ""]
+        else:
+            lines += [f"Copy bandwidth, measured in this run: {copy_['gbps']:.1f} GB/s (a device-to-device copy "
+                      f"of q's and k's bytes, {copy_['median_ms']:.4g} ms median).", ""]
     if r.get("clocks") is not None:  # (a GPU run: its clocks, sampled or why not)
         lines += [clocks.line(r["clocks"]), ""]
     tc = r["copy_bandwidth"].get("triton")
@@ -377,20 +392,57 @@ def markdown(r: dict) -> str:
         lines += [_table(r["speed"], [
             ("variant", "variant", ""), ("pass", "pass", ""), ("backend", "backend", ""),
             ("median ms", "median_ms", ".4g"), ("min ms", "min_ms", ".4g"), ("max ms", "max_ms", ".4g"),
-            ("GB/s", "gbps", ".1f"), ("% copy BW", "pct_copy_bw", ".1f"),
+            *([] if cpu else [("GB/s", "gbps", ".1f"), ("% copy BW", "pct_copy_bw", ".1f")]),
             *([("% Triton copy", "pct_triton_copy_bw", ".1f")] if tc else []), ("x v1", "speedup_vs_v1", ".2f"),
             ("x compiled", "speedup_vs_compiled", ".2f"), ("kernels/call", "kernels_per_call", ".3g"),
             ("kernel µs/call", "kernel_time_us", ".4g"), ("peak mem B", "peak_mem_bytes", ""),
         ]), ""]
         kinds = sorted({s["kernel_kind"] for s in r["speed"]})
         lines += [f"kernels/call counts {' and '.join(kinds)} seen by torch.profiler per call "
-                  "(CPU: aten ops with no aten op above them, each one pass over memory).", ""]
+                  "(CPU: aten ops with no aten op above them, each one pass over memory; a compiled "
+                  "variant's inductor kernels are not aten ops, so it counts 0 there)." if cpu else
+                  f"kernels/call counts {' and '.join(kinds)} seen by torch.profiler per call.", ""]
     if r.get("autotuned"):
         lines += ["Tiles rome's autotuner picked in this run (`rome.tuning`: timed once per specialisation, "
                   "at its first launch of at least 4M elements):", ""]
         lines += [f"- {name}: {tile}" for name, tile in sorted(r["autotuned"].items())] + [""]
     lines += ["## Variants", "", _table(r["variants"], [("variant", "variant", ""), ("kind", "kind", ""),
               ("status", "status", ""), ("reason", "reason", ""), ("what", "description", "")]), ""]
+    if ran.get("precision") is False:
+        lines += ["## Precision", "", "Not run (--skip-precision).", ""]
+    else:
+        lines += _precision_lines(r)
+    lines += [angles_section(r)]
+    lines += [models_section(r)]
+    lines += [kernels_section(r)]
+    lines += ["Files: " + ", ".join(_files(r)) + ".", ""]
+    return "\n".join(lines)
+
+
+def _files(r: dict) -> list[str]:
+    """What write_report wrote for this run."""
+    files = ["results.json (all numbers)"]
+    if r["speed"]:
+        files += ["speed.csv", _speed_plot(r),
+                  "traces/ (Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto)"]
+    if r["precision"]:
+        files += ["precision.csv"]
+    if _hist_rows(r):
+        files += ["ulp_hist.png"]
+    if (r.get("models") or {}).get("cases"):
+        files += ["models.csv"]
+    if r.get("kernels"):
+        files += ["kernels/ (the static table's files)"]
+    return files
+
+
+def _hist_rows(r: dict) -> list[dict]:
+    w = r["workload"]
+    return [p for p in r["precision"] if p["dtype"] == w["dtype"] and p["mode"] == w["mode"]]
+
+
+def _precision_lines(r: dict) -> list[str]:
+    lines = []
     lines += [
         "## Precision",
         "",
@@ -400,8 +452,9 @@ def markdown(r: dict) -> str:
         "Tolerance (`ok`): |out - exact| <= 1 ulp(exact) in the output dtype + 4·2⁻²⁴·(|x·cos| + "
         "|rot(x)·sin|), i.e. fp32 math rounded once. `seed metric` is seed 004's max(min(abs, rel)) "
         "of |out| vs |exact| (sign-blind, as the seed wrote it) and `seed count` its elements > 0. "
-        "`max ulp` is the op's error with the tables it was given; `total ulp` adds the tables' own "
-        "quantisation (against float64 tables).",
+        "`max ulp` is the op's error with the tables it was given; `total ulp` is the error against the "
+        "float64-table oracle, the op's and the tables' quantisation together (which can partly cancel: "
+        "it may be below `max ulp`).",
         "",
         _table(r["precision"], [
             ("variant", "variant", ""), ("dtype", "dtype", ""), ("mode", "mode", ""), ("tables", "table_dtype", ""),
@@ -423,12 +476,7 @@ def markdown(r: dict) -> str:
         lines += ["### Not measured", ""]
         lines += [f"- {v}: {st}: {why} ({', '.join(dict.fromkeys(c))})" for (v, st, why), c in reasons.items()]
         lines += [""]
-    lines += [angles_section(r)]
-    lines += [models_section(r)]
-    lines += [kernels_section(r)]
-    lines += ["Files: results.json (all numbers), speed.csv, precision.csv, models.csv, " + _speed_plot(r) + ", ulp_hist.png, traces/ "
-              "(Chrome traces, one per variant and pass; open in chrome://tracing or Perfetto).", ""]
-    return "\n".join(lines)
+    return lines
 
 
 # --- driver -------------------------------------------------------------------------------
@@ -439,16 +487,22 @@ def build(args) -> tuple[Workload, Workload]:
     if args.dtype:
         w = w.replace(dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype])
     if args.shape:
-        dims = [int(v) for v in args.shape.split(",")]
-        if len(dims) not in (4, 5):
-            raise SystemExit(f"--shape takes B,N,S,D or B,Nq,Nk,S,D, got {args.shape}")
+        try:
+            dims = [int(v) for v in args.shape.split(",")]
+        except ValueError:
+            raise SystemExit(f"--shape takes positive ints B,N,S,D or B,Nq,Nk,S,D, got {args.shape}") from None
+        if len(dims) not in (4, 5) or min(dims) <= 0:
+            raise SystemExit(f"--shape takes positive ints B,N,S,D or B,Nq,Nk,S,D, got {args.shape}")
         b, nq, nk, s, d = dims if len(dims) == 5 else (dims[0], dims[1], dims[1], dims[2], dims[3])
         if d != w.head_dim:
             raise SystemExit(f"--shape D={d} must be the workload's head_dim {w.head_dim} (sections {w.sections})")
         grid_len = None if w.grid is None else math.prod(w.grid)
         if grid_len is not None and s > grid_len:
             raise SystemExit(f"--shape S={s} exceeds the {w.name} grid {w.grid} ({grid_len} tokens)")
-        w = w.replace(batch=b, q_heads=nq, kv_heads=nk, seq=s if not w.decode else 1)
+        try:
+            w = w.replace(batch=b, q_heads=nq, kv_heads=nk, seq=s if not w.decode else 1)
+        except ValueError as e:  # (the workload's own rule for the shape, e.g. varlen's)
+            raise SystemExit(f"--shape {args.shape}: {e}") from None
     run_w = w if torch.cuda.is_available() else scaled_for_cpu(w)
     return w, run_w
 
@@ -480,7 +534,7 @@ def report(args) -> Path:
         def step(text):
             progress.update(task, description=text[:58], advance=1)
 
-        speed_rows, statuses, copy, clock = ([], [], {"gbps": float("nan"), "median_ms": float("nan")}, None)
+        speed_rows, statuses, copy, clock = ([], [], {"gbps": None, "median_ms": None}, None)  # (None: not run)
         if not args.skip_speed:
             speed_rows, statuses, copy, clock = run_speed(run_w, device, out / "traces", step)
         prec, table_err, skipped = ([], [], [])
@@ -523,6 +577,7 @@ def report(args) -> Path:
             "precision": (f"rome variants run the Triton kernel ({'on the GPU' if device.type == 'cuda' else 'through TRITON_INTERPRET=1 on the CPU'}); "
                           "each q and k element counts once."),
         },
+        "parts_run": {"speed": not args.skip_speed, "precision": not args.skip_precision},
         "copy_bandwidth": copy,
         "clocks": clock,  # (GPU: profiling.clocks' summary over the speed timings; None on a CPU or without speed)
         "variants": statuses,

@@ -509,6 +509,29 @@ def test_report_cli_models_section(tmp_path, quick_cpu_timing, monkeypatch):
     row = case["rows"][1]
     assert f"| llama3-8b-layer | fwd+bwd | {row['unpatched_ms']:.4g} | {row['patched_ms']:.4g} |" in text
     assert (out / "models.csv").read_text().count("llama3-8b-layer") == 2
+    # the skipped parts: said, no figures, strict JSON, no file claimed that was not written
+    json.loads((out / "results.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in results.json"))
+    assert "## Speed\n\nNot run (--skip-speed)." in text and "## Precision\n\nNot run (--skip-precision)." in text
+    assert "GB/s" not in text.split("## Variants")[0] and "Shape timed" not in text
+    files = next(line for line in text.splitlines() if line.startswith("Files: "))
+    assert files == "Files: results.json (all numbers), models.csv."
+    assert not any((out / f).exists() for f in ("speed.csv", "precision.csv", "ulp_hist.png", "speed_vs_v1.png"))
+
+
+def test_a_cpu_reports_copy_is_not_a_devices(tmp_path):
+    """The committed CPU run's results.json rendered again: the host copy named as cache bandwidth,
+    no GB/s or % copy BW columns (as the console), and the total-ulp wording that allows it below
+    max ulp (fp16 tables cancel the op's error there)."""
+    from pathlib import Path
+
+    from profiling import report
+
+    r = json.loads((Path(__file__).resolve().parents[1] / "profiling/results/cpu/results.json").read_text())
+    text = report.markdown(r)
+    assert "Host memory copy of q's and k's bytes" in text and "cache bandwidth, not a device's" in text
+    head = next(line for line in text.splitlines() if line.startswith("| variant | pass | backend |"))
+    assert "GB/s" not in head and "% copy BW" not in head and "x v1" in head
+    assert "device-to-device" not in text and "which can partly cancel" in text
 
 
 def test_models_section_reports_what_it_could_not_measure(monkeypatch):
@@ -668,3 +691,29 @@ def test_compiled_variants_compile_per_setup_and_never_fall_back_to_eager(caplog
                         built += 1
     assert "recompile_limit" not in caplog.text and "cache_size_limit" not in caplog.text, caplog.text[-2000:]
     assert counters["stats"]["unique_graphs"] >= built, (dict(counters["stats"]), built)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["kernels", "--workload", "nope"], "invalid choice: 'nope'"),
+    (["kernels", "--arch", "sm_999"], "unknown arch 'sm_999'"),
+    (["report", "--arch", "sm_90,sm_999"], "unknown arch 'sm_999'"),
+    (["report", "--precision-tokens", "0"], "must be a positive int, got '0'"),
+    (["report", "--precision-tokens", "-5"], "must be a positive int, got '-5'"),
+])
+def test_the_cli_refuses_bad_arguments_by_name(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape", ["a,b,c,d", "1,-4,100,128", "0,4,100,128"])
+def test_report_refuses_a_bad_shape_before_running(shape, tmp_path):
+    with pytest.raises(SystemExit, match=r"--shape takes positive ints"):
+        main(["report", "--shape", shape, "--out", str(tmp_path / "r")])
+    assert not (tmp_path / "r").exists()
+
+
+def test_overhead_refuses_a_baseline_that_is_no_checkout(tmp_path):
+    with pytest.raises(SystemExit, match=r"--baseline .*: not a checkout of rome"):
+        main(["overhead", "--baseline", str(tmp_path / "none"), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()

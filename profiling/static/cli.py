@@ -105,6 +105,8 @@ def main_workload(args, console) -> Path:
             table.add_row(*([workload_cell(r, k, f) for _, k, f in WORKLOAD_COLUMNS] if r["ok"] else
                             [r["variant"], r["pass"], r["config"], f"[red]{r['error'][-200:]}[/]"]
                             + [""] * (len(WORKLOAD_COLUMNS) - 4)))
+        table.caption = ("Static estimates, not measurements (the model on SASS compiled here). liger-kernel: "
+                         "its RoPE on the closest shape it can express, as its variant says.")
         console.print(table)
     liger = section["liger"]
     if liger.get("status") != "ok":
@@ -117,10 +119,24 @@ def main_workload(args, console) -> Path:
     return out
 
 
+def arch_list(text: str) -> str:
+    """argparse type of ``--arch``: each comma-separated arch known (``parse_arch``), else argparse's
+    error naming it; the text itself (parsed again where used)."""
+    for a in text.split(","):
+        try:
+            parse_arch(a)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", help="compile and model just the launches this workload's rome variants make "
-                                      "(forward and backward; default arch sm_90); writes kernels.json/.md")
-    p.add_argument("--arch", help=f"comma-separated archs (default {','.join(ARCHS[c].name for c in DEFAULT_ARCHS)}; "
+    from ..workloads import WORKLOADS
+
+    p.add_argument("--workload", choices=sorted(WORKLOADS),
+                   help="compile and model just the launches this workload's rome variants make "
+                        "(forward and backward; default arch sm_90); writes kernels.json/.md")
+    p.add_argument("--arch", type=arch_list, help=f"comma-separated archs (default {','.join(ARCHS[c].name for c in DEFAULT_ARCHS)}; "
                                   f"known: {','.join([a.name for a in ARCHS.values()] + list(AMD_ARCHS))})")
     p.add_argument("--out", help="output folder (default reports/kernels-<timestamp>/)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="with --workload: q and k in this dtype instead of "

@@ -122,7 +122,7 @@ WORKLOAD_COLUMNS = [  # (header, key, format)
     ("L1 B/elem", "l1_bytes_per_element", "1"), ("instr/DRAM B", "warp_instructions_per_dram_byte", "2"),
     ("in flight KB/SM", "inflight_kb_per_sm", "1"), ("est. H100", "estimate_h100", "%"),
     ("H100 800–600 ns", "range_h100", ""), ("limit", "limit_h100", ""), ("est. H200", "estimate_h200", "%"),
-    ("H200 800–600 ns", "range_h200", ""), ("µs H100", "time_us_h100", "1"),
+    ("H200 800–600 ns", "range_h200", ""), ("est. µs H100", "time_us_h100", "1"),
 ]
 
 
@@ -146,6 +146,8 @@ def workload_cell(r: dict, key: str, fmt: str) -> str:
         return f"{r['ctas_per_sm']} × {r['num_warps']}" if r.get("ctas_per_sm") is not None else "n/a"
     if key.startswith("range_"):
         return estimate_range(r, key.removeprefix("range_"))
+    if key == "variant" and r.get("closest"):  # (an anchor launched on the shape it can express)
+        return f"{r['variant']} (as {r['closest']})"
     v = r.get(key)
     if v is None:
         return "n/a"
@@ -165,7 +167,7 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
         cols.insert(cols.index(("limit", "limit_h100", "")), ("measured GB/s", "measured_gbps", "1"))
     if at_clock:
         gpu, ghz = at_clock
-        cols.insert(cols.index(("µs H100", "time_us_h100", "1")),
+        cols.insert(cols.index(("est. µs H100", "time_us_h100", "1")),
                     (f"{gpu.upper()} 800–600 ns at {ghz:g} GHz (this run's clock)", "model_at_clock", ""))
     lines = [f"{heading} Kernels of the `{wl['name']}` workload: static bandwidth model", "",
              f"q {wl['q_shape']}, k {wl['k_shape']} {wl['dtype']}, {wl['mode']} {wl['sections']}; launches from "
@@ -191,9 +193,13 @@ def workload_markdown(section: dict, heading: str = "##", measured: dict | None 
     if liger.get("status") != "ok":
         lines += [f"Liger-Kernel: {liger.get('status', 'not run')} ({liger.get('reason', '')}); its rope kernel "
                   "is compiled and modelled beside rome's where `liger_kernel` is importable.", ""]
+    if section.get("liger_launches"):
+        lines += ["liger-kernel's rows are its RoPE launched on the closest shape it can express (the variant "
+                  "column says which): the anchor for what a Triton RoPE reaches on these q/k, not this "
+                  "workload's rotation where the workload is another (sections, interleave).", ""]
     lines += ["est.: the loaded memory's share of copy (1 + (copy / rate)^3)^(-1/3) of the idle schedule's rate "
               "(fitted to 32 launches measured on an H100), the worst of 600/800 ns and 1.755/1.98 GHz; 800–600 ns: "
-              "at 1.755 GHz; µs H100: the launch's bytes at that share of copy (kernel time, no launch overhead). "
+              "at 1.755 GHz; est. µs H100: the launch's bytes at that share of copy (kernel time, no launch overhead). "
               "Static estimates, not measurements.", ""]
     for s in section.get("skipped", []):
         lines.append(f"- {s['variant']}: not captured: {s['reason']}")
