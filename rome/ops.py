@@ -1134,10 +1134,12 @@ def apply_at(
     Offsets and packed sequences are added into positions by the caller (``rome.positions``).
 
     Bitwise ``apply(x, gather_rows(cos, positions, axis), ...)`` on either backend, gradients
-    included (the cache grads scattered back). Positions are not read on the host (no sync): an
-    element whose position lies outside ``[0, P)`` is NaN, on either backend (the kernel masks
-    the read; nothing outside the cache is ever read); ``position_checks("device")`` asserts the
-    range on the device instead, ``position_checks("host")`` raises ValueError (a sync). ``axis``
+    included (the cache grads scattered back). Positions are not read on the host (no sync): by
+    default (``position_checks("device")``) their range is asserted on the device (a RuntimeError
+    on the CPU, a device-side assert on a GPU); under ``position_checks("kernel")`` an element
+    whose position lies outside ``[0, P)`` is NaN, on either backend (the kernel masks the read;
+    nothing outside the cache is ever read whatever the check); ``position_checks("host")``
+    raises ValueError (a sync). ``axis``
     is read on the host once per axis tensor (it is read unmasked). ``rounding`` as in ``apply``
     (native: the gathered rows rounded to x's dtype, as the eager chain's tables).
     """
