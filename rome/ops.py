@@ -50,8 +50,7 @@ from torch import Tensor
 from . import torch_backend
 from .checks import DTYPES, check_arguments, check_position_types, check_rounding, check_types
 from .matrices import check_mode, check_size, kept_rotation_matrix
-from .positions import (angle_rows, axis_run, cache_index, check_angle_frequencies, check_range, gather_rows, rows_of,
-                        scatter_rows)
+from .positions import angle_rows, axis_run, cache_index, check_range, gather_rows, rows_of, scatter_rows
 from .settings import ThreadSetting
 from .types import BACKENDS, Backend, Mode, Rounding
 
@@ -1196,8 +1195,8 @@ def apply_qk_angles(
     The angle is a double-float ``p*hi + p*lo`` reduced by pi/2 in double-float, then
     polynomials summed with one rounding: max |cos - cos64| 3.05e-8 for positions up to 2**20,
     against 2.98e-8 for the float64-derived fp32 table (fp32 angles: 6e-2). Positions must be
-    in ``[0, 2**24)`` and inverse frequencies in ``[0, 1]`` (ValueError otherwise, read on the first
-    call of a signature: ``rome.positions.check_angle_frequencies``).
+    in ``[0, 2**24)`` and inverse frequencies in ``[0, 1]`` (the op reads no value on the host, so
+    it does not check them: ``angle_frequencies`` does, ``rome.positions.check_angle_frequencies``).
     The torch backend uses float64 angles (``rome.positions.angle_rows``). Differentiable in q, k
     and matrix, not in freqs/scales. ``rounding`` as in ``apply`` (native: the computed cos and sin
     rounded to q's dtype, as an eager chain's tables; the two backends' tables may then differ
@@ -1212,9 +1211,6 @@ def _full_apply_qk_angles(q, k, freqs, scales, matrix, positions, axis, backend,
     check_types({"q": q, "k": k}, freqs, scales, matrix, backend, ("freqs", "scales"))
     check_position_types(positions, axis)
     _no_dtensor("apply_qk_angles", {"q": q, "k": k, "positions": positions})
-    if freqs.ndim == 2 and freqs.shape[0] == 2:  # (the op checks the shapes; here the values, once a
-        # signature: the lean path's later calls take the same tensors' roles)
-        check_angle_frequencies(freqs[0].to(torch.float64) + freqs[1].to(torch.float64))
     return _call(False, backend, positions, axis, True, freqs, scales, matrix, q, k, rounding=rounding)
 
 
