@@ -810,7 +810,12 @@ def test_the_loaded_model_reproduces_the_h100_measurement():
     from), each beside the model's idle schedule of the same launch: the model's estimate (the
     loaded memory's share at the worst end) within 9 points of the measured share of copy, 28 of
     them within 4, none biased by more than 2 points on average; the unloaded min(rate, copy) is
-    up to 20 points high on the same launches (what the estimate was before)."""
+    up to 20 points high on the same launches (what the estimate was before).
+    (The idle schedules are the fixture's stored ``schedule_gbps``, the model of the commit it was
+    made at: this test holds the loaded law, ``model.loaded``, and the copy constants against the
+    measurement; a change to the schedule itself is caught by the anchor tests, which schedule
+    committed SASS again.)
+    """
     rows = json.loads(MEASURED.read_text())["launches"]
     assert len(rows) == 32 and {r["schedule_triton"] for r in rows} == {"3.6.0"}
     copy = model.GPUS["H100"].copy_gbps
@@ -840,7 +845,12 @@ def test_the_loaded_model_reproduces_the_h200_measurement():
     worst end of its assumptions), the largest misses llama-1d bf16's (-8.0 / -5.8: that copy of
     168 MB ran at 3.8 TB/s, the big shapes' at 4.2, and the model counts the tables twice there).
     As a time (those bytes at the estimate times the model's assumed copy rate, 4.3 TB/s), it is
-    within -5.2 / +1.1% of each measured kernel time."""
+    within -5.2 / +1.1% of each measured kernel time.
+    (The idle schedules are the fixture's stored ``schedule_gbps``, the model of the commit it was
+    made at: this test holds the loaded law, ``model.loaded``, and the copy constants against the
+    measurement; a change to the schedule itself is caught by the anchor tests, which schedule
+    committed SASS again.)
+    """
     rows = json.loads(MEASURED_H200.read_text())["launches"]
     assert len(rows) == 10 and {r["schedule_triton"] for r in rows} == {"3.6.0"}
     copy = model.GPUS["H200"].copy_gbps
@@ -878,7 +888,12 @@ def test_the_loaded_model_against_the_h200_measurement_of_both_forms():
     measured_tiles; wan's and llama-1d's changed between the rounds, whose times agree within
     0.2 %). The loaded
     estimate at the worst end is within 8 points of every launch (7.8 the most: default fp16's
-    partner form, low), low by 0.9 on average; as a time within -8.7 / +6.8 %."""
+    partner form, low), low by 0.9 on average; as a time within -8.7 / +6.8 %.
+    (The idle schedules are the fixture's stored ``schedule_gbps``, the model of the commit it was
+    made at: this test holds the loaded law, ``model.loaded``, and the copy constants against the
+    measurement; a change to the schedule itself is caught by the anchor tests, which schedule
+    committed SASS again.)
+    """
     rows = list(_shares(MEASURED_H200_PAIRS))
     assert len(rows) == 18 and {r["schedule_triton"] for r, _, _ in rows} == {"3.6.0"}
     errors = [est - got for _, est, got in rows]

@@ -148,13 +148,18 @@ def _kernels_active():
     return is_kernels_available()
 
 
-def test_register_without_kernels_says_what_is_missing():
+def test_register_without_kernels_says_what_is_missing(monkeypatch):
+    """Where transformers' kernels support is not active, register() and mapping() say what is
+    missing. (Where a compatible kernels is installed, as in CI, transformers is told it is not:
+    the refusal runs everywhere.)"""
+    from transformers.utils import import_utils
+
     from rome.integrations import hub_kernels
 
-    if _kernels_active():
-        pytest.skip("a compatible kernels is installed: test_register_and_transformers_kernelize runs instead")
-    with pytest.raises(RuntimeError, match=r"transformers needs kernels >= [0-9.]+, < [0-9.]+ .*kernelize\(model\)"):
-        hub_kernels.register()
+    monkeypatch.setattr(import_utils, "is_kernels_available", lambda: False)
+    for fn in (hub_kernels.register, hub_kernels.mapping):
+        with pytest.raises(RuntimeError, match=r"transformers needs kernels >= [0-9.]+, < [0-9.]+ .*kernelize\(model\)"):
+            fn()
 
 
 def test_register_and_transformers_kernelize(calls):
@@ -171,6 +176,7 @@ def test_register_and_transformers_kernelize(calls):
 
     hub_kernels.register(backend="torch")
     ids = torch.randint(0, TINY["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    kept = {}
     for kind in ("llama", "qwen3", "mistral"):
         model = _model(kind)
         # before kernelize: kernels swaps the forward of the modeling file's one function module,
@@ -181,6 +187,7 @@ def test_register_and_transformers_kernelize(calls):
         got = _run(model, ids)
         assert calls[0] - before == TINY["num_hidden_layers"], kind
         _compare(kind, got, want)
+        kept[kind] = (model, want)
     model = _model("nanochat")
     want = _run(model, ids)
     kernelize(model, mode=Mode.TRAINING)
@@ -188,6 +195,12 @@ def test_register_and_transformers_kernelize(calls):
     _compare("nanochat", _run(model, ids), want)
     assert calls[0] == before, "rome ran nanochat's rotation"
     assert hub_kernels.unregister(), "register() left nothing to undo"
+    assert hub_kernels.unregister() is False
+    for kind, (model, want) in kept.items():  # no mapping now: a second kernelize puts transformers' function back
+        kernelize(model, mode=Mode.TRAINING)
+        before = calls[0]
+        _compare(kind, _run(model, ids), want)
+        assert calls[0] == before, f"{kind}: rome still called after unregister + kernelize"
 
 
 STUB_CHILD = r'''

@@ -60,7 +60,7 @@ def _case(dtype, hq=4, hk=2, s=7, *, bshd=False, gen_seed=0):
     else:
         q = torch.randn(2, hq, s, D, generator=gen).mul(3).to(dtype)
         k = torch.randn(2, hk, s, D, generator=gen).mul(3).to(dtype)
-    pos = torch.stack(torch.meshgrid(torch.arange(1), torch.arange(1), torch.arange(s), indexing="ij"), -1).reshape(-1, 3)
+    pos = torch.randint(0, 50, (s, 3), generator=gen)  # every axis turns: every section is rotated
     cos, sin = rome.rope_cos_sin(pos, SECTIONS, mode=MODE)
     return q.to(DEVICE), k.to(DEVICE), cos.to(DEVICE), sin.to(DEVICE)
 
