@@ -111,17 +111,27 @@ def _checkable(t: Tensor) -> bool:
     return t.numel() > 0 and t.device.type != "meta" and not isinstance(t, torch._subclasses.FakeTensor)
 
 
+_ADDRESSED = ("cpu", "cuda")  # devices whose data_ptr() is a memory address (MPS's is a buffer's handle)
+
+
+def _base(t: Tensor) -> int:
+    """t's first element: its address where the device has addresses (two storages may hold the
+    same memory: ``torch.from_numpy`` of overlapping numpy views, ``torch.frombuffer`` at an
+    offset), else its byte offset in its storage."""
+    return t.data_ptr() if t.device.type in _ADDRESSED else t.storage_offset() * t.element_size()
+
+
 def _byte_range(t: Tensor) -> tuple[int, int]:
-    """The device addresses [lo, hi) t's elements lie in. Addresses, not offsets into a storage:
-    two storages may hold the same memory (``torch.from_numpy`` of overlapping numpy views,
-    ``torch.frombuffer`` at an offset)."""
-    lo = t.data_ptr()
+    lo = _base(t)
     return lo, lo + (sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1) * t.element_size()
 
 
 def _same_memory(a: Tensor, b: Tensor) -> bool:
-    """Whether a and b may share memory: intersecting address ranges on one device."""
+    """Whether a and b may share memory: intersecting address ranges on one device (on a device
+    without addresses: one storage and intersecting ranges in it)."""
     if not (_checkable(a) and _checkable(b)) or a.device != b.device:
+        return False
+    if a.device.type not in _ADDRESSED and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
     (alo, ahi), (blo, bhi) = _byte_range(a), _byte_range(b)
     return alo < bhi and blo < ahi
@@ -133,7 +143,7 @@ def _same_view(a: Tensor, b: Tensor) -> bool:
         return True
     return (
         _same_memory(a, b) and a.dtype == b.dtype and a.shape == b.shape
-        and a.stride() == b.stride() and a.data_ptr() == b.data_ptr()
+        and a.stride() == b.stride() and _base(a) == _base(b)
     )
 
 
@@ -145,7 +155,7 @@ def _pieces(t: Tensor) -> tuple[Tensor, int]:
     for i in dims:
         offsets = (offsets[..., None] + torch.arange(t.shape[i]) * t.stride(i))
     item = t.element_size()
-    return (offsets.flatten() * item + t.data_ptr()).sort().values, (t.shape[-1] if unit_rows else 1) * item
+    return (offsets.flatten() * item + _base(t)).sort().values, (t.shape[-1] if unit_rows else 1) * item
 
 
 def _overlaps_itself(t: Tensor) -> bool:

@@ -371,7 +371,9 @@ def angles_for_positions(
     pos = _positions(layout, positions, axes_dim)
     if pos.dtype == torch.bool or pos.is_complex():
         raise TypeError(f"positions must be integer or floating, got {pos.dtype}")
-    check_finite_positions(pos)
+    if pos.device.type == "cpu":  # (a per-call path: on a device the check would sync every call;
+        # rome.RoPE checks its positions once per tensor, the table builders theirs)
+        check_finite_positions(pos)
     pos = pos.to(torch.float64)
     return pos[..., layout.axis.to(pos.device)] * layout.inv_freq.to(pos.device)
 

@@ -822,7 +822,9 @@ class _Entry:
 
     def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose, rounding="exact"):
         self.matrix, self.version = matrix, matrix._version
-        self.values = matrix.detach().clone() if matrix.device.type == "cpu" else None  # (_changed)
+        # (_changed: a triton recipe's gather is built from the values; the torch backend's call
+        # reads the structure through rome.structure, which compares them itself)
+        self.values = matrix.detach().clone() if triton and matrix.device.type == "cpu" else None
         self.triton, self.recipe, self.outs, self.warn, self.grad, self.n = triton, recipe, outs, warn, grad, n
         self.transpose, self.rounding = transpose, rounding
 

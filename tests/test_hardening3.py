@@ -380,3 +380,53 @@ def test_theta_as_a_string_or_a_tensor():
         rome.RoPE.sections((8, 8), theta="1e4")
     by_tensor = rome.RoPE.sections((8, 8), theta=torch.tensor([1e4, 1e3])).layout.inv_freq
     torch.testing.assert_close(by_tensor, rome.RoPE.sections((8, 8), theta=[1e4, 1e3]).layout.inv_freq, rtol=0, atol=0)
+
+
+def test_a_hook_removed_between_patch_and_undo_leaves_the_modules_own_forward(monkeypatch):
+    """accelerate's remove_hook_from_module after rome patched under the hook (forward =
+    _old_forward, which is rome's; _old_forward deleted): undo() puts the module's own forward back."""
+    from rome.integrations import patch
+    from rome.integrations import transformers as rome_tf
+    from helpers import RomeCalls
+
+    model, ids = _tiny_llama()
+    with torch.no_grad():
+        want = model(ids).logits
+    attn = model.model.layers[0].self_attn
+    _hook(attn, {})
+    handle = patch(model, backend="torch")
+    attn.forward = attn._old_forward  # remove_hook_from_module
+    del attn._old_forward
+    handle.undo()
+    assert "forward" not in attn.__dict__
+    count = RomeCalls(monkeypatch, rome_tf)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, want)
+    assert count.n == 0
+    patch(model, backend="torch").undo()  # and it patches again
+
+
+def test_fused_norms_replace_a_kernels_hub_forward_on_the_norms():
+    """The kernels package replaces a hub layer's forward on the instance (a method bound to the
+    module: `from_pretrained(use_kernels=True)` on Qwen3's RMSNorm). rome's fused q/k norm takes
+    the norms over whatever their forward is, as before."""
+    transformers = pytest.importorskip("transformers")
+    import types
+
+    from rome.integrations import patch
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2, head_dim=16, vocab_size=97)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(ids).logits
+    attn = model.model.layers[0].self_attn
+    for norm in (attn.q_norm, attn.k_norm):  # as kernels' _replace_forward does
+        norm.forward = types.MethodType(type(norm).forward, norm)
+    handle = patch(model, backend="torch")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, want, rtol=1e-5, atol=1e-5)
+    handle.undo()
+    assert isinstance(attn.q_norm.__dict__.get("forward"), types.MethodType)  # theirs back

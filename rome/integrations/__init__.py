@@ -70,6 +70,13 @@ class Patch:
                 # forward (accelerate's add_hook_to_module keeps what it wraps as _old_forward):
                 # the hook stays, around the module's own forward again
                 obj._old_forward = type(obj).forward.__get__(obj) if old is missing else old
+            elif own and name == "_old_forward" and obj.__dict__.get("forward") is value:  # the hook rome
+                # patched under was removed since (remove_hook_from_module: forward = _old_forward):
+                # the module's own forward back
+                if old is missing or getattr(old, "__func__", None) is type(obj).forward:
+                    del obj.forward
+                else:
+                    obj.forward = old
             else:  # replaced after the patch by something else: left as it is, said
                 warnings.warn(f"rome.integrations: {type(obj).__name__}.{name} was replaced after rome's patch; "
                               "undo leaves that value in place", stacklevel=3)

@@ -813,8 +813,10 @@ def patch(model: nn.Module, *, backend: Backend = "auto", rounding: Rounding = "
                 layer_rotate = rotate
                 if fused is not None:  # the q/k norms in the rotation: one apply_qk_norm
                     layer_rotate = _RotateNormed(one, backend, convention, layer, *fused)
-                    handle.set_forward(layer.q_norm, _PassThrough())
-                    handle.set_forward(layer.k_norm, _PassThrough())
+                    # (the norms' forwards replaced whatever they are, a kernels hub layer's
+                    # too: rome's fused call computes the norm from their weights)
+                    handle.setattr(layer.q_norm, "forward", _PassThrough())
+                    handle.setattr(layer.k_norm, "forward", _PassThrough())
                 patched = _Forward(layer, (cls, function, layer_rotate), name)
                 handle.on_undo(lambda m=layer: _PATCHED.pop(m, None))
                 handle.set_forward(layer, patched)
