@@ -180,6 +180,21 @@ def test_table_builders_refuse_a_dtype_tables_cannot_have(dtype):
 
 # --- the transformers patch ----------------------------------------------------------------
 
+def _tiny(kind="Llama", *, ids=(1, 8), seed=2, **config):
+    """A tiny random transformers causal LM (``kind``: its class prefix) and token ids."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = getattr(transformers, f"{kind}Config")(**{
+        **dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=97), **config})
+    model = getattr(transformers, f"{kind}ForCausalLM")(cfg).eval()
+    return model, torch.randint(0, 97, ids, generator=torch.Generator().manual_seed(seed))
+
+
+def _tiny_llama():
+    return _tiny()
+
+
 def test_a_model_holding_a_part_rome_does_not_patch_is_not_patched():
     """Mistral 3: a Mistral text model (patched) beside a Pixtral vision tower (not): patch
     raises, naming the rotary class it would have left eager, and changes nothing."""
@@ -207,14 +222,9 @@ def test_negative_position_ids_rotate_as_transformers_does():
     """Left padding's position_ids as cumsum(mask) - 1, unfilled: -1 on the pads. transformers
     rotates by -1 there; the patched model too (float64 angles, not the cache), whatever the
     batch's largest position."""
-    transformers = pytest.importorskip("transformers")
     from rome.integrations import patch
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=97, max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    ids = torch.randint(0, 97, (2, 6), generator=torch.Generator().manual_seed(1))
+    model, ids = _tiny(ids=(2, 6), seed=1, num_hidden_layers=2, max_position_embeddings=64)
     for positions in ([[-1, -1, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]], [[-1, 0, 1, 2, 3, 40], [0, 1, 2, 3, 4, 5]]):
         pos = torch.tensor(positions)
         with torch.no_grad():
@@ -241,14 +251,6 @@ def _hook(module, calls):
 
     module._old_forward = old
     module.forward = functools.update_wrapper(functools.partial(new_forward, module), old)
-
-
-def _tiny_llama():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, vocab_size=97)
-    return transformers.LlamaForCausalLM(cfg).eval(), torch.randint(0, 97, (1, 8), generator=torch.Generator().manual_seed(2))
 
 
 def test_hooks_on_the_instances_keep_running_around_romes_forward(monkeypatch):
@@ -410,16 +412,11 @@ def test_fused_norms_replace_a_kernels_hub_forward_on_the_norms():
     """The kernels package replaces a hub layer's forward on the instance (a method bound to the
     module: `from_pretrained(use_kernels=True)` on Qwen3's RMSNorm). rome's fused q/k norm takes
     the norms over whatever their forward is, as before."""
-    transformers = pytest.importorskip("transformers")
     import types
 
     from rome.integrations import patch
 
-    torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-                                   num_key_value_heads=2, head_dim=16, vocab_size=97)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
-    ids = torch.randint(0, 97, (1, 6), generator=torch.Generator().manual_seed(3))
+    model, ids = _tiny("Qwen3", ids=(1, 6), seed=3, head_dim=16)
     with torch.no_grad():
         want = model(ids).logits
     attn = model.model.layers[0].self_attn
