@@ -442,8 +442,7 @@ def _hist_rows(r: dict) -> list[dict]:
 
 
 def _precision_lines(r: dict) -> list[str]:
-    lines = []
-    lines += [
+    lines = [
         "## Precision",
         "",
         f"Against a float64 oracle (index-gather formula) on {r['precision_shape']}, tables from "
@@ -487,11 +486,9 @@ def build(args) -> tuple[Workload, Workload]:
     if args.dtype:
         w = w.replace(dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype])
     if args.shape:
-        try:
-            dims = [int(v) for v in args.shape.split(",")]
-        except ValueError:
-            raise SystemExit(f"--shape takes positive ints B,N,S,D or B,Nq,Nk,S,D, got {args.shape}") from None
-        if len(dims) not in (4, 5) or min(dims) <= 0:
+        parts = args.shape.split(",")
+        dims = [int(v) for v in parts if v.strip().isdigit()]
+        if len(dims) != len(parts) or len(dims) not in (4, 5) or min(dims) <= 0:
             raise SystemExit(f"--shape takes positive ints B,N,S,D or B,Nq,Nk,S,D, got {args.shape}")
         b, nq, nk, s, d = dims if len(dims) == 5 else (dims[0], dims[1], dims[1], dims[2], dims[3])
         if d != w.head_dim:

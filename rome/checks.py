@@ -10,9 +10,10 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from .tables import FLOAT_DTYPES
 from .types import BACKENDS, ROUNDINGS
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+DTYPES = FLOAT_DTYPES  # (x, tables and matrix: float16/bfloat16/float32/float64)
 _BROADCAST_HINT = "e.g. [S, D] or [B, 1, S, D] for BNSD x, [S, 1, D] for BSND x, [N, S, D] per head"
 
 

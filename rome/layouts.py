@@ -26,8 +26,8 @@ from einops import repeat
 
 from .frequencies import Frequencies, _describe, _number, _positive_int, base_inv_freq
 from .matrices import check_mode, check_sections, rotation_matrix
-from .positions import axes_last
-from .tables import _thetas, check_finite_positions, check_table_dtype
+from .positions import axes_last, check_finite_positions
+from .tables import _thetas, check_table_dtype
 from .types import Mode
 
 BLOCK_MODES = ("half", "interleave", "none")

@@ -62,6 +62,7 @@ compile or capture.
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 import operator
@@ -88,8 +89,8 @@ from .layouts import (
 from .matrices import check_mode, kept_matrix
 from .ops import (ANGLE_POSITIONS, BACKENDS, _apply_qk_at_checked, apply_qk, apply_qk_angles, apply_qk_at,
                   positions_checked)
-from .positions import (OFFSET_MAX, angle_frequencies, check_angle_frequencies, check_range, normalize_positions,
-                        token_mask)
+from .positions import (angle_frequencies, check_angle_frequencies, check_int_offset, check_range,
+                        normalize_positions, token_mask)
 from .qknorm import QKNorm, _normalised, apply_qk_norm, apply_qk_norm_at, check_affine
 from .types import ANGLE_SOURCES, AngleSource, Backend, Mode, Rounding
 
@@ -609,8 +610,6 @@ class RoPE(nn.Module):
         """A copy whose memo of shared caches is this module's (``_Cache`` holds a lock, and is
         shared by equal layouts anyway): a reserved module's copy runs under torch.compile as the
         module does. Everything else deep-copied; pickling drops the memos (``__getstate__``)."""
-        import copy
-
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         for name, value in self.__dict__.items():
@@ -932,8 +931,7 @@ def position_span(pos: Tensor, positions, offsets, packed: bool, axes_dim=None) 
         lo = 0 if offsets is None else operator.index(offsets)
         if lo < 0:
             raise ValueError(f"positions must be >= 0, got min {lo}")
-        if lo > OFFSET_MAX:  # (normalize_positions refuses it too; here no tensor was built)
-            raise ValueError(f"offsets must be within +-2**53 (positions exact in float64), got {lo}")
+        check_int_offset(lo)  # (as normalize_positions checks it; here no tensor was built)
         return lo, lo + seq - 1
     if positions is None or packed:
         return check_range(pos)

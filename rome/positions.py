@@ -132,6 +132,14 @@ def _to_bsa(positions: Tensor, n_axes: int, batch: int, seq: int, axes_dim: int 
 OFFSET_MAX = 2**53
 
 
+def check_int_offset(value: int) -> int:
+    """An int offset itself, ValueError past +-2**53 (int64 would overflow, or positions pass
+    float64's integers)."""
+    if abs(value) > OFFSET_MAX:
+        raise ValueError(f"offsets must be within +-2**53 (positions exact in float64), got {value}")
+    return value
+
+
 def _offsets(offsets, n: int, what: str, device) -> Tensor:
     """int64 ``[n]`` offsets from an int or a tensor of ``n`` (``what`` names n)."""
     if isinstance(offsets, Tensor):
@@ -153,9 +161,7 @@ def _offsets(offsets, n: int, what: str, device) -> Tensor:
         raise TypeError(
             f"offsets must be an int or an integer tensor, got {type(offsets).__name__}"
         ) from None
-    if abs(value) > OFFSET_MAX:  # (else int64 overflows, or positions past float64's integers)
-        raise ValueError(f"offsets must be within +-2**53 (positions exact in float64), got {value}")
-    return torch.full((n,), value, dtype=torch.int64, device=device)
+    return torch.full((n,), check_int_offset(value), dtype=torch.int64, device=device)
 
 
 def normalize_positions(
@@ -212,6 +218,14 @@ def normalize_positions(
     return pos[0] if packed else pos
 
 
+def check_finite_positions(positions: Tensor) -> None:
+    """ValueError for floating positions holding inf or nan (one host read: integer positions,
+    the usual, need none); not while torch.compile traces (no values)."""
+    if positions.is_floating_point() and positions.device.type != "meta" \
+            and not torch.compiler.is_compiling() and not bool(torch.isfinite(positions).all()):
+        raise ValueError("positions must be finite, got inf or nan")
+
+
 def check_range(
     positions: Tensor, limit: int | None = None, *, name: str = "max_positions"
 ) -> tuple[float, float] | None:
@@ -220,8 +234,7 @@ def check_range(
     meta device (no values: the caller reads none either)."""
     if positions.numel() == 0 or positions.device.type == "meta":
         return None
-    if positions.is_floating_point() and not bool(torch.isfinite(positions).all()):
-        raise ValueError("positions must be finite, got inf or nan")
+    check_finite_positions(positions)
     lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one host sync
     if lo < 0:
         raise ValueError(f"positions must be >= 0, got min {lo}")

@@ -17,6 +17,7 @@ from einops import repeat
 
 from .frequencies import base_inv_freq
 from .matrices import check_mode, check_sections
+from .positions import check_finite_positions
 from .types import Mode
 
 _LAYOUT = {"interleave": "s j -> s (j r)", "half": "s j -> s (r j)"}
@@ -54,22 +55,14 @@ def _thetas(theta, n: int) -> list[float]:
     return [float(t) for t in values]
 
 
-TABLE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # (also the ops' x dtypes)
 
 
 def check_table_dtype(dtype) -> torch.dtype:
     """``dtype`` itself if tables can be in it (a floating dtype), else TypeError naming it."""
-    if dtype not in TABLE_DTYPES:
-        raise TypeError(f"dtype must be one of {[str(d) for d in TABLE_DTYPES]} for cos/sin tables, got {dtype!r}")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dtype must be one of {[str(d) for d in FLOAT_DTYPES]} for cos/sin tables, got {dtype!r}")
     return dtype
-
-
-def check_finite_positions(positions: torch.Tensor) -> None:
-    """ValueError for floating positions holding inf or nan (one host read: integer positions,
-    the usual, need none), as ``rome.RoPE`` raises it; not while torch.compile traces (no values)."""
-    if positions.is_floating_point() and positions.device.type != "meta" \
-            and not torch.compiler.is_compiling() and not bool(torch.isfinite(positions).all()):
-        raise ValueError("positions must be finite, got inf or nan")
 
 
 def rope_angles(positions, sections, *, mode: Mode, theta=10000.0, device=None) -> torch.Tensor:

@@ -60,45 +60,48 @@ class Patch:
         setattr(obj, name, value)
 
         def restore():
-            now = obj.__dict__.get(name, missing) if own else getattr(obj, name)
-            if now is value:
-                if old is missing:
-                    delattr(obj, name)
-                else:
-                    setattr(obj, name, old)
-            elif own and obj.__dict__.get("_old_forward") is value:  # a hook added on top of rome's
-                # forward (accelerate's add_hook_to_module keeps what it wraps as _old_forward):
-                # the hook stays, around the module's own forward again
-                obj._old_forward = type(obj).forward.__get__(obj) if old is missing else old
-            elif own and name == "_old_forward" and obj.__dict__.get("forward") is value:  # the hook rome
-                # patched under was removed since (remove_hook_from_module: forward = _old_forward):
-                # the module's own forward back
-                if old is missing or getattr(old, "__func__", None) is type(obj).forward:
-                    del obj.forward
-                else:
-                    obj.forward = old
-            else:  # replaced after the patch by something else: left as it is, said
+            if (obj.__dict__.get(name, missing) if own else getattr(obj, name)) is not value:
+                # replaced after the patch by something else: left as it is, said
                 warnings.warn(f"rome.integrations: {type(obj).__name__}.{name} was replaced after rome's patch; "
                               "undo leaves that value in place", stacklevel=3)
+            elif old is missing:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
 
         self._undo.append(restore)
 
     def set_forward(self, module: nn.Module, forward) -> None:
-        """``module.forward = forward``, recorded (``setattr``). Where a hook already wraps the
-        instance's forward and keeps the one it wraps as ``_old_forward`` (accelerate's
+        """``module.forward = forward``, recorded. Where a hook already wraps the instance's
+        forward and keeps the one it wraps as ``_old_forward`` (accelerate's
         ``add_hook_to_module``: device placement, offloading), rome's forward takes that place, so
         the hook still runs around it. Another forward set on the instance: ValueError (rome's
-        would replace it, and whatever it does, silently)."""
-        own = module.__dict__.get("forward")
-        if own is None:
-            self.setattr(module, "forward", forward)
-        elif "_old_forward" in module.__dict__:
-            self.setattr(module, "_old_forward", forward)
-        else:
+        would replace it, and whatever it does, silently). Undo puts the module's own forward (or
+        what the hook wrapped) back wherever rome's is by then: still where it was put, under a
+        hook added since, or the instance's forward again after the hook was removed."""
+        d = module.__dict__
+        if "forward" in d and "_old_forward" not in d:
             raise ValueError(
-                f"{type(module).__name__}.forward is replaced on this instance ({own!r}), not by a hook that "
-                "keeps the original as _old_forward (accelerate's): rome's forward would bypass it; not patched"
+                f"{type(module).__name__}.forward is replaced on this instance ({d['forward']!r}), not by a hook "
+                "that keeps the original as _old_forward (accelerate's): rome's forward would bypass it; not patched"
             )
+        slot = "_old_forward" if "forward" in d else "forward"
+        old = d.get(slot)  # (None: the class's forward)
+        setattr(module, slot, forward)
+
+        def restore():
+            if d.get("forward") is forward:  # the instance's forward (a hook rome sat under removed since)
+                if old is None or getattr(old, "__func__", None) is type(module).forward:
+                    del module.forward
+                else:
+                    module.forward = old
+            elif d.get("_old_forward") is forward:  # under a hook (there from the start, or added since)
+                module._old_forward = type(module).forward.__get__(module) if old is None else old
+            else:
+                warnings.warn(f"rome.integrations: {type(module).__name__}.forward was replaced after rome's "
+                              "patch; undo leaves it in place", stacklevel=3)
+
+        self._undo.append(restore)
 
     def on_undo(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` when the patch is undone (after the changes recorded later are reverted)."""
