@@ -815,10 +815,6 @@ class RoPE(nn.Module):
         """
         if norm is not None and not isinstance(norm, QKNorm):
             raise TypeError(f"norm must be a rome.QKNorm or None, got {type(norm).__name__}")
-        for name, t in (("positions", positions), ("offsets", offsets), ("cu_seqlens", cu_seqlens)):
-            if isinstance(t, Tensor) and _is_dtensor(t):
-                raise TypeError(f"{name} must be a plain tensor (every rank's whole positions), got a DTensor: "
-                                f"pass {name}.full_tensor(); q and k may be DTensors")
         if norm is not None and (cu_seqlens is not None or q.ndim != 4):
             raise ValueError("norm= takes BNSD q/k ([B, N, S, D]), not packed ones (cu_seqlens)")
         if norm is not None and self._rounding == "native":
@@ -828,6 +824,13 @@ class RoPE(nn.Module):
             out = self._fast(q, k, positions, offsets, axes_dim, norm)
             if out is not None:
                 return out
+        # (after the fast path: a positions tensor it remembers passed these checks once)
+        dt = sys.modules.get("torch.distributed.tensor")  # (none exists before it is imported)
+        for name, t in (() if dt is None else (("positions", positions), ("offsets", offsets),
+                                                ("cu_seqlens", cu_seqlens))):
+            if isinstance(t, dt.DTensor):
+                raise TypeError(f"{name} must be a plain tensor (every rank's whole positions), got a DTensor: "
+                                f"pass {name}.full_tensor(); q and k may be DTensors")
         packed = cu_seqlens is not None
         self._check_qk(q, k, packed)
         batch, seq = (1, q.shape[0]) if packed else (q.shape[0], q.shape[2])

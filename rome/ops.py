@@ -822,9 +822,12 @@ class _Entry:
 
     def __init__(self, matrix, triton, recipe, outs, warn, grad, n, transpose, rounding="exact"):
         self.matrix, self.version = matrix, matrix._version
-        # (_changed: a triton recipe's gather is built from the values; the torch backend's call
-        # reads the structure through rome.structure, which compares them itself)
-        self.values = matrix.detach().clone() if triton and matrix.device.type == "cpu" else None
+        # (_unchanged: a triton recipe's gather is built from the values, and on the CPU (the
+        # interpreter) they are compared per call; the torch backend's call reads the structure
+        # through rome.structure, which compares them itself; recorded launches (profiling.overhead)
+        # stand for a GPU's, where no compare runs)
+        self.values = matrix.detach().clone() if triton and matrix.device.type == "cpu" \
+            and _kernel().INTERPRET else None
         self.triton, self.recipe, self.outs, self.warn, self.grad, self.n = triton, recipe, outs, warn, grad, n
         self.transpose, self.rounding = transpose, rounding
 
@@ -900,7 +903,7 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     except TypeError:  # an unhashable backend or mode: the full path says what is wrong
         return full()
     if entry is not None and (mode is not None or (entry.matrix is matrix and matrix._version == entry.version
-                                                   and not _changed(entry, matrix))) \
+                                                   and (entry.values is None or _unchanged(entry, matrix)))) \
             and not (entry.recipe is not None and entry.recipe.pending and entry.recipe.stale()):
         axis_read = axis is not None and positions is not None and key[-1][1]
         outs = _lean_call(entry, xs, cos, sin, entry.matrix, positions, axis, angles, backend, trusted, axis_read)
@@ -914,12 +917,12 @@ def _lean(kind, transpose, xs, cos, sin, matrix, positions, axis, angles, backen
     return result
 
 
-def _changed(entry, matrix: Tensor) -> bool:
-    """Whether a CPU matrix's values changed behind its version counter (written through
-    ``.data``, as ``gradcheck`` does) since the entry was learned: its recipe's gather was built
-    from the old values. (On the CPU reading is cheap; on a GPU such writes are not seen, as
-    ``rome.structure`` says.)"""
-    return entry.values is not None and not torch.equal(matrix.detach(), entry.values)
+def _unchanged(entry, matrix: Tensor) -> bool:
+    """Whether a matrix the entry kept the values of (a triton recipe under the interpreter) still
+    holds them: a write through ``.data`` (as ``gradcheck`` does) bypasses the version counter,
+    and the recipe's gather was built from the old values. (Only there: on a GPU such writes are
+    not seen, as ``rome.structure`` says; the lean call itself costs no call for the others.)"""
+    return torch.equal(matrix.detach(), entry.values)
 
 
 def _learned(key, learn, transpose, xs, cos, sin, matrix, positions, axis, mode, rounding="exact") -> None:
