@@ -42,7 +42,7 @@ from rome.precision import SIGNIFICAND_BITS, tolerance, ulp_error
 from conftest import DEVICE
 
 # torch.func and gradcheck import torch's jvp decompositions, which call torch.jit.script
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (Deprecation- or, torch 2.15, FutureWarning)
 
 HALF = (torch.float16, torch.bfloat16)
 # The kernel feeds fp32 operands to the tensor cores as three bf16 pieces (fp32 x with a

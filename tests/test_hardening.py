@@ -17,7 +17,7 @@ import rome.ops as ops
 from conftest import BACKENDS, DEVICE
 
 # torch.func.jvp imports torch's own jvp decompositions, which call torch.jit.script
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")  # (Deprecation- or, torch 2.15, FutureWarning)
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32 math on O(1) values with D <= 16 terms: ~1e-6 abs
 

@@ -235,25 +235,29 @@ def test_import_and_torch_backend_without_triton(tmp_path):
     assert "rome-rope[triton]" in r.stdout and "backend='torch'" in r.stdout, r.stdout
 
 
-def _distribution_closure(names) -> list:
-    """The installed distributions ``names`` require, transitively (extras left out)."""
+def _distribution_closure(names, torch_only=("triton",)) -> list:
+    """The installed distributions ``names`` require, transitively (extras left out), as
+    ``(distribution, what required it)``. ``torch_only``: requirements left out where torch itself
+    requires them (a CUDA build of torch on Linux requires triton, which it imports only for its
+    GPU code: a CPU build, the environment the README's user may have, has none)."""
     import importlib.metadata as md
 
-    seen, todo, out = set(), list(names), []
+    seen, todo, out = set(), [(n, None) for n in names], []
     while todo:
-        name = Requirement(todo.pop()).name.lower().replace("_", "-")
-        if name in seen:
+        req, parent = todo.pop()
+        name = Requirement(req).name.lower().replace("_", "-")
+        if name in seen or (parent == "torch" and name in torch_only):
             continue
         seen.add(name)
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:
             continue  # an optional or platform-only requirement this environment lacks
-        out.append(dist)
+        out.append((dist, parent))
         for r in dist.requires or ():
             req = Requirement(r)
             if req.marker is None or req.marker.evaluate({"extra": ""}):
-                todo.append(str(req.name))
+                todo.append((str(req.name), name))
     return out
 
 
@@ -279,8 +283,8 @@ def test_wheel_user_runs_the_readme_with_torch_and_declared_dependencies_only(bu
     meta = _metadata((target / f"{STEM}.dist-info" / "METADATA").read_text())
     declared = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
     linked = set()
-    for dist in _distribution_closure(declared):
-        assert dist.metadata["Name"].lower() not in {"numpy", "triton"}, dist.metadata["Name"]
+    for dist, parent in _distribution_closure(declared):
+        assert dist.metadata["Name"].lower() not in {"numpy", "triton"}, (dist.metadata["Name"], "required by", parent)
         for f in dist.files or ():
             top = f.parts[0]
             if top in linked or top.startswith("..") or top in {"bin", "__pycache__"}:
