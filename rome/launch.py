@@ -56,6 +56,15 @@ _PROGRAMS_PER_SM = 8
 _INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
 _INTERPRET_BLOCK_R = 16
 MIN_ROWS = 16  # tile rows: tl.dot's M on triton 3.2-3.4 (3.5+ take fewer)
+TRITON_VERSION = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
+# the compilers the register-bound choices below were read off (their every configuration compiled
+# without spill: the committed tables, `make gate`): triton 3.6 (the GPU machines') and 3.9+. Under
+# another (3.7, 3.8: torch 2.14.1's; before 3.6, not compiled) the choices that spilled there take a
+# smaller build: of every configuration for sm_90, sm_80 and sm_100, 5 spilled under 3.7.1 and 6 under
+# 3.8.0; with TOKEN_BWD_ARCHS, TOKEN_FWD_ARCHS_ANY_COMPILER, PAIRS_DEPTH and candidates() keyed on
+# this, 3 under 3.7.1 (the general matrix's fp32 FMA dot on sm_80, 8 B) and none under 3.8.0
+# (profiling/results/cpu/triton-37-38/)
+TUNED_COMPILER = TRITON_VERSION == (3, 6) or TRITON_VERSION >= (3, 9)
 
 
 def _has_maxnreg() -> bool:
@@ -356,7 +365,7 @@ NORM_RMS_ARCHS = (None, 80, 90)  # (None: no GPU, the interpreter, chosen as sm_
 # spilled 8 B of stack there under 3.6 (the only norm configuration that did, 3.9 none), at 176
 # none (2 programs an SM where 168 held 3): profiling/results/cpu/token-unmasked/
 NORM_LAYER_FP16_SM80_MAXNREG = 176
-_TRITON_BEFORE_3_9 = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) < (3, 9)
+_TRITON_BEFORE_3_9 = TRITON_VERSION < (3, 9)
 
 
 def norm_registers(norm: str, *, backward: bool, arch: int | str | None = None, x_dtype=None,
@@ -606,6 +615,9 @@ TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller 
 # the kept pairs spilled 40 B at 16 values). The backward (dy and x, the dw sums: 128 B spilled at
 # 8 warps while the token loop's loads were masked) takes 8 only as below
 TOKEN_FWD_WARPS = 8
+# where the forward's 8 warps compiled without spill under every triton compiled (3.6-3.9; sm_100's
+# spilled 16 B under 3.7: TUNED_COMPILER's only). (None: no GPU, the interpreter, as sm_90)
+TOKEN_FWD_ARCHS_ANY_COMPILER = (None, 80, 90)
 TOKEN_FWD_PER_THREAD = 20
 TOKEN_FWD_PER_THREAD_LOADED = 12
 # the backward's tile: on TOKEN_BWD_ARCHS at most TOKEN_FWD_WARPS warps where x is 2-byte, its
@@ -621,7 +633,9 @@ TOKEN_FWD_PER_THREAD_LOADED = 12
 # profiling/results/cpu/token-sign-f0c3bdc/
 TOKEN_BWD_WIDE_LOADED = 8
 TOKEN_BWD_PER_THREAD = 20
-TOKEN_BWD_ARCHS = (90,)  # (sm_80 and sm_100 spilled 16 / 8 B there under triton 3.6: 16 warps)
+# (sm_80 and sm_100 spilled 16 / 8 B there under triton 3.6: 16 warps; sm_90 56-64 B under 3.7 and
+# 3.8: there too only under a TUNED_COMPILER)
+TOKEN_BWD_ARCHS = (90,)
 # under TRITON_INTERPRET=1 the token tile interprets one token a loop iteration (5-7x the head
 # groups' time for a small model's q/k on this CPU): there the launcher takes the head groups
 # unless this is set (tests/test_qknorm.py sets it for all its tests; the model tests' tiny
@@ -630,16 +644,17 @@ TOKEN_TILE_INTERPRETED = False
 
 
 def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swapped: bool = False,
-               wide: bool = False, full: bool = False,
-               arch: int | str | None = None) -> tuple[int, int, int, int] | None:
+               wide: bool = False, full: bool = False, arch: int | str | None = None,
+               tuned: bool = TUNED_COMPILER) -> tuple[int, int, int, int] | None:
     """(HEADS_B, BLOCKS, warps, register cap) of the token tile for ``heads`` heads of ``block_d``
     (padded) columns: the power of two HEADS_B whose ``BLOCKS = ceil(heads / HEADS_B) <=
     TOKEN_MAX_BLOCKS`` pads the fewest heads (the largest of those), or None where that exceeds
     ``TOKEN_MAX_ELEMENTS`` values. Warps: about ``TOKEN_PER_THREAD`` values a thread, no more
     threads than a block has values, and in the forward (not ``backward``) at most
     ``TOKEN_FWD_WARPS`` where a thread then holds at most ``TOKEN_FWD_PER_THREAD`` values for
-    ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else; in the
-    ``backward`` rounded up, then at most ``TOKEN_FWD_WARPS`` on ``TOKEN_BWD_ARCHS`` (``arch``;
+    ``swapped`` pairs (src's class PAIRS_SWAPPED), ``TOKEN_FWD_PER_THREAD_LOADED`` else (where
+    not ``tuned``, a compiler these were not read off, only on ``TOKEN_FWD_ARCHS_ANY_COMPILER``); in the
+    ``backward`` rounded up, then, if ``tuned``, at most ``TOKEN_FWD_WARPS`` on ``TOKEN_BWD_ARCHS`` (``arch``;
     None: no GPU, as sm_90) for swapped pairs of 2-byte x (not ``wide``) whose tile is ``full``
     (both tensors' heads fill the blocks, D a power of two: nothing masked) where a thread then
     holds at most ``TOKEN_BWD_PER_THREAD`` values; the rounding up (at most ``TOKEN_PER_THREAD`` values a thread where
@@ -660,7 +675,8 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
         return None
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
     most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
-    if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most:
+    if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most \
+            and (tuned or arch in TOKEN_FWD_ARCHS_ANY_COMPILER):
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
     if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
@@ -669,7 +685,7 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
             warps *= 2
         if wide and not swapped and per_token > warps * lanes * TOKEN_BWD_WIDE_LOADED:
             return None
-        if (arch is None or arch in TOKEN_BWD_ARCHS) and swapped and not wide and full and blocks * hb == heads \
+        if tuned and (90 if arch is None else arch) in TOKEN_BWD_ARCHS and swapped and not wide and full and blocks * hb == heads \
                 and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD:
             warps = min(warps, max(1, TOKEN_FWD_WARPS * 32 // lanes))
     return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, SM_REGISTERS // (warps * lanes))
@@ -745,7 +761,7 @@ MAX_TUNED_WARPS = 8  # 256 threads at up to 255 registers each fill an SM's 64K 
 
 
 @functools.lru_cache(maxsize=1024)
-def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
+def candidates(cfg: Config, *, interpret: bool = False, tuned: bool = TUNED_COMPILER) -> tuple[Config, ...]:
     """The configs the GPU autotuner times for ``cfg`` (``choose``'s result), ``cfg`` first: for the
     gather kernel (no dot, so no bit depends on the tile) the same work a thread in programs of
     half and of twice the size (half the rows on half the warps, twice the rows on twice the warps,
@@ -756,14 +772,18 @@ def candidates(cfg: Config, *, interpret: bool = False) -> tuple[Config, ...]:
     are near each other: by the model (sm_90, triton 3.6, worst end, rome.apply_qk of default,
     llama-1d and wan, bf16 and fp32) within 3.7 points of the chosen one on an H200, 1.7 on an H100,
     where half the rows and twice the warps (a thread's work halved) were 4.5-22 points below it
-    on an H200 (profiling/results/cpu/tuned-candidates/): a slow candidate the timing could pick."""
+    on an H200 (profiling/results/cpu/tuned-candidates/): a slow candidate the timing could pick.
+    Not ``tuned`` (a compiler the tiles were not read off: ``TUNED_COMPILER``): fp32 x without
+    twice the program (it spilled under triton 3.8)."""
     if interpret or cfg.product != "gather" or cfg.angles or cfg.positions == 2 \
             or (cfg.positions == 0 and cfg.table_dtype != torch.float32):
         return (cfg,)
     alts = []
     if cfg.num_warps >= 2 and cfg.block_r >= 2:  # half the program
         alts.append(replace(cfg, block_r=cfg.block_r // 2, num_warps=cfg.num_warps // 2))
-    if 2 * cfg.num_warps <= MAX_TUNED_WARPS:  # twice the program
+    # twice the program (fp32 x's under a compiler not TUNED_COMPILER: under triton 3.8 two of
+    # sm_80's spilled 8 B, the backward at D=64, 32 rows on 8 warps)
+    if 2 * cfg.num_warps <= MAX_TUNED_WARPS and (tuned or cfg.x_dtype != torch.float32):
         alts.append(replace(cfg, block_r=2 * cfg.block_r, num_warps=2 * cfg.num_warps))
     return (cfg, *alts)
 
@@ -1052,14 +1072,20 @@ HALVES_DEPTH = {torch.bfloat16: 3, torch.float16: 2}
 # 3.9, H200 at the worst end) bf16 four 94.5-94.8%, six 95.3-95.5 (four at 96 registers, five
 # programs an SM: 95.1-95.2; at 80, 8 B spilled); fp16 (_dot2's sum, issue-bound) two 82.1, three
 # 84.2-84.8; fp32 (not the whole head's: its partner form is at 95-96) three 97.3-97.5 (four: 328 B
-# spilled) (profiling/results/cpu/pairs/). Its keys: the dtypes the pairs take
+# spilled) (profiling/results/cpu/pairs/). Its keys: the dtypes the pairs take. Under a compiler not
+# TUNED_COMPILER, PAIRS_DEPTH_OTHER's where it has the dtype: bf16 four (under triton 3.8 six spilled
+# 32 B with positions on several axes, five 8 B in more builds; four none, nor under 3.7)
 PAIRS_DEPTH = {torch.bfloat16: 6, torch.float16: 3, torch.float32: 3}
+PAIRS_DEPTH_OTHER = {torch.bfloat16: 4}
 
 
-def halves_depth(plan: Plan, x_dtype) -> int:
+def halves_depth(plan: Plan, x_dtype, tuned: bool = TUNED_COMPILER) -> int:
     """Heads a batch of ``plan``'s HALVES build: the whole head's halves ``HALVES_DEPTH``, the
-    pairs' ``PAIRS_DEPTH``."""
-    return (HALVES_DEPTH if plan.halves else PAIRS_DEPTH)[x_dtype]
+    pairs' ``PAIRS_DEPTH`` (``PAIRS_DEPTH_OTHER``'s where it has x's dtype, if not ``tuned``:
+    a compiler the choice was not read off)."""
+    if plan.halves:
+        return HALVES_DEPTH[x_dtype]
+    return PAIRS_DEPTH[x_dtype] if tuned else PAIRS_DEPTH_OTHER.get(x_dtype, PAIRS_DEPTH[x_dtype])
 
 
 _partner_form = ThreadSetting(False)

@@ -8,6 +8,7 @@ Under the interpreter ``candidates`` gives one config, so the tests give two whe
 there (a GPU tests its real candidates)."""
 
 import dataclasses
+import types
 
 import pytest
 import torch
@@ -44,11 +45,30 @@ def _grid():
 TILE = ("block_r", "num_warps")
 
 
+def test_the_compilers_the_choices_were_not_read_off_take_the_smaller_builds():
+    """launch.TUNED_COMPILER: triton 3.6 and 3.9+, under which every configuration compiled without
+    spill; under another (3.7, 3.8) the pairs' bf16 batch is four heads (six spilled 32 B under 3.8),
+    fp16 and fp32 and the whole head's halves unchanged (profiling/results/cpu/triton-37-38/)."""
+    assert launch.TUNED_COMPILER == (launch.TRITON_VERSION == (3, 6) or launch.TRITON_VERSION >= (3, 9))
+    pairs = types.SimpleNamespace(halves=False)
+    whole = types.SimpleNamespace(halves=True)
+    assert [launch.halves_depth(pairs, d, tuned=True) for d in (BF16, HALF, FP32)] == [6, 3, 3]
+    assert [launch.halves_depth(pairs, d, tuned=False) for d in (BF16, HALF, FP32)] == [4, 3, 3]
+    assert [launch.halves_depth(whole, d, tuned=t) for d in (BF16, HALF) for t in (True, False)] == [3, 3, 2, 2]
+    assert launch.halves_depth(pairs, BF16) == (6 if launch.TUNED_COMPILER else 4)
+
+
 def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change():
     tuned = set()
     for cfg in _grid():
-        cands = launch.candidates(cfg)
+        cands = launch.candidates(cfg, tuned=True)  # (the compilers the tiles were read off)
         assert cands[0] == cfg
+        # another compiler (launch.TUNED_COMPILER false: triton 3.7, 3.8): fp32 x without twice the
+        # program, which spilled 8 B under 3.8 on sm_80
+        other = launch.candidates(cfg, tuned=False)
+        assert other == (cands if cfg.x_dtype != FP32 else tuple(
+            c for c in cands if c.num_warps <= cfg.num_warps)), cfg.name
+        assert launch.candidates(cfg) == (cands if launch.TUNED_COMPILER else other)
         assert launch.candidates(cfg, interpret=True) == (cfg,)
         if cfg.product == "dot":
             # tl.dot's M: triton 3.2-3.4 reject fewer than 16 rows (the floor is 3.2); a dot's sums
