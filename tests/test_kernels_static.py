@@ -108,16 +108,19 @@ def test_configs_cover_the_launcher(compiled):
                                     positions=m["positions"], angles=True, arch=90).block_r
         wide = not m.get("seam") and m["x_dtype"] != "fp32" and m["head_dim"] <= 128
         assert m["block_r"] == (2 * half if wide else half), m
-    cands = set()
+    cands, read_off = set(), set()  # (this compiler's, and those of the compilers the tiles were read off)
+    name = lambda alt: f"{alt.name} M=rotation tuned {launch.tile_name(alt)}"  # noqa: E731
     for x in (torch.bfloat16, torch.float16, torch.float32):
         for d in launch.HEAD_DIMS:
             for transpose in (False, True):
                 for positions in (0, 1, 2):
                     cfg = launch.choose(x, torch.float32, d, transpose=transpose, gather=True, exact_in_x=True,
                                         exact_in_bf16=True, positions=positions)
-                    cands |= {f"{alt.name} M=rotation tuned {launch.tile_name(alt)}"
-                              for alt in launch.candidates(cfg)[1:]}
-    assert len(cands) == 120 and cands <= {c["name"] for c in every}
+                    cands |= {name(alt) for alt in launch.candidates(cfg)[1:]}
+                    read_off |= {name(alt) for alt in launch.candidates(cfg, tuned=True)[1:]}
+    # (under another compiler, launch.TUNED_COMPILER false, fp32 x's 20 twice-the-program ones go)
+    assert len(read_off) == 120 and len(cands) == (120 if launch.TUNED_COMPILER else 100)
+    assert cands <= read_off and cands <= {c["name"] for c in every}
     assert any(" tuned " in n for n in names)
 
 
@@ -232,7 +235,13 @@ def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
     got = {r["config"]: (r["waves_per_simd_by_registers"], r["llvm_occupancy"]) for r in compiled_amd if r["ok"]}
     assert got and all(llvm is not None for _, llvm in got.values())
     off = {k: v for k, v in got.items() if v[0] != v[1]}
-    # (84-86 SGPRs with <= 64 VGPRs gave LLVM's 7 where a bound of 100 said 8: archs.py's 80)
+    # (84-86 SGPRs with <= 64 VGPRs gave LLVM's 7 where a bound of 100 said 8: archs.py's 80. That
+    # was triton 3.6's and 3.9's LLVM; triton 3.8's gave 8 at 89 SGPRs and 62 VGPRs: under a compiler
+    # the bounds were not read off, a row between archs.py's bounds may be off by one wave, no other)
+    if not launch.TUNED_COMPILER:
+        arch, sgprs = archs.AMD_ARCHS[AMD_ARCH], {r["config"]: r["sgprs"] for r in compiled_amd if r["ok"]}
+        off = {k: v for k, v in off.items() if not (
+            abs(v[0] - v[1]) == 1 and arch.max_sgprs_for_8_waves < sgprs[k] <= arch.max_sgprs_for_7_waves)}
     assert off == {}, off
 
 
