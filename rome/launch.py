@@ -616,8 +616,9 @@ TOKEN_MAX_REGISTERS = 128  # 16 warps of them fill the register file; a smaller 
 # 8 warps while the token loop's loads were masked) takes 8 only as below
 TOKEN_FWD_WARPS = 8
 # where the forward's 8 warps compiled without spill under every triton compiled (3.6-3.9; sm_100's
-# spilled 16 B under 3.7: TUNED_COMPILER's only). (None: no GPU, the interpreter, as sm_90)
-TOKEN_FWD_ARCHS_ANY_COMPILER = (None, 80, 90)
+# spilled 16 B under 3.7: TUNED_COMPILER's only). Under another compiler every other arch (sm_86,
+# sm_89, sm_120, AMD's: never compiled under 3.7 or 3.8) takes the rounding's warps, more of them
+TOKEN_FWD_ARCHS_ANY_COMPILER = (80, 90)
 TOKEN_FWD_PER_THREAD = 20
 TOKEN_FWD_PER_THREAD_LOADED = 12
 # the backward's tile: on TOKEN_BWD_ARCHS at most TOKEN_FWD_WARPS warps where x is 2-byte, its
@@ -676,7 +677,7 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
     most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
     if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most \
-            and (tuned or arch in TOKEN_FWD_ARCHS_ANY_COMPILER):
+            and (tuned or (90 if arch is None else arch) in TOKEN_FWD_ARCHS_ANY_COMPILER):
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
     if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)

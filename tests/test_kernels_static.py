@@ -236,8 +236,9 @@ def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
     assert got and all(llvm is not None for _, llvm in got.values())
     off = {k: v for k, v in got.items() if v[0] != v[1]}
     # (84-86 SGPRs with <= 64 VGPRs gave LLVM's 7 where a bound of 100 said 8: archs.py's 80. That
-    # was triton 3.6's and 3.9's LLVM; triton 3.8's gave 8 at 89 SGPRs and 62 VGPRs: under a compiler
-    # the bounds were not read off, a row between archs.py's bounds may be off by one wave, no other)
+    # was triton 3.6's and 3.9's LLVM; triton 3.8's gave 8 at 89 SGPRs and 62 VGPRs: under a triton
+    # whose LLVM the bounds were not read off (launch.TUNED_COMPILER's versions are those), a row
+    # between archs.py's bounds may be off by one wave, no other)
     if not launch.TUNED_COMPILER:
         arch, sgprs = archs.AMD_ARCHS[AMD_ARCH], {r["config"]: r["sgprs"] for r in compiled_amd if r["ok"]}
         off = {k: v for k, v in off.items() if not (

@@ -8,7 +8,11 @@ Under the interpreter ``candidates`` gives one config, so the tests give two whe
 there (a GPU tests its real candidates)."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +23,8 @@ from rome import launch, ops, tuning
 from helpers import random_tables
 
 from conftest import DEVICE
+
+ROOT = Path(__file__).resolve().parents[1]
 
 kernel = ops._kernel()
 
@@ -49,13 +55,43 @@ def test_the_compilers_the_choices_were_not_read_off_take_the_smaller_builds():
     """launch.TUNED_COMPILER: triton 3.6 and 3.9+, under which every configuration compiled without
     spill; under another (3.7, 3.8) the pairs' bf16 batch is four heads (six spilled 32 B under 3.8),
     fp16 and fp32 and the whole head's halves unchanged (profiling/results/cpu/triton-37-38/)."""
-    assert launch.TUNED_COMPILER == (launch.TRITON_VERSION == (3, 6) or launch.TRITON_VERSION >= (3, 9))
     pairs = types.SimpleNamespace(halves=False)
     whole = types.SimpleNamespace(halves=True)
     assert [launch.halves_depth(pairs, d, tuned=True) for d in (BF16, HALF, FP32)] == [6, 3, 3]
     assert [launch.halves_depth(pairs, d, tuned=False) for d in (BF16, HALF, FP32)] == [4, 3, 3]
     assert [launch.halves_depth(whole, d, tuned=t) for d in (BF16, HALF) for t in (True, False)] == [3, 3, 2, 2]
     assert launch.halves_depth(pairs, BF16) == (6 if launch.TUNED_COMPILER else 4)
+
+
+_UNDER_VERSION = """
+import sys
+import triton
+triton.__version__ = sys.argv[1]  # (before rome reads it)
+from rome import launch
+from rome.launcher import kernel_configs
+configs = {c.name: c for c in kernel_configs(90)}
+pairs = configs["bf16 bwd D=128 tables=fp32 product=gather gather-sin positions=axes M=rotation sections=44/44/40 halves"]
+norm = configs["bf16 bwd D=128 tables=fp32 product=gather gather-sin M=rotation norm=rms_heads backward heads=40/40 interleave"]
+twice = [n for n in configs if n.startswith("fp32 bwd D=64 tables=fp32 product=gather gather-sin M=rotation tuned BLOCK_R=32 ")]
+print(launch.TUNED_COMPILER, pairs.meta["gather_depth"], norm.num_warps, len(twice))
+"""
+
+
+@pytest.mark.parametrize("version, want", [("3.6.0", "True 6 8 1"), ("3.8.0", "False 4 16 0"),
+                                           ("3.10.0", "True 6 8 1")])
+def test_the_launcher_takes_the_compilers_choices(version, want, tmp_path):
+    """What the launcher lists (``kernel_configs``: every build it can launch) under a triton that
+    reports ``version``: the bf16 pairs' batch depth, Wan's fused-norm backward warps and fp32 x's
+    twice-the-program candidate follow ``TUNED_COMPILER`` (triton 3.6 and 3.9+), not only the
+    functions' ``tuned=`` argument (a launcher that passed ``tuned=True`` would fail here)."""
+    script = tmp_path / "under_version.py"
+    script.write_text(_UNDER_VERSION)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # (a compiling process's list)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, str(script), version], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-2] == want, r.stdout + r.stderr[-2000:]
 
 
 def test_candidates_change_only_the_tile_and_only_where_the_bits_cannot_change():
