@@ -676,8 +676,9 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
         return None
     threads = min(TOKEN_MAX_WARPS * 32, per_token // TOKEN_PER_THREAD, hb * block_d)
     most = TOKEN_FWD_PER_THREAD if swapped else TOKEN_FWD_PER_THREAD_LOADED
+    arch = 90 if arch is None else arch  # (no GPU: the interpreter, as sm_90)
     if not backward and per_token <= TOKEN_FWD_WARPS * 32 * most \
-            and (tuned or (90 if arch is None else arch) in TOKEN_FWD_ARCHS_ANY_COMPILER):
+            and (tuned or arch in TOKEN_FWD_ARCHS_ANY_COMPILER):
         threads = min(threads, TOKEN_FWD_WARPS * 32)
     warps = 1 << (max(1, threads // lanes).bit_length() - 1)
     if backward:  # (the values a thread holds, rounded up: dy, x, g and the dw sums spill sooner)
@@ -686,7 +687,7 @@ def token_tile(heads: int, block_d: int, lanes: int = 32, *, backward: bool, swa
             warps *= 2
         if wide and not swapped and per_token > warps * lanes * TOKEN_BWD_WIDE_LOADED:
             return None
-        if tuned and (90 if arch is None else arch) in TOKEN_BWD_ARCHS and swapped and not wide and full and blocks * hb == heads \
+        if tuned and arch in TOKEN_BWD_ARCHS and swapped and not wide and full and blocks * hb == heads \
                 and per_token <= TOKEN_FWD_WARPS * 32 * TOKEN_BWD_PER_THREAD:
             warps = min(warps, max(1, TOKEN_FWD_WARPS * 32 // lanes))
     return hb, blocks, warps, min(TOKEN_MAX_REGISTERS, SM_REGISTERS // (warps * lanes))

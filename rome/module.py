@@ -825,12 +825,11 @@ class RoPE(nn.Module):
             if out is not None:
                 return out
         # (after the fast path: a positions tensor it remembers passed these checks once)
-        dt = sys.modules.get("torch.distributed.tensor")  # (none exists before it is imported)
-        for name, t in (() if dt is None else (("positions", positions), ("offsets", offsets),
-                                                ("cu_seqlens", cu_seqlens))):
-            if isinstance(t, dt.DTensor):
-                raise TypeError(f"{name} must be a plain tensor (every rank's whole positions), got a DTensor: "
-                                f"pass {name}.full_tensor(); q and k may be DTensors")
+        if _is_dtensor(positions, offsets, cu_seqlens):
+            name = next(n for n, t in (("positions", positions), ("offsets", offsets), ("cu_seqlens", cu_seqlens))
+                        if _is_dtensor(t))
+            raise TypeError(f"{name} must be a plain tensor (every rank's whole positions), got a DTensor: "
+                            f"pass {name}.full_tensor(); q and k may be DTensors")
         packed = cu_seqlens is not None
         self._check_qk(q, k, packed)
         batch, seq = (1, q.shape[0]) if packed else (q.shape[0], q.shape[2])
