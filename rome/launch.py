@@ -57,13 +57,16 @@ _INTERPRET_PROGRAMS = 3  # few programs, so the tests walk the persistent loop
 _INTERPRET_BLOCK_R = 16
 MIN_ROWS = 16  # tile rows: tl.dot's M on triton 3.2-3.4 (3.5+ take fewer)
 TRITON_VERSION = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
-# the compilers the register-bound choices below were read off (their every configuration compiled
-# without spill: the committed tables, `make gate`): triton 3.6 (the GPU machines') and 3.9+. Under
-# another (3.7, 3.8: torch 2.14.1's; before 3.6, not compiled) the choices that spilled there take a
-# smaller build: of every configuration for sm_90, sm_80 and sm_100, 5 spilled under 3.7.1 and 6 under
-# 3.8.0; with TOKEN_BWD_ARCHS, TOKEN_FWD_ARCHS_ANY_COMPILER, PAIRS_DEPTH and candidates() keyed on
-# this, 3 under 3.7.1 (the general matrix's fp32 FMA dot on sm_80, 8 B) and none under 3.8.0
-# (profiling/results/cpu/triton-37-38/)
+# the compilers the register-bound choices below were read off (every sm_90 configuration compiled
+# without spill: the committed tables, `make gate`): triton 3.6 (the GPU machines', torch 2.10-2.11's)
+# and 3.9+ (torch 2.15's). Under another (3.7: torch 2.12-2.13's CUDA builds, 3.7.1 compiled, 3.7.0
+# of torch 2.12.0 not; 3.8: torch 2.14's; before 3.6, not compiled) the choices that spilled there
+# take a smaller build: of every configuration for sm_90, sm_80 and sm_100, 5 spilled under 3.7.1
+# and 6 under 3.8.0; with TOKEN_BWD_ARCHS, TOKEN_FWD_ARCHS_ANY_COMPILER, PAIRS_DEPTH and candidates()
+# keyed on this, none (the general matrix's FMA dot, 3 under 3.7.1, is on 4 warps under every
+# compiler: choose()). Left: sm_100's fp32 gather, 9 builds under 3.6 and 1 under 3.9 at 8-16 B,
+# each a value stored once before a tile loop and loaded once after it (profiling/results/cpu/
+# triton-37-38/, gate-36-39/)
 TUNED_COMPILER = TRITON_VERSION == (3, 6) or TRITON_VERSION >= (3, 9)
 
 
@@ -721,8 +724,11 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     # or 32-wide panels (bf16 dy*sin). The one-body kernel needs fewer registers with the same
     # sizes (bf16 fwd D=128 on sm_90: 156 under the 255 cap below, was 180) and compiles clean
     # for sm_80 and sm_90; the sizes have not been re-chosen (that wants a GPU's timings).
-    if ieee:  # FMA dots: [16, 32] panels over 8 warps (4 warps spilled 8 bytes at D=128)
-        block_r, block_n, num_warps = 16, 32, 8
+    if ieee:  # FMA dots: [16, 32] panels over 4 warps (8 waves of 64 lanes on AMD): 8 warps took
+        # 255 registers and spilled 8 B at D = 80-128 forward on sm_80/86/89 under triton 3.6 and
+        # 3.7 (134-137 and one program an SM under 3.8/3.9); 4 take 101-112 forward, 142-172
+        # backward, none spilled on sm_80-sm_120 under 3.6-3.9 (profiling/results/cpu/gate-36-39/)
+        block_r, block_n, num_warps = 16, 32, (4 if lanes == 32 else 8)
     elif split == 1:
         block_r, block_n, num_warps = (32 if block_d <= 128 else 16), PANEL, 4
     elif block_d <= 128:

@@ -758,7 +758,8 @@ def _kernel_configs() -> list[launch.KernelConfig]:
                 for label, gather, exact_x, exact_bf16 in launch._matrix_kinds(x_dtype, transpose):
                     for table_dtype in dict.fromkeys((torch.float32, x_dtype)):
                         cfg = launch.choose(x_dtype, table_dtype, d, transpose=transpose, gather=gather,
-                                            exact_in_x=exact_x, exact_in_bf16=exact_bf16, product="dot")
+                                            exact_in_x=exact_x, exact_in_bf16=exact_bf16, product="dot",
+                                            lanes=launch.warp_size())
                         if not cfg.heads:  # (a rotation's dot in the head-group kernel: below)
                             out.append(launch.dot_kernel_config(cfg, label))
                 products = ("gather", "dot") if triton.next_power_of_2(d) <= launch.HEADS_DOT_MAX_D else ("gather",)
