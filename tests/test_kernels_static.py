@@ -254,6 +254,9 @@ def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
     same figure as ``amd_occupancy`` from the metadata's VGPR/AGPR/SGPR counts, for every row."""
     got = {r["config"]: (r["waves_per_simd_by_registers"], r["llvm_occupancy"]) for r in compiled_amd if r["ok"]}
     assert got and all(llvm is not None for _, llvm in got.values())
+    # the VGPRs counted are LLVM's own total (the code object's count holds the AGPRs already)
+    total = {r["config"]: (r["vgprs"], r["llvm_total_vgprs"]) for r in compiled_amd if r["ok"]}
+    assert all(ours == llvm for ours, llvm in total.values()), {k: v for k, v in total.items() if v[0] != v[1]}
     off = {k: v for k, v in got.items() if v[0] != v[1]}
     # (84-86 SGPRs with <= 64 VGPRs gave LLVM's 7 where a bound of 100 said 8: archs.py's 80. That
     # was triton 3.6's and 3.9's LLVM; triton 3.8's gave 8 at 89 SGPRs and 62 VGPRs: under a triton

@@ -299,8 +299,24 @@ def test_amd_occupancy():
     # more than 96: 6 (98 SGPRs with 58 VGPRs: LLVM's 6 for the norm-over-heads backward)
     assert archs.amd_occupancy(a942, 58, 98, 0, 2)["waves_per_simd_by_registers"] == 6
     assert archs.amd_occupancy(a942, 58, 96, 0, 2)["waves_per_simd_by_registers"] == 7
-    # AGPRs follow the arch VGPRs rounded up to 4
-    assert archs.amd_total_vgprs(61, 0) == 61 and archs.amd_total_vgprs(61, 32) == 96
+
+
+def test_amd_row_takes_the_code_objects_vgpr_count_as_the_unified_total():
+    """The code object's ``.vgpr_count`` already holds the AGPRs (LLVM's ``TotalNumVgprs``: the arch
+    VGPRs rounded up to 4, then the AGPRs). Triton 3.6's gfx942 build of the general bf16 matrix's
+    backward dot: ``; NumVgprs: 74``, ``; NumAgprs: 4``, ``; TotalNumVgprs: 80``, ``.vgpr_count: 80``,
+    ``.agpr_count: 4``, 89 SGPRs, ``; Occupancy: 6``: the row's 80 VGPRs give LLVM's 6 waves (adding
+    the AGPRs again, 84 -> 88 allocated, gave 5)."""
+    amd = {"vgpr_count": 80, "agpr_count": 4, "sgpr_count": 89, "vgpr_spill_count": 0, "sgpr_spill_count": 0,
+           "private_segment_fixed_size": 0, "group_segment_fixed_size": 0, "wavefront_size": 64,
+           "max_flat_workgroup_size": 256, "llvm_occupancy": 6, "llvm_total_vgprs": 80,
+           "counts": {"load": {}, "store": {}, "mfma": 0, "lds": 0, "scratch": 0, "instructions": 0}}
+    res = {"amd": amd, "shared_dynamic": 0, "num_warps": 4, "compile_s": 0.0, "triton_hash": "", "cache_cubin": ""}
+    cfg = {"name": "bf16 bwd D=64 tables=bf16 dot=3xbf16 M=general bf16-exact", "num_warps": 4, "num_stages": 1,
+           "meta": {}}
+    row = configs.amd_row(cfg, archs.AMD_ARCHS["gfx942"], res)
+    assert (row["vgprs"], row["agprs"], row["llvm_total_vgprs"]) == (80, 4, 80)
+    assert row["waves_per_simd_by_registers"] == 6 == row["llvm_occupancy"]
 
 
 def test_reads_a_known_kernel_for_amd(tmp_path, monkeypatch):

@@ -159,15 +159,12 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def amd_total_vgprs(vgprs: int, agprs: int) -> int:
-    """VGPRs one lane holds in the unified file (gfx90a on): the arch VGPRs rounded up to 4, then the
-    AGPRs (just the VGPRs where there are no AGPRs)."""
-    return _round_up(vgprs, 4) + agprs if agprs else vgprs
 
 
 def amd_occupancy(arch: AmdArch, vgprs: int, sgprs: int, lds: int, waves_per_workgroup: int) -> dict:
     """Resident workgroups per CU and waves per SIMD for workgroups of ``waves_per_workgroup``
-    wavefronts using ``vgprs`` (unified: ``amd_total_vgprs``) and ``sgprs`` per wave and ``lds``
+    wavefronts using ``vgprs`` (the unified file's: the code object's ``.vgpr_count``, LLVM's
+    ``TotalNumVgprs``, AGPRs included) and ``sgprs`` per wave and ``lds``
     bytes of LDS per workgroup on ``arch``."""
     alloc = _round_up(max(vgprs, 1), arch.vgpr_granule)
     by_vgprs = 0 if vgprs > arch.vgprs_per_lane else min(arch.max_waves_per_simd, arch.vgprs_per_lane // alloc)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .amd import AMD_METHOD
-from .archs import AMD_ARCHS, DEFAULT_ARCHS, PROJECT_SMEM_LIMIT, AmdArch, Arch, amd_occupancy, amd_total_vgprs, \
+from .archs import AMD_ARCHS, DEFAULT_ARCHS, PROJECT_SMEM_LIMIT, AmdArch, Arch, amd_occupancy, \
     arch_of, occupancy
 from .compile import Job, compile_all, compiler_pool, default_jobs, environment, json_safe, slug
 from .model import MODEL_METHOD, bandwidth_model, tile_elements
@@ -281,7 +281,9 @@ def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
     if "error" in res:
         return r | {"ok": False, "error": res["error"]}
     a = res["amd"]
-    vgprs = amd_total_vgprs(a["vgpr_count"], a["agpr_count"])
+    # the code object's .vgpr_count is the unified file's count, AGPRs included (LLVM's TotalNumVgprs:
+    # the arch VGPRs rounded up to 4, then the AGPRs; gfx90a's dots reach 275, over the 256 arch VGPRs)
+    vgprs = a["vgpr_count"]
     # Triton's shared memory is dynamic LDS, allocated at launch (metadata.shared): LLVM sees none of
     # it (the group segment holds only static LDS, 0 for Triton kernels), nor does its occupancy
     lds = a["group_segment_fixed_size"] + res["shared_dynamic"]
@@ -289,8 +291,8 @@ def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
     c = a["counts"]
     occ = amd_occupancy(arch, vgprs, a["sgpr_count"], lds, res["num_warps"])
     return r | {
-        "ok": True, "error": None, "wavefront_size": a["wavefront_size"], "vgprs": vgprs, "arch_vgprs": a["vgpr_count"],
-        "agprs": a["agpr_count"], "sgprs": a["sgpr_count"], "vgpr_spill_count": a["vgpr_spill_count"],
+        "ok": True, "error": None, "wavefront_size": a["wavefront_size"], "vgprs": vgprs,
+        "llvm_total_vgprs": a["llvm_total_vgprs"], "agprs": a["agpr_count"], "sgprs": a["sgpr_count"], "vgpr_spill_count": a["vgpr_spill_count"],
         "sgpr_spill_count": a["sgpr_spill_count"], "scratch_bytes": a["private_segment_fixed_size"],
         "lds_bytes": lds, "lds_metadata_bytes": a["group_segment_fixed_size"], "triton_shared": res["shared_dynamic"],
         "fits_lds": lds <= arch.lds_per_cu, "spills": spills > 0 or a["private_segment_fixed_size"] > 0,
