@@ -161,7 +161,7 @@ static36: $(READY) $(if $(filter $(VENV36)/bin/python,$(PY36)),$(VENV36)/.instal
 
 # CI's static gate (tests/test_kernels_static.py) under triton 3.6 in $(PY36), as static36; with
 # ROME_GATE=full every configuration: there sm_100's fp32 gather keeps 8-16 B of stack in 9 builds,
-# outside every loop, and fails it (profiling/results/cpu/gate-36-39/)
+# outside every loop, which would fail it (profiling/results/cpu/gate-36-39/)
 gate36: $(READY) $(if $(filter $(VENV36)/bin/python,$(PY36)),$(VENV36)/.installed,)
 	$(PY36) -m pytest -q tests/test_kernels_static.py $(ARGS)
 
