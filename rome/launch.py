@@ -725,9 +725,10 @@ def choose(x_dtype, table_dtype, head_dim: int, *, transpose: bool, gather: bool
     # sizes (bf16 fwd D=128 on sm_90: 156 under the 255 cap below, was 180) and compiles clean
     # for sm_80 and sm_90; the sizes have not been re-chosen (that wants a GPU's timings).
     if ieee:  # FMA dots: [16, 32] panels over 4 warps (8 waves of 64 lanes on AMD): 8 warps took
-        # 255 registers and spilled 8 B at D = 80-128 forward on sm_80/86/89 under triton 3.6 and
-        # 3.7 (134-137 and one program an SM under 3.8/3.9); 4 take 101-112 forward, 142-172
-        # backward, none spilled on sm_80-sm_120 under 3.6-3.9 (profiling/results/cpu/gate-36-39/)
+        # 255 registers and kept 8 B of stack at D = 80-128 forward (fp32 tables) on sm_80/86/89
+        # under triton 3.6 and 3.7.1 (133-136 registers, one program an SM, under 3.8/3.9); 4 take
+        # 96-118 forward, 112-185 backward, no stack on sm_80-sm_120 under 3.6-3.9, 3-4 programs
+        # an SM at D = 80-128 (profiling/results/cpu/gate-36-39/; not timed on a GPU, sm_90 either)
         block_r, block_n, num_warps = 16, 32, (4 if lanes == 32 else 8)
     elif split == 1:
         block_r, block_n, num_warps = (32 if block_d <= 128 else 16), PANEL, 4

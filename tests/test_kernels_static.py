@@ -251,7 +251,8 @@ def test_amd_every_config_compiles_fits_lds_and_does_not_spill(compiled_amd):
 
 def test_amd_occupancy_from_registers_is_llvms(compiled_amd):
     """LLVM prints the waves per SIMD it computes for the kernel (it sees no dynamic LDS): the
-    same figure as ``amd_occupancy`` from the metadata's VGPR/AGPR/SGPR counts, for every row."""
+    same figure as ``amd_occupancy`` from the metadata's VGPR and SGPR counts (the VGPRs holding the
+    AGPRs: LLVM's own total, checked), for every row."""
     got = {r["config"]: (r["waves_per_simd_by_registers"], r["llvm_occupancy"]) for r in compiled_amd if r["ok"]}
     assert got and all(llvm is not None for _, llvm in got.values())
     # the VGPRs counted are LLVM's own total (the code object's count holds the AGPRs already)

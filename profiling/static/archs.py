@@ -159,8 +159,6 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-
-
 def amd_occupancy(arch: AmdArch, vgprs: int, sgprs: int, lds: int, waves_per_workgroup: int) -> dict:
     """Resident workgroups per CU and waves per SIMD for workgroups of ``waves_per_workgroup``
     wavefronts using ``vgprs`` (the unified file's: the code object's ``.vgpr_count``, LLVM's
