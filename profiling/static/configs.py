@@ -150,10 +150,15 @@ def off_sm90_ci_configs(cc) -> list:
     forward and backward: 8-40 B spilled there before the gather's depth and the fp16 dot's rows
     were chosen by arch, ``rome.launch.gather_depth``), the LayerNorm's backward epilogue
     (8 B on sm_100 before) and the whole head's half rotation as its halves (``HALVES``, bf16,
-    fp32 tables, forward and backward)."""
+    fp32 tables, forward and backward), and the general matrix's FMA dot of fp32 x (fp32 tables,
+    forward and backward: 8 B of stack reloaded every trip on sm_80 under triton 3.6 and 3.7 at 8
+    warps, which ``make gate36`` would see again; profiling/results/cpu/gate-36-39/)."""
     out = []
     for c in configs(cc):
         m = c.meta
+        if m.get("fp32_dot") and m["head_dim"] == 128 and m["x_dtype"] == "fp32" and m["table_dtype"] == "fp32":
+            out.append(c)  # (the row-tile kernel's FMA dot)
+            continue
         if m.get("tuned_candidate") or m["head_dim"] != 128 or m["x_dtype"] == "fp32" \
                 or m.get("heads", (4, 2)) != (4, 2) or "q alone" in c.name:
             continue
