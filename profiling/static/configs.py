@@ -297,7 +297,8 @@ def amd_row(cfg: dict, arch: AmdArch, res: dict) -> dict:
     occ = amd_occupancy(arch, vgprs, a["sgpr_count"], lds, res["num_warps"])
     return r | {
         "ok": True, "error": None, "wavefront_size": a["wavefront_size"], "vgprs": vgprs,
-        "llvm_total_vgprs": a["llvm_total_vgprs"], "agprs": a["agpr_count"], "sgprs": a["sgpr_count"], "vgpr_spill_count": a["vgpr_spill_count"],
+        "llvm_total_vgprs": a["llvm_total_vgprs"], "agprs": a["agpr_count"], "sgprs": a["sgpr_count"],
+        "vgpr_spill_count": a["vgpr_spill_count"],
         "sgpr_spill_count": a["sgpr_spill_count"], "scratch_bytes": a["private_segment_fixed_size"],
         "lds_bytes": lds, "lds_metadata_bytes": a["group_segment_fixed_size"], "triton_shared": res["shared_dynamic"],
         "fits_lds": lds <= arch.lds_per_cu, "spills": spills > 0 or a["private_segment_fixed_size"] > 0,
