@@ -1843,6 +1843,40 @@ def _halves_heads(src_ptr, sign_ptr, c_ptr, s_ptr, sct0, sct1, sst0, sst1, p_ptr
 
 
 @triton.jit
+def _src_tile(src_ptr, cols2, D):
+    # src[D] in x's register layout ([BLOCK_R, BLOCK_D], every row the same: no layout
+    # conversion); past D: j itself
+    cmask2 = cols2 < D
+    return tl.where(cmask2, tl.load(src_ptr + cols2, mask=cmask2, other=0), cols2)
+
+
+@triton.jit
+def _kept_runs(src2, cols2, PAIR: tl.constexpr, KEPT_RUN: tl.constexpr):
+    # PAIRS_KEPT: pairs stay pairs, src in KEPT_RUN-element runs from multiples of KEPT_RUN (2:
+    # pairs from even columns; the host's src is built from each run's first column), which the
+    # compiler is told on an op of this branch (the same values where the run holds) so that the
+    # partner's loads are one per run (runs of 2: 4 B in bf16, 8 B in fp32; the launch's widest, 16 B)
+    if PAIR == PAIRS_KEPT:
+        src2 = tl.max_contiguous(tl.multiple_of((src2 & -KEPT_RUN) | (cols2 & (KEPT_RUN - 1)), [1, KEPT_RUN]),
+                                 [1, KEPT_RUN])
+    return src2
+
+
+@triton.jit
+def _k_partner(ag_off, xrow_a, xrow_b, src_ptr, cols2, D, PAIR: tl.constexpr, KEPT_RUN: tl.constexpr,
+               SRC_AGAIN: tl.constexpr):
+    # k's partner offsets, formed past q's heads: from q's (src's tile is not held through q's
+    # loop, though LLVM may fold (xrow_a + src) + (xrow_b - xrow_a) back to xrow_b + src and hold
+    # src after all), or with SRC_AGAIN from src read again here (L1 hits, once a program:
+    # rome.launch.src_again)
+    if SRC_AGAIN:
+        bg_off = xrow_b + _kept_runs(_src_tile(src_ptr, cols2, D), cols2, PAIR, KEPT_RUN)
+    else:
+        bg_off = ag_off + (xrow_b - xrow_a)
+    return bg_off
+
+
+@triton.jit
 def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, a_H1,
                  b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                  h_lo, h_hi, xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables,
@@ -1854,7 +1888,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
                  F64: tl.constexpr, NORM: tl.constexpr, NATIVE: tl.constexpr, NORM_GRAD: tl.constexpr,
                  DEPTH: tl.constexpr, APART: tl.constexpr, LATE_TABLES: tl.constexpr, ANGLES: tl.constexpr,
                  TRANSPOSE: tl.constexpr, I64: tl.constexpr, RAW_C: tl.constexpr, KEPT_RUN: tl.constexpr,
-                 AXES: tl.constexpr, FIRST: tl.constexpr, AXIS_RUN: tl.constexpr):
+                 AXES: tl.constexpr, FIRST: tl.constexpr, AXIS_RUN: tl.constexpr, SRC_AGAIN: tl.constexpr):
     # the program's work for one way of reading the partner (PAIR): sin at src (SIN_AT_SRC: the
     # transpose's, read here where PAIR makes it cheap), the sign folded into sin, q's heads
     # (their first loads already issued), then k's (APART: the program has one tensor's heads,
@@ -1864,13 +1898,7 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
     # LATE_TABLES, else PAIRS_NONE's at the kernel's top (which passes the same rule)
     SIN_SRC_FOLD: tl.constexpr = AXES > 0 and TRANSPOSE and not ANGLES and \
         (not LATE_TABLES or PAIR != PAIRS_SWAPPED or AXIS_RUN == 1)
-    if PAIR == PAIRS_KEPT:  # pairs stay pairs: src in KEPT_RUN-element runs from multiples of
-        # KEPT_RUN (2: pairs from even columns; the host's src is built from each run's first
-        # column), which the compiler is told on an op of this branch (the same values where the
-        # run holds) so that the partner's loads are one per run (runs of 2: 4 B in bf16, 8 B in
-        # fp32; the launch's widest, 16 B)
-        src2 = tl.max_contiguous(tl.multiple_of((src2 & -KEPT_RUN) | (cols2 & (KEPT_RUN - 1)), [1, KEPT_RUN]),
-                                 [1, KEPT_RUN])
+    src2 = _kept_runs(src2, cols2, PAIR, KEPT_RUN)
     ag_off = xrow_a + src2
     pre = x0
     if DOT or FIRST:  # (the first batch's x issued by the kernel)
@@ -1898,7 +1926,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
         _heads_norm_grad(a_x, a_o, a_xn, a_dw, ax_off, ag_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H1,
                          tl.minimum(h_lo, a_H), tl.minimum(h_hi, a_H), mask, c, s, a_nw, eps, D, PAIR, BLOCK_R,
                          BLOCK_D, RAW_X, F64)
-        _heads_norm_grad(b_x, b_o, b_xn, b_dw, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
+        _heads_norm_grad(b_x, b_o, b_xn, b_dw, xrow_b + cols[None, :],
+                         _k_partner(ag_off, xrow_a, xrow_b, src_ptr, cols2, D, PAIR, KEPT_RUN, SRC_AGAIN),
                          (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1,
                          b_H1, tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, b_nw, eps, D, PAIR, BLOCK_R,
                          BLOCK_D, RAW_X, F64)
@@ -1914,8 +1943,8 @@ def _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1, a_H, 
             tl.store(b_dw + row + cols, tl.zeros([BLOCK_D], dtype=tl.float32), mask=cm)
             tl.store(b_dw + row + D + cols, tl.zeros([BLOCK_D], dtype=tl.float32), mask=cm)
     else:
-        # (k's partner offsets from q's: src's tile is not held through q's loop)
-        _rotate_heads(b_x, b_o, xrow_b + cols[None, :], ag_off + (xrow_b - xrow_a),
+        _rotate_heads(b_x, b_o, xrow_b + cols[None, :],
+                      _k_partner(ag_off, xrow_a, xrow_b, src_ptr, cols2, D, PAIR, KEPT_RUN, SRC_AGAIN),
                       (t0 * b_sot0 + t1 * b_sot1)[:, None] + cols[None, :], b_sxh0, b_sxh1, b_soh0, b_soh1, b_H1,
                       tl.maximum(h_lo, a_H) - a_H, h_hi - a_H, mask, c, s, w, x0, x0, b_nw, b_nb, src_ptr,
                       eps, D, b_xn, b_dw, 0, PAIR, DOT, SPLIT, OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, F64,
@@ -1995,6 +2024,8 @@ def _rome_gather_kernel(
     # (rome.launch.axis_run): their rows read as AXIS_RUN-wide vectors in x's layout (_run_rows)
     FIRST: tl.constexpr = False,  # the head groups' gather: its whole first batch issued before the
     # tables (rome.launch.first_batch_first; the SEAM build and the dot always issue it so)
+    SRC_AGAIN: tl.constexpr = False,  # the head groups: k's partner offsets from src read again
+    # past q's heads, not formed from q's (rome.launch.src_again)
     HALVES: tl.constexpr = False,  # the head groups of src's whole-head half rotation, tables or a
     # cache at one position per T row, no norm: each head as its two halves (_halves_heads;
     # rome.launch.halves_config)
@@ -2161,11 +2192,10 @@ def _rome_gather_kernel(
             ha, hb = _next_head(ha, hb, a_H1)
             x3 = _fetch(a_x + (ha * a_sxh0 + hb * a_sxh1), ax_off, _while(mask, q_lo + 3, q_hi), RAW_X)
 
-    # the permutation in x's register layout ([BLOCK_R, BLOCK_D], every row the same: no layout
-    # conversion), and how it moves pairs (src[D])
+    # the permutation in x's register layout, and how it moves pairs (src[D])
     cols2 = tl.zeros([BLOCK_R, BLOCK_D], dtype=tl.int32) + cols[None, :]
     cmask2 = cols2 < D
-    src2 = tl.where(cmask2, tl.load(src_ptr + cols2, mask=cmask2, other=0), cols2)  # (past D: j itself)
+    src2 = _src_tile(src_ptr, cols2, D)
     sign2 = tl.load(sign_ptr + cols2, mask=cmask2, other=0.0)
     pair = tl.load(src_ptr + D)
 
@@ -2211,7 +2241,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN, SRC_AGAIN)
     elif pair == PAIRS_SWAPPED:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2219,7 +2249,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_SWAPPED, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN, SRC_AGAIN)
     elif pair == PAIRS_KEPT:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2227,7 +2257,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_KEPT, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN, SRC_AGAIN)
     else:
         _gather_body(a_x, a_o, ax_off, ao_off, a_sxh0, a_sxh1, a_soh0, a_soh1,
                      a_H, a_H1, b_x, b_o, b_sxt0, b_sxt1, b_sot0, b_sot1, b_sxh0,
@@ -2235,7 +2265,7 @@ def _rome_gather_kernel(
                      xrow_a, t0, t1, cols, cols2, src2, sign2, c, s, w, x0, x1, x2, x3, tables, s_ptr, sst0, sst1,
                      stride_ps, sp, s_ok, mask, a_nw, a_nb, b_nw, b_nb, src_ptr, eps, D, a_xn, a_dw, b_xn, b_dw, PAIRS_NONE, SIN_AT_SRC, POSITIONS, DOT, SPLIT,
                      OP_DTYPE, FP32_DOT, BLOCK_R, BLOCK_D, RAW_X, RAW_S, F64, PRO, NATIVE, EPI, DEPTH, SEAM,
-                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN)
+                     LATE_TABLES, ANGLES, TRANSPOSE, I64, RAW_C, KEPT_RUN, AXES, FIRST, AXIS_RUN, SRC_AGAIN)
 
 
 INTERPRET = isinstance(_rome_kernel, InterpretedFunction)

@@ -302,6 +302,17 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
     return 3 if arch is None or arch in DEPTH3_ARCHS or (arch == 80 and x_dtype == torch.bfloat16) else 2
 
 
+def src_again(arch: int | str | None) -> bool:
+    """The head groups' ``SRC_AGAIN``: k's partner offsets from src read again past q's heads (L1
+    hits, once a program), not formed from q's. LLVM folds q's form, (xrow_a + src) + (xrow_b -
+    xrow_a), back to xrow_b + src and holds src through q's loop: on sm_100 at 128 registers fp32
+    x's gathers at half sections then kept it on the stack (8-16 B written before q's loop and read
+    after it; 9 builds under triton 3.6, one tuner candidate under 3.9), none with the reread
+    (profiling/results/cpu/src-again/). Not on sm_90, where the model moved default's bf16 by
+    -0.2 / -0.4 points (3.6) with it, nor on sm_80 or AMD, which kept no stack there."""
+    return arch == 100
+
+
 def first_batch_first(arch: int | str | None, x_dtype: torch.dtype) -> bool:
     """The head groups' gather's ``FIRST`` (outside the ``SEAM`` build, which always does it): its
     whole first batch issued before the tables, whose layout conversions' barriers held those loads

@@ -613,6 +613,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         # (the SEAM build and the dot issue their first batch first anyway: no second build)
         c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
             and launch.first_batch_first(arch, xs[0].dtype)
+        c["SRC_AGAIN"] = kg == 0 and cfg0.product == "gather" and not halved and launch.src_again(arch)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
@@ -628,6 +629,7 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
             c["AXES"] = 0  # (nor positions by row: _token_rows keeps the per-element read)
             c["AXIS_RUN"] = 1
             c["FIRST"] = False  # (nor the head groups' loop)
+            c["SRC_AGAIN"] = False
             c["OPAQUE"] = not INTERPRET and not isinstance(arch, str)  # (inline PTX: compiled for NVIDIA only)
             c["FULL"] = unmasked and tile[0] * tile[1] == ha
             programs = min(n_t, sms * launch.TOKEN_PROGRAMS_PER_SM

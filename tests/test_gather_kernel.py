@@ -839,6 +839,53 @@ def test_the_gather_loops_depth_follows_the_target_arch_and_keeps_the_bits(dtype
         assert ulp_error(a, _oracle(x, cos, sin, m), dtype).max() <= 1
 
 
+@pytest.mark.parametrize("sections", [(12, 12, 8), (14, 14, 20)])
+def test_ks_partner_read_again_past_qs_heads_keeps_the_bits(sections, monkeypatch):
+    """sm_100's head groups read k's partner columns from src again past q's heads (``SRC_AGAIN``,
+    ``launch.src_again``: formed from q's, LLVM held src through q's loop and fp32 x's builds kept
+    it on the stack there); sm_90's form them from q's offsets. q's 5 heads and k's 3 in one group
+    (no SEAM build: one program walks q's heads and then k's), half sections whose pairs stay pairs
+    (12/12/8: runs of 2) and whose pairs break (14/14/20: one load an element), bf16 and fp32 x,
+    forward and backward (dx from dy): the same bits on both archs, within 1 ulp of float64's."""
+    from rome import launcher
+
+    monkeypatch.setattr(launch, "HALVES", False)
+    groups = launch.gather_groups
+    monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:
+                        groups(cfg, n_t, ha, hb, sms, heads=ha + hb, **kw))
+    seen = []
+    real = launcher._run
+
+    def run(fn, grid, args, consts, *rest):
+        seen.append((consts.get("SRC_AGAIN"), consts.get("SEAM"), consts.get("TRANSPOSE")))
+        return real(fn, grid, args, consts, *rest)
+
+    monkeypatch.setattr(launcher, "_run", run)
+    d = sum(sections)
+    m = rome.rotation_matrix(sections, "half", device=DEVICE)
+    cos, sin = random_tables((7, d))
+    assert launch.src_again(100) and not any(launch.src_again(a) for a in (90, 80, "gfx942", None))
+    for dtype in (BF16, FP32):
+        g = torch.Generator().manual_seed(d)
+        q, k, dq, dk = (torch.randn(2, h, 7, d, generator=g).to(DEVICE, dtype) for h in (5, 3, 5, 3))
+        outs = {}
+        for arch in (90, 100):
+            seen.clear()
+            qq, kk = (t.clone().requires_grad_() for t in (q, k))
+            with launch.target_arch(arch):
+                qo, ko = rome.apply_qk(qq, kk, cos, sin, m, backend="triton")
+                torch.autograd.backward((qo, ko), (dq, dk))
+            assert seen == [(arch == 100, False, False), (arch == 100, False, True)], (arch, seen)
+            outs[arch] = (qo.detach(), ko.detach(), qq.grad, kk.grad)
+        for a, b in zip(outs[90], outs[100]):
+            assert torch.equal(a, b), (dtype, sections)
+        for got, x in zip(outs[90][:2], (q, k)):
+            assert ulp_error(got, _oracle(x, cos, sin, m), dtype).max() <= 1
+        for got, dy in zip(outs[90][2:], (dq, dk)):
+            want = dy.double() * cos.double() + (dy.double() * sin.double()) @ m.double().T
+            assert ulp_error(got, want, dtype).max() <= 1
+
+
 def test_the_dots_wide_tile_on_sm90_and_its_two_heads_a_batch(monkeypatch):
     """The head groups' dot (``product("dot")``): on sm_90, 16-bit x at BLOCK_D 128, no angles, 64
     rows on 16 warps at the 128-register cap, two heads a batch for bf16 (``launch.dot_wide``,
