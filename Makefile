@@ -160,8 +160,8 @@ static36: $(READY) $(if $(filter $(VENV36)/bin/python,$(PY36)),$(VENV36)/.instal
 	$(PY36) -m profiling kernels $(STATIC_ARGS) $(ARGS)
 
 # CI's static gate (tests/test_kernels_static.py) under triton 3.6 in $(PY36), as static36; with
-# ROME_GATE=full every configuration: there sm_100's fp32 gather keeps 8-16 B of stack in 9 builds,
-# outside every loop, which would fail it (profiling/results/cpu/gate-36-39/)
+# ROME_GATE=full every configuration (not run so: every sm_80/sm_100 build compiled without spill
+# under 3.6 by triton-37-38/gate.py, profiling/results/cpu/src-again/)
 gate36: $(READY) $(if $(filter $(VENV36)/bin/python,$(PY36)),$(VENV36)/.installed,)
 	$(PY36) -m pytest -q tests/test_kernels_static.py $(ARGS)
 

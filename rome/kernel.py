@@ -1867,8 +1867,8 @@ def _k_partner(ag_off, xrow_a, xrow_b, src_ptr, cols2, D, PAIR: tl.constexpr, KE
                SRC_AGAIN: tl.constexpr):
     # k's partner offsets, formed past q's heads: from q's (src's tile is not held through q's
     # loop, though LLVM may fold (xrow_a + src) + (xrow_b - xrow_a) back to xrow_b + src and hold
-    # src after all), or with SRC_AGAIN from src read again here (L1 hits, once a program:
-    # rome.launch.src_again)
+    # src after all), or with SRC_AGAIN from src read again here (read at the program's start: L1
+    # or L2 hits, once a program; rome.launch.src_again)
     if SRC_AGAIN:
         bg_off = xrow_b + _kept_runs(_src_tile(src_ptr, cols2, D), cols2, PAIR, KEPT_RUN)
     else:

@@ -64,9 +64,8 @@ TRITON_VERSION = tuple(int(v) for v in re.findall(r"\d+", triton.__version__)[:2
 # take a smaller build: of every configuration for sm_90, sm_80 and sm_100, 5 spilled under 3.7.1
 # and 6 under 3.8.0; with TOKEN_BWD_ARCHS, TOKEN_FWD_ARCHS_ANY_COMPILER, PAIRS_DEPTH and candidates()
 # keyed on this, none (the general matrix's FMA dot, 3 under 3.7.1, is on 4 warps under every
-# compiler: choose()). Left: sm_100's fp32 gather, 9 builds under 3.6 and 1 under 3.9 at 8-16 B,
-# each a value stored once before a tile loop and loaded once after it (profiling/results/cpu/
-# triton-37-38/, gate-36-39/)
+# compiler: choose()); sm_100's fp32 gathers, 9 builds under 3.6 and 1 under 3.9 at 8-16 B of
+# stack, none since src_again (profiling/results/cpu/triton-37-38/, gate-36-39/, src-again/)
 TUNED_COMPILER = TRITON_VERSION == (3, 6) or TRITON_VERSION >= (3, 9)
 
 
@@ -304,12 +303,13 @@ def gather_depth(arch: int | str | None, x_dtype: torch.dtype, norm: str | None 
 
 def src_again(arch: int | str | None) -> bool:
     """The head groups' ``SRC_AGAIN``: k's partner offsets from src read again past q's heads (L1
-    hits, once a program), not formed from q's. LLVM folds q's form, (xrow_a + src) + (xrow_b -
+    or L2 hits, once a program), not formed from q's. LLVM folds q's form, (xrow_a + src) + (xrow_b -
     xrow_a), back to xrow_b + src and holds src through q's loop: on sm_100 at 128 registers fp32
     x's gathers at half sections then kept it on the stack (8-16 B written before q's loop and read
     after it; 9 builds under triton 3.6, one tuner candidate under 3.9), none with the reread
-    (profiling/results/cpu/src-again/). Not on sm_90, where the model moved default's bf16 by
-    -0.2 / -0.4 points (3.6) with it, nor on sm_80 or AMD, which kept no stack there."""
+    (profiling/results/cpu/src-again/). For every x dtype there: bf16's and fp16's builds mostly
+    take fewer registers with it (not timed). Not on sm_90, where the model moved default's bf16
+    by -0.2 / -0.4 points (3.6) with it, nor on sm_80 or AMD, which kept no stack there."""
     return arch == 100
 
 

@@ -847,8 +847,6 @@ def test_ks_partner_read_again_past_qs_heads_keeps_the_bits(sections, monkeypatc
     (no SEAM build: one program walks q's heads and then k's), half sections whose pairs stay pairs
     (12/12/8: runs of 2) and whose pairs break (14/14/20: one load an element), bf16 and fp32 x,
     forward and backward (dx from dy): the same bits on both archs, within 1 ulp of float64's."""
-    from rome import launcher
-
     monkeypatch.setattr(launch, "HALVES", False)
     groups = launch.gather_groups
     monkeypatch.setattr(launch, "gather_groups", lambda cfg, n_t, ha, hb, sms, heads=None, **kw:

@@ -154,8 +154,9 @@ def off_sm90_ci_configs(cc) -> list:
     forward and backward: 8 B of stack reloaded every trip on sm_80 under triton 3.6 and 3.7 at 8
     warps, which ``make gate36`` would see again; profiling/results/cpu/gate-36-39/), and two
     gathers of fp32 x at half sections on sm_100's 128 registers that kept 8-16 B of stack when
-    LLVM held src's tile through q's loop (``kernel._opaque``): the backward at 44/44/40 with
-    positions (triton 3.6, ``make gate36``) and the tuner's 32-row candidate at D = 64 (3.9, CI's)."""
+    LLVM held src's tile through q's loop (before ``rome.launch.src_again``): the backward at
+    44/44/40 with positions (triton 3.6, ``make gate36``) and the tuner's 32-row candidate at
+    D = 64 (3.9, CI's)."""
     out = []
     for c in configs(cc):
         m = c.meta
@@ -167,7 +168,7 @@ def off_sm90_ci_configs(cc) -> list:
                 (m["head_dim"] == 128 and m["pass_"] == "bwd" and m["positions"] == 1 and not m.get("tuned_candidate"))
                 or (m["head_dim"] == 64 and m["pass_"] == "fwd" and m["positions"] == 0 and m.get("tuned_candidate")
                     and m["block_r"] == 32)):
-            out.append(c)  # (k's partner offsets from q's: kernel._opaque)
+            out.append(c)  # (k's partner offsets past q's heads: launch.src_again)
             continue
         if m.get("tuned_candidate") or m["head_dim"] != 128 or m["x_dtype"] == "fp32" \
                 or m.get("heads", (4, 2)) != (4, 2) or "q alone" in c.name:
