@@ -7,11 +7,18 @@ import torch
 
 from rome import launch, launcher
 
-_registers = launch.gather_registers
-launch.gather_registers = lambda arch, x_dtype: 168 if arch == 100 and x_dtype == torch.float32 \
-    else _registers(arch, x_dtype)
+
+def capped_gathers(cc, x_dtype, cap):
+    """kernel_configs(cc)'s head-group gathers of x_dtype (no norm), planned with sm_100's register
+    cap for x_dtype at ``cap`` in place of ``launch.gather_registers``' (also
+    ../src-again/fp16_gather_128.py). The patch stays for the process: the plans it makes are
+    cached, so one process lists one trial (fma_dot.py's worker does)."""
+    registers = launch.gather_registers
+    launch.gather_registers = lambda arch, dt: cap if arch == 100 and dt == x_dtype else registers(arch, dt)
+    name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[x_dtype]
+    return [c for c in launcher.kernel_configs(cc) if c.name.startswith(name) and "product=gather" in c.name
+            and c.meta.get("norm") is None]
 
 
 def configs(cc):
-    return [c for c in launcher.kernel_configs(cc) if c.name.startswith("fp32") and "product=gather" in c.name
-            and c.meta.get("norm") is None]
+    return capped_gathers(cc, torch.float32, 168)
