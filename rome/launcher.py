@@ -610,10 +610,11 @@ def _rotate_gather(xs, outs, cos, sin, positions, axis, angles, plan, transpose,
         c["AXES"] = 0 if (halved and cfg0.positions != 2) or norm_grad is not None or (transpose and angles) \
             else axes
         c["AXIS_RUN"] = launch.launch_axis_run(axis_run, c["AXES"], angles, cos.stride(0), sin.stride(0))
-        # (the SEAM build and the dot issue their first batch first anyway: no second build)
-        c["FIRST"] = kg == 0 and cfg0.product == "gather" and not halved \
-            and launch.first_batch_first(arch, xs[0].dtype)
-        c["SRC_AGAIN"] = kg == 0 and cfg0.product == "gather" and not halved and launch.src_again(arch)
+        # the partner form's gather walking q's heads and then k's in one program (the SEAM build
+        # and the dot issue their first batch first anyway: no second build)
+        q_then_k = kg == 0 and cfg0.product == "gather" and not halved
+        c["FIRST"] = q_then_k and launch.first_batch_first(arch, xs[0].dtype)
+        c["SRC_AGAIN"] = q_then_k and launch.src_again(arch)
         # a norm over heads as the token tile (a tensor's heads of BLOCK_R tokens in registers,
         # persistent programs, q's and k's apart: grid axis 1), where a token's heads fit it (the
         # interpreter: where launch.TOKEN_TILE_INTERPRETED, see there)
